@@ -1,0 +1,242 @@
+"""Immutable, validated inputs of the accountant: the planned configuration and the
+record of one round as it actually ran.
+
+Units and conventions (see SPEC.md §1, §13, §14):
+
+- ``sigma``: per-client noise **standard deviation** (each client adds N(0, sigma^2 I)).
+- ``clip_norm`` (V): L2 clipping norm of the local gradient (per batch) or of each
+  per-sample gradient (per sample).
+- ``step_sizes``: the K local step sizes eta_{k,t} used in the round.
+- ``weights``: aggregation weights p_{t,i} of the clients whose replies were
+  aggregated (>= 0, summing to 1). Uniform weights 1/m are the paper's model.
+- ``smoothness`` (L): every (per-sample) loss is assumed L-smooth. It only enters
+  the model-sensitivity factor rho_t of the final-model bound and the per-sample
+  drift factor kappa; composition with per-batch clipping does not depend on it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, get_args
+
+from .schedules import SCHEDULES, Schedule, step_sizes
+
+Algorithm = Literal["fedavg", "fedprox"]
+Clipping = Literal["per-batch", "per-sample"]
+ThreatModel = Literal["all-rounds", "final-model", "curious-server"]
+
+ALGORITHMS: tuple[str, ...] = get_args(Algorithm)
+CLIPPING_MODES: tuple[str, ...] = get_args(Clipping)
+THREAT_MODELS: tuple[str, ...] = get_args(ThreatModel)
+
+
+def _finite_positive(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number > 0, got {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+
+
+def _finite_nonnegative(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+
+
+def _check_prox(algorithm: str, prox_alpha: float | None, smoothness: float, max_step: float) -> None:
+    if algorithm != "fedprox":
+        return
+    if prox_alpha is None:
+        raise ValueError("prox_alpha is required for fedprox (must be > smoothness L)")
+    _finite_positive("prox_alpha", prox_alpha)
+    if not prox_alpha > smoothness:
+        raise ValueError(
+            f"prox_alpha must be > smoothness L = {smoothness!r} for fedprox, got {prox_alpha!r}"
+        )
+    if max_step > 1.0 / prox_alpha:
+        raise ValueError(
+            f"lr (largest step size {max_step!r}) must be <= 1/prox_alpha = {1.0 / prox_alpha!r} "
+            "for fedprox (SPEC §3: the proofs need eta <= 1/alpha)"
+        )
+
+
+@dataclass(frozen=True)
+class AccountantConfig:
+    """The planned run: what the paper's closed forms and planning tools are evaluated on.
+
+    ``clients`` is the planned number of clients aggregated per round (m).
+    ``delta`` is the delta at which epsilon is reported. ``threat_model`` selects
+    which sound bounds may certify the guarantee:
+
+    - ``all-rounds`` (default): every broadcast global model is visible -> composition.
+    - ``final-model``: only the final model is released -> min(composition, final_model,
+      the paper's bound where it is sound).
+    - ``curious-server``: the server sees each client's noisy upload -> local_dp.
+    """
+
+    algorithm: Algorithm = "fedavg"
+    schedule: Schedule = "constant"
+    lr: float = 0.1
+    local_steps: int = 5
+    clip_norm: float = 1.0
+    clients: int = 10
+    sigma: float = 1.0
+    smoothness: float = 1.0
+    prox_alpha: float | None = None
+    delta: float = 1e-5
+    threat_model: ThreatModel = "all-rounds"
+    clipping: Clipping = "per-batch"
+    batch_size: int | None = None
+    cyclic_c: float | None = None
+    iterative_z: float | None = None
+
+    def __post_init__(self) -> None:
+        _choice("algorithm", self.algorithm, ALGORITHMS)
+        _choice("schedule", self.schedule, SCHEDULES)
+        _choice("threat_model", self.threat_model, THREAT_MODELS)
+        _choice("clipping", self.clipping, CLIPPING_MODES)
+        _finite_positive("lr", self.lr)
+        _positive_int("local_steps", self.local_steps)
+        _finite_positive("clip_norm", self.clip_norm)
+        _positive_int("clients", self.clients)
+        _finite_positive("sigma", self.sigma)
+        _finite_nonnegative("smoothness", self.smoothness)
+        if isinstance(self.delta, bool) or not isinstance(self.delta, (int, float)) or not (
+            0.0 < self.delta < 1.0
+        ):
+            raise ValueError(f"delta must be in (0, 1), got {self.delta!r}")
+        if self.clipping == "per-sample":
+            if self.batch_size is None:
+                raise ValueError("batch_size is required with per-sample clipping (integer >= 1)")
+            _positive_int("batch_size", self.batch_size)
+        elif self.batch_size is not None:
+            _positive_int("batch_size", self.batch_size)
+        if self.cyclic_c is not None:
+            _finite_positive("cyclic_c", self.cyclic_c)
+        if self.iterative_z is not None:
+            _finite_positive("iterative_z", self.iterative_z)
+        _check_prox(self.algorithm, self.prox_alpha, self.smoothness, self.lr)
+
+    def planned_round(self, round_index: int, clients: int | None = None) -> "RoundRecord":
+        """The record of round ``round_index`` (1-based) if it runs exactly as planned."""
+        _positive_int("round_index", round_index)
+        m = self.clients if clients is None else clients
+        _positive_int("clients", m)
+        return RoundRecord(
+            round=round_index,
+            algorithm=self.algorithm,
+            step_sizes=step_sizes(self.schedule, self.lr, round_index - 1, self.local_steps),
+            clip_norm=self.clip_norm,
+            sigma=self.sigma,
+            weights=tuple([1.0 / m] * m),
+            clipping=self.clipping,
+            batch_size=self.batch_size,
+            prox_alpha=self.prox_alpha,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "AccountantConfig":
+        return cls(**data)
+
+
+_WEIGHT_SUM_TOL = 1e-9
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    """One round as it actually ran (1-based ``round``).
+
+    ``weights`` are the aggregation weights of the replies that were aggregated,
+    in the order of ``node_ids`` when given. ``node_ids`` is informational (the
+    ledger shows who contributed); the math does not use it.
+    """
+
+    round: int
+    algorithm: Algorithm
+    step_sizes: tuple[float, ...]
+    clip_norm: float
+    sigma: float
+    weights: tuple[float, ...]
+    clipping: Clipping = "per-batch"
+    batch_size: int | None = None
+    prox_alpha: float | None = None
+    node_ids: tuple[int, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        _positive_int("round", self.round)
+        _choice("algorithm", self.algorithm, ALGORITHMS)
+        _choice("clipping", self.clipping, CLIPPING_MODES)
+        object.__setattr__(self, "step_sizes", tuple(float(x) for x in self.step_sizes))
+        object.__setattr__(self, "weights", tuple(float(x) for x in self.weights))
+        object.__setattr__(self, "node_ids", tuple(int(x) for x in self.node_ids))
+        if len(self.step_sizes) < 1:
+            raise ValueError("step_sizes must hold K >= 1 step sizes")
+        for eta in self.step_sizes:
+            _finite_positive("step_sizes[k]", eta)
+        _finite_positive("clip_norm", self.clip_norm)
+        _finite_positive("sigma", self.sigma)
+        if len(self.weights) < 1:
+            raise ValueError("weights must hold at least one aggregation weight (>= 1 client)")
+        for p in self.weights:
+            _finite_nonnegative("weights[i]", p)
+        total = math.fsum(self.weights)
+        if abs(total - 1.0) > _WEIGHT_SUM_TOL:
+            raise ValueError(f"weights must sum to 1 (tolerance 1e-9), got sum {total!r}")
+        if self.node_ids and len(self.node_ids) != len(self.weights):
+            raise ValueError("node_ids must have one entry per weight")
+        if self.clipping == "per-sample":
+            if self.batch_size is None:
+                raise ValueError("batch_size is required with per-sample clipping (integer >= 1)")
+            _positive_int("batch_size", self.batch_size)
+        if self.algorithm == "fedprox":
+            if self.prox_alpha is None:
+                raise ValueError("prox_alpha is required for a fedprox round")
+            _finite_positive("prox_alpha", self.prox_alpha)
+
+    @property
+    def local_steps(self) -> int:
+        return len(self.step_sizes)
+
+    @property
+    def clients(self) -> int:
+        """Number of replies aggregated (m_t)."""
+        return len(self.weights)
+
+    @property
+    def max_weight(self) -> float:
+        return max(self.weights)
+
+    @property
+    def noise_std(self) -> float:
+        """Std of the aggregate noise s_t = sigma * sqrt(sum_i p_i^2) (SPEC §14.1)."""
+        return self.sigma * math.sqrt(math.fsum(p * p for p in self.weights))
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["step_sizes"] = list(self.step_sizes)
+        d["weights"] = list(self.weights)
+        d["node_ids"] = list(self.node_ids)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "RoundRecord":
+        d = dict(data)
+        for key in ("step_sizes", "weights", "node_ids"):
+            if key in d:
+                d[key] = tuple(d[key])
+        return cls(**d)
