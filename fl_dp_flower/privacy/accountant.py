@@ -1,0 +1,336 @@
+"""The server-side f-DP accountant: one report per round, replayable and durable.
+
+It consumes :class:`RoundRecord` s (each round as it actually ran) and keeps, in
+amortized O(1) per round:
+
+- ``composition``: sqrt(sum_t (gamma_t / s_t)^2)       -- every global model is visible
+- ``local_dp``:    sqrt(sum_t (Gamma_t / sigma_t)^2)  -- a curious server sees each upload
+- ``final_model``: online PAVA optimum (SPEC §14.3)    -- only the last model is released
+- ``paper``:       Theorem 3/4 closed form at the worst round's m and sigma (SPEC §5).
+  Flagged ``sound=False`` for constant/cyclic FedAvg and FedProx (SPEC §7.3) and
+  whenever the rounds did not run exactly as planned (the closed forms assume
+  identical rounds).
+
+The **certified** guarantee is the smallest sound bound that the configured threat
+model admits; budgets are checked against it, never against an unsound number.
+
+The public shape mirrors Flower's ``flwr.serverapp.PrivacyAccountant`` protocol
+(``config``, ``num_releases``, ``get_epsilon``, ``get_delta``, ``get_privacy_spent``,
+``would_exceed``, ``state_dict``/``load_state_dict`` with a schema version).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from . import gdp
+from .bounds import OnlineFinalModel, paper_is_sound, paper_mu
+from .records import AccountantConfig, RoundRecord
+from .terms import RoundTerms, round_terms
+
+SCHEMA_VERSION = 1
+ACCOUNTING_METHOD = "gaussian-dp"
+BOUND_NAMES: tuple[str, ...] = ("paper", "composition", "final_model", "local_dp")
+REPORT_RDP_ORDERS: tuple[float, ...] = (1.5, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A privacy budget (epsilon, delta) checked against the certified guarantee."""
+
+    epsilon: float
+    delta: float
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.epsilon, (int, float)) and self.epsilon > 0 and math.isfinite(self.epsilon)):
+            raise ValueError(f"budget epsilon must be a finite number > 0, got {self.epsilon!r}")
+        if not (isinstance(self.delta, (int, float)) and 0 < self.delta < 1):
+            raise ValueError(f"budget delta must be in (0, 1), got {self.delta!r}")
+
+
+@dataclass(frozen=True)
+class BoundValue:
+    """A Gaussian-DP parameter mu, its epsilon at the report's delta, and soundness."""
+
+    mu: float
+    epsilon: float
+    sound: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"mu": self.mu, "epsilon": self.epsilon, "sound": self.sound}
+
+
+@dataclass(frozen=True)
+class PrivacyReport:
+    """The running guarantee after ``rounds`` rounds (``round`` = last round's number)."""
+
+    round: int
+    rounds: int
+    delta: float
+    threat_model: str
+    clients: int
+    bounds: dict[str, BoundValue]
+    certified_bound: str
+    rdp_orders: tuple[float, ...] = field(default=REPORT_RDP_ORDERS)
+
+    @property
+    def certified(self) -> BoundValue:
+        return self.bounds[self.certified_bound]
+
+    def to_dict(self) -> dict[str, Any]:
+        mu = self.certified.mu
+        rdp_values = [gdp.rdp(mu, order) for order in self.rdp_orders]
+        rdp_eps = gdp.rdp_epsilon(mu, self.delta)[0] if self.rounds else 0.0
+        return {
+            "round": self.round,
+            "rounds": self.rounds,
+            "delta": self.delta,
+            "threat_model": self.threat_model,
+            "clients": self.clients,
+            "bounds": {name: value.to_dict() for name, value in self.bounds.items()},
+            "certified": {"bound": self.certified_bound, "mu": mu, "epsilon": self.certified.epsilon},
+            "rdp": {"orders": list(self.rdp_orders), "values": rdp_values, "epsilon": rdp_eps},
+        }
+
+
+@dataclass(frozen=True)
+class PrivacySpent:
+    """Cumulative certified spend, shaped like Flower's ``PrivacySpent``."""
+
+    epsilon: float
+    delta: float
+    num_releases: int
+    accounting_method: str
+    mu: float
+    bound: str
+
+
+class _NeumaierSum:
+    """Compensated running sum (error independent of the number of terms)."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self.compensation = 0.0
+
+    def add(self, value: float) -> None:
+        if math.isinf(value) or math.isinf(self.total):
+            self.total += value
+            return
+        t = self.total + value
+        if abs(self.total) >= abs(value):
+            self.compensation += (self.total - t) + value
+        else:
+            self.compensation += (value - t) + self.total
+        self.total = t
+
+    @property
+    def value(self) -> float:
+        return self.total + self.compensation
+
+
+def _ratio_sq(numerator: float, denominator: float) -> float:
+    return (numerator / denominator) ** 2
+
+
+class PrivacyAccountant:
+    """Stateful accountant over a sequence of :class:`RoundRecord` s.
+
+    Rounds must arrive in order (``record.round == previous + 1``; the first
+    record may have any round number, e.g. 1). The accountant never forgets a
+    round: there is no way to remove one.
+    """
+
+    def __init__(self, config: AccountantConfig) -> None:
+        if not isinstance(config, AccountantConfig):
+            raise TypeError("config must be an AccountantConfig")
+        self._config = config
+        self._records: list[RoundRecord] = []
+        self._composition = _NeumaierSum()
+        self._local = _NeumaierSum()
+        self._final = OnlineFinalModel()
+        self._min_clients: int | None = None
+        self._min_sigma: float | None = None
+        self._as_planned = True
+
+    # ------------------------------------------------------------ protocol shape
+    @property
+    def config(self) -> AccountantConfig:
+        return self._config
+
+    @property
+    def num_releases(self) -> int:
+        """Number of rounds accounted."""
+        return len(self._records)
+
+    @property
+    def records(self) -> tuple[RoundRecord, ...]:
+        return tuple(self._records)
+
+    def get_epsilon(self, delta: float) -> float:
+        return gdp.epsilon(self.report().certified.mu, delta)
+
+    def get_delta(self, epsilon: float) -> float:
+        return gdp.delta(self.report().certified.mu, epsilon)
+
+    def get_privacy_spent(self, delta: float | None = None) -> PrivacySpent:
+        d = self._config.delta if delta is None else delta
+        report = self.report()
+        mu = report.certified.mu
+        return PrivacySpent(
+            epsilon=gdp.epsilon(mu, d),
+            delta=d,
+            num_releases=self.num_releases,
+            accounting_method=ACCOUNTING_METHOD,
+            mu=mu,
+            bound=report.certified_bound,
+        )
+
+    # ------------------------------------------------------------------- rounds
+    def step(self, record: RoundRecord) -> PrivacyReport:
+        """Account one round as it ran and return the report after it."""
+        terms = self._terms_for(record)
+        self._apply(record, terms)
+        return self.report()
+
+    def would_exceed(self, record: RoundRecord, budget: Budget) -> bool:
+        """Dry run: would accounting ``record`` push the certified epsilon past ``budget``?"""
+        trial = self._clone()
+        report = trial.step(record)
+        mu = report.certified.mu
+        return gdp.epsilon(mu, budget.delta) > budget.epsilon
+
+    def report(self, delta: float | None = None) -> PrivacyReport:
+        """The running guarantee (epsilon at ``delta``, default the config's delta)."""
+        d = self._config.delta if delta is None else delta
+        mus = self._mus()
+        sound = self._soundness()
+        bounds = {
+            name: BoundValue(mu=mus[name], epsilon=gdp.epsilon(mus[name], d), sound=sound[name])
+            for name in BOUND_NAMES
+        }
+        last = self._records[-1] if self._records else None
+        return PrivacyReport(
+            round=last.round if last else 0,
+            rounds=self.num_releases,
+            delta=d,
+            threat_model=self._config.threat_model,
+            clients=last.clients if last else 0,
+            bounds=bounds,
+            certified_bound=self._certified_name(mus, sound),
+        )
+
+    # -------------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-serializable state: the configuration and every round record."""
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "accounting_method": ACCOUNTING_METHOD,
+            "config": self._config.to_dict(),
+            "records": [r.to_dict() for r in self._records],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore from :meth:`state_dict`; rejects other schemas and other configurations."""
+        if not isinstance(state, dict):
+            raise ValueError("accountant state must be a dict")
+        version = state.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise ValueError(f"unsupported accountant state schema_version {version!r} (expected {SCHEMA_VERSION})")
+        if state.get("accounting_method") != ACCOUNTING_METHOD:
+            raise ValueError(f"accountant state is for method {state.get('accounting_method')!r}, not {ACCOUNTING_METHOD!r}")
+        config = AccountantConfig.from_dict(state.get("config", {}))
+        if config != self._config:
+            diff = sorted(k for k, v in config.to_dict().items() if self._config.to_dict().get(k) != v)
+            raise ValueError(f"accountant state was made for a different configuration (differs in: {', '.join(diff)})")
+        records = [RoundRecord.from_dict(r) for r in state.get("records", [])]
+        fresh = PrivacyAccountant(self._config)
+        for record in records:
+            fresh.step(record)
+        self.__dict__.update(fresh.__dict__)
+
+    @classmethod
+    def from_records(cls, config: AccountantConfig, records: Iterable[RoundRecord]) -> "PrivacyAccountant":
+        """Rebuild an accountant by replaying rounds (e.g. from the privacy ledger)."""
+        accountant = cls(config)
+        for record in records:
+            accountant.step(record)
+        return accountant
+
+    # ---------------------------------------------------------------- internals
+    def _terms_for(self, record: RoundRecord) -> RoundTerms:
+        if not isinstance(record, RoundRecord):
+            raise TypeError("record must be a RoundRecord")
+        if record.algorithm != self._config.algorithm:
+            raise ValueError(
+                f"record.algorithm {record.algorithm!r} does not match the accountant's {self._config.algorithm!r}"
+            )
+        if self._records and record.round != self._records[-1].round + 1:
+            raise ValueError(
+                f"record.round must be {self._records[-1].round + 1} (rounds are accounted in order), got {record.round}"
+            )
+        return round_terms(record, self._config.smoothness)
+
+    def _apply(self, record: RoundRecord, terms: RoundTerms) -> None:
+        self._records.append(record)
+        self._composition.add(_ratio_sq(terms.gamma, terms.noise_std))
+        self._local.add(_ratio_sq(terms.client_sensitivity, terms.sigma))
+        self._final.push(terms.log_rho, terms.gamma, terms.noise_std)
+        self._min_clients = record.clients if self._min_clients is None else min(self._min_clients, record.clients)
+        self._min_sigma = record.sigma if self._min_sigma is None else min(self._min_sigma, record.sigma)
+        if self._as_planned:
+            self._as_planned = self._matches_plan(record)
+
+    def _matches_plan(self, record: RoundRecord) -> bool:
+        planned = self._config.planned_round(record.round)
+        return (
+            record.clients == self._config.clients
+            and all(math.isclose(p, 1.0 / record.clients, rel_tol=1e-12) for p in record.weights)
+            and math.isclose(record.sigma, planned.sigma, rel_tol=1e-12)
+            and math.isclose(record.clip_norm, planned.clip_norm, rel_tol=1e-12)
+            and record.clipping == planned.clipping
+            and record.batch_size == planned.batch_size
+            and record.prox_alpha == planned.prox_alpha
+            and len(record.step_sizes) == len(planned.step_sizes)
+            and all(math.isclose(a, b, rel_tol=1e-12) for a, b in zip(record.step_sizes, planned.step_sizes))
+        )
+
+    def _mus(self) -> dict[str, float]:
+        if not self._records:
+            return {name: 0.0 for name in BOUND_NAMES}
+        composition = math.sqrt(max(self._composition.value, 0.0))
+        return {
+            "paper": paper_mu(
+                self._config, self.num_releases, clients=self._min_clients, sigma=self._min_sigma
+            ),
+            "composition": composition,
+            # The final-model optimum never exceeds composition (all-singleton PAVA);
+            # the min guards against last-ulp rounding differences.
+            "final_model": min(self._final.mu, composition),
+            "local_dp": math.sqrt(max(self._local.value, 0.0)),
+        }
+
+    def _soundness(self) -> dict[str, bool]:
+        paper_sound = (
+            paper_is_sound(self._config.algorithm, self._config.schedule)
+            and self._as_planned
+            and self._records_start_at_one()
+        )
+        return {"paper": paper_sound, "composition": True, "final_model": True, "local_dp": True}
+
+    def _records_start_at_one(self) -> bool:
+        return not self._records or self._records[0].round == 1
+
+    def _certified_name(self, mus: dict[str, float], sound: dict[str, bool]) -> str:
+        threat = self._config.threat_model
+        if threat == "curious-server":
+            return "local_dp"
+        if threat == "all-rounds":
+            return "composition"
+        candidates = [n for n in ("final_model", "composition", "paper") if sound[n]]
+        return min(candidates, key=lambda n: (mus[n], BOUND_NAMES.index(n)))
+
+    def _clone(self) -> "PrivacyAccountant":
+        return copy.deepcopy(self)

@@ -1,0 +1,127 @@
+"""Planning before a run: the guarantee of a planned configuration, and the sigma
+that meets a target (epsilon, delta) after T rounds.
+
+Planning uses the Table 2 terms (SPEC §4, with c_K, z_K and the per-sample factor
+theta of §13) for T identical rounds, so its numbers are the companions of the
+paper's closed forms. Every bound here is proportional to 1/sigma, so calibration
+is exact: sigma = sigma_0 * mu(sigma_0) / mu*, with mu* the largest mu meeting the
+target (SPEC §9.2).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from . import gdp
+from .bounds import paper_is_sound, planned_bounds
+from .records import AccountantConfig
+
+BoundChoice = Literal["certified", "composition", "final_model", "local_dp", "paper"]
+BOUND_CHOICES: tuple[str, ...] = get_args(BoundChoice)
+
+
+@dataclass(frozen=True)
+class PlannedBound:
+    mu: float
+    epsilon: float
+    sound: bool
+
+
+@dataclass(frozen=True)
+class Plan:
+    """All four bounds after ``rounds`` planned rounds, and the certified one."""
+
+    rounds: int
+    delta: float
+    bounds: dict[str, PlannedBound]
+    certified_bound: str
+
+    @property
+    def certified(self) -> PlannedBound:
+        return self.bounds[self.certified_bound]
+
+    def to_dict(self) -> dict:
+        return {
+            "rounds": self.rounds,
+            "delta": self.delta,
+            "bounds": {k: dataclasses.asdict(v) for k, v in self.bounds.items()},
+            "certified": {"bound": self.certified_bound, **{
+                k: v for k, v in dataclasses.asdict(self.certified).items() if k != "sound"}},
+        }
+
+
+@dataclass(frozen=True)
+class Calibration:
+    sigma: float
+    bound: str
+    mu: float
+    epsilon: float
+    sound: bool
+
+    def to_dict(self) -> dict:
+        return {"sigma": self.sigma, "bound": self.bound, "mu": self.mu, "epsilon": self.epsilon,
+                "sound": self.sound}
+
+
+def certified_bound_name(config: AccountantConfig, mus: dict[str, float]) -> str:
+    """The smallest sound bound the threat model admits (same rule as the accountant)."""
+    if config.threat_model == "curious-server":
+        return "local_dp"
+    if config.threat_model == "all-rounds":
+        return "composition"
+    names = ["final_model", "composition"]
+    if paper_is_sound(config.algorithm, config.schedule):
+        names.append("paper")
+    return min(names, key=lambda n: mus[n])
+
+
+def _check_rounds(rounds: int) -> None:
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
+
+
+def plan(config: AccountantConfig, rounds: int) -> Plan:
+    """Every bound after ``rounds`` identical planned rounds, at ``config.delta``."""
+    _check_rounds(rounds)
+    mus = planned_bounds(config, rounds)
+    sound_paper = paper_is_sound(config.algorithm, config.schedule)
+    bounds = {
+        name: PlannedBound(
+            mu=mus[name],
+            epsilon=gdp.epsilon(mus[name], config.delta),
+            sound=(sound_paper if name == "paper" else True),
+        )
+        for name in ("paper", "composition", "final_model", "local_dp")
+    }
+    return Plan(rounds=rounds, delta=config.delta, bounds=bounds,
+                certified_bound=certified_bound_name(config, mus))
+
+
+def calibrate(config: AccountantConfig, rounds: int, target_epsilon: float,
+              bound: BoundChoice = "certified") -> Calibration:
+    """The sigma at which ``bound`` equals ``target_epsilon`` at ``config.delta`` after ``rounds``.
+
+    ``bound="paper"`` is allowed for comparison; the result then carries
+    ``sound=False`` where the paper's closed form is not a valid guarantee.
+    """
+    _check_rounds(rounds)
+    if not (isinstance(target_epsilon, (int, float)) and math.isfinite(target_epsilon) and target_epsilon > 0):
+        raise ValueError(f"target_epsilon must be a finite number > 0, got {target_epsilon!r}")
+    if bound not in BOUND_CHOICES:
+        raise ValueError(f"bound must be one of {BOUND_CHOICES}, got {bound!r}")
+    reference = plan(config, rounds)
+    name = reference.certified_bound if bound == "certified" else bound
+    mu_ref = reference.bounds[name].mu
+    mu_star = gdp.mu_for(target_epsilon, config.delta)
+    sigma = config.sigma * mu_ref / mu_star
+    calibrated = plan(dataclasses.replace(config, sigma=sigma), rounds)
+    if bound == "certified" and calibrated.certified_bound != name:
+        # With a different sigma the minimum could in principle switch bound; recalibrate on it.
+        name = calibrated.certified_bound
+        sigma = config.sigma * reference.bounds[name].mu / mu_star
+        calibrated = plan(dataclasses.replace(config, sigma=sigma), rounds)
+    value = calibrated.bounds[name]
+    return Calibration(sigma=sigma, bound=name, mu=value.mu, epsilon=value.epsilon, sound=value.sound)
