@@ -195,6 +195,11 @@ class PrivacyAccountant:
         self._apply(record, terms)
         return self.report()
 
+    def extend(self, records: Iterable[RoundRecord]) -> None:
+        """Account several rounds without building the intermediate reports (replay)."""
+        for record in records:
+            self._apply(record, self._terms_for(record))
+
     def would_exceed(self, record: RoundRecord, budget: Budget) -> bool:
         """Dry run: would accounting ``record`` push the certified epsilon past ``budget``?"""
         trial = self._clone()
@@ -247,16 +252,14 @@ class PrivacyAccountant:
             raise ValueError(f"accountant state was made for a different configuration (differs in: {', '.join(diff)})")
         records = [RoundRecord.from_dict(r) for r in state.get("records", [])]
         fresh = PrivacyAccountant(self._config)
-        for record in records:
-            fresh.step(record)
+        fresh.extend(records)
         self.__dict__.update(fresh.__dict__)
 
     @classmethod
     def from_records(cls, config: AccountantConfig, records: Iterable[RoundRecord]) -> "PrivacyAccountant":
         """Rebuild an accountant by replaying rounds (e.g. from the privacy ledger)."""
         accountant = cls(config)
-        for record in records:
-            accountant.step(record)
+        accountant.extend(records)
         return accountant
 
     # ---------------------------------------------------------------- internals

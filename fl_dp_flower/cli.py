@@ -1,0 +1,172 @@
+"""Command line: ``fl-dp-flower privacy`` and ``fl-dp-flower calibrate``.
+
+``privacy`` prints every bound for a planned run of T identical rounds;
+``calibrate`` finds the sigma that meets a target epsilon under a chosen bound.
+Output is a table (rich) or JSON (``--json``). Bad input exits with status 2 and
+a message naming the flag and the allowed range.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from typing import Any, Callable, Sequence
+
+from .privacy.planning import BOUND_CHOICES, calibrate, plan
+from .privacy.records import ALGORITHMS, CLIPPING_MODES, THREAT_MODELS, AccountantConfig
+from .privacy.schedules import SCHEDULES
+
+# AccountantConfig field -> CLI flag, for translating validation messages.
+_FIELD_FLAGS = {
+    "algorithm": "--algorithm",
+    "schedule": "--schedule",
+    "lr": "--lr",
+    "local_steps": "--local-steps",
+    "clip_norm": "--clip-norm",
+    "clients": "--clients",
+    "sigma": "--sigma",
+    "smoothness": "--smoothness",
+    "prox_alpha": "--prox-alpha",
+    "delta": "--delta",
+    "threat_model": "--threat-model",
+    "batch_size": "--batch-size",
+    "cyclic_c": "--cyclic-c",
+    "iterative_z": "--iterative-z",
+}
+
+
+def _number(kind: Callable[[str], Any], lo: float, lo_open: bool, hi: float | None = None,
+            hi_open: bool = True) -> Callable[[str], Any]:
+    """argparse type: a finite number in the given interval (message states the range)."""
+    left = "(" if lo_open else "["
+    right = ")" if (hi is None or hi_open) else "]"
+    interval = f"{left}{lo:g}, {'inf' if hi is None else format(hi, 'g')}{right}"
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a valid number; allowed range {interval}")
+        ok = math.isfinite(value) and (value > lo if lo_open else value >= lo)
+        if ok and hi is not None:
+            ok = value < hi if hi_open else value <= hi
+        if not ok:
+            raise argparse.ArgumentTypeError(f"{text} is outside the allowed range {interval}")
+        return value
+
+    return parse
+
+
+_POSITIVE = _number(float, 0.0, True)
+_NONNEGATIVE = _number(float, 0.0, False)
+_COUNT = _number(int, 1, False)
+_PROBABILITY = _number(float, 0.0, True, 1.0, True)
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--algorithm", choices=ALGORITHMS, default="fedavg")
+    parser.add_argument("--schedule", choices=SCHEDULES, default="constant")
+    parser.add_argument("--lr", type=_POSITIVE, default=0.1, help="learning-rate constant (> 0)")
+    parser.add_argument("--local-steps", type=_COUNT, default=5, help="K, local steps per round (>= 1)")
+    parser.add_argument("--clip-norm", type=_POSITIVE, default=1.0, help="V, clipping norm (> 0)")
+    parser.add_argument("--clients", type=_COUNT, default=10, help="m, clients aggregated per round (>= 1)")
+    parser.add_argument("--rounds", type=_COUNT, default=100, help="T, communication rounds (>= 1)")
+    parser.add_argument("--smoothness", type=_NONNEGATIVE, default=1.0, help="L, smoothness constant (>= 0)")
+    parser.add_argument("--prox-alpha", type=_POSITIVE, default=None, help="FedProx alpha (> L, lr <= 1/alpha)")
+    parser.add_argument("--delta", type=_PROBABILITY, default=1e-5, help="delta in (0, 1)")
+    parser.add_argument("--cyclic-c", type=_POSITIVE, default=None, help="cyclic c (>= c_K; default c_K)")
+    parser.add_argument("--iterative-z", type=_POSITIVE, default=None, help="iterative z (>= z_K; default z_K)")
+    parser.add_argument("--batch-size", type=_COUNT, default=None, help="B, mini-batch size (>= 1)")
+    parser.add_argument("--per-sample-clipping", action="store_true", help="clip each sample's gradient (needs --batch-size)")
+    parser.add_argument("--threat-model", choices=THREAT_MODELS, default="all-rounds")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fl-dp-flower", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    privacy = commands.add_parser("privacy", help="all privacy bounds of a planned run")
+    _add_common(privacy)
+    privacy.add_argument("--sigma", type=_POSITIVE, required=True, help="per-client noise std (> 0)")
+    calib = commands.add_parser("calibrate", help="the sigma that meets a target epsilon")
+    _add_common(calib)
+    calib.add_argument("--target-epsilon", type=_POSITIVE, required=True, help="target epsilon (> 0)")
+    calib.add_argument("--bound", choices=BOUND_CHOICES, default="certified")
+    return parser
+
+
+def _config(args: argparse.Namespace, parser: argparse.ArgumentParser, sigma: float) -> AccountantConfig:
+    if args.per_sample_clipping and args.batch_size is None:
+        parser.error("--per-sample-clipping needs --batch-size (an integer >= 1)")
+    try:
+        return AccountantConfig(
+            algorithm=args.algorithm, schedule=args.schedule, lr=args.lr, local_steps=args.local_steps,
+            clip_norm=args.clip_norm, clients=args.clients, sigma=sigma, smoothness=args.smoothness,
+            prox_alpha=args.prox_alpha, delta=args.delta, threat_model=args.threat_model,
+            clipping="per-sample" if args.per_sample_clipping else "per-batch",
+            batch_size=args.batch_size, cyclic_c=args.cyclic_c, iterative_z=args.iterative_z,
+        )
+    except ValueError as exc:
+        parser.error(_flagged(str(exc)))
+    raise AssertionError("unreachable")
+
+
+def _flagged(message: str) -> str:
+    """Rewrite AccountantConfig field names in a validation message as CLI flags."""
+    for field_name, flag in sorted(_FIELD_FLAGS.items(), key=lambda kv: -len(kv[0])):
+        message = re.sub(rf"\b{field_name}\b", flag, message)
+    return message
+
+
+def _fmt(x: float) -> str:
+    return "inf" if math.isinf(x) else f"{x:.6g}"
+
+
+def _print_plan(result: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"Privacy after {result['rounds']} rounds (delta = {result['delta']:g})")
+    for col in ("bound", "mu (GDP)", "epsilon", "status"):
+        table.add_column(col)
+    for name, value in result["bounds"].items():
+        status = "sound" if value["sound"] else "paper's stated bound - NOT a guarantee"
+        table.add_row(name, _fmt(value["mu"]), _fmt(value["epsilon"]), status)
+    cert = result["certified"]
+    Console().print(table)
+    Console().print(f"certified ({cert['bound']}): mu = {_fmt(cert['mu'])}, epsilon = {_fmt(cert['epsilon'])}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "privacy":
+        config = _config(args, parser, args.sigma)
+        try:
+            result = plan(config, args.rounds).to_dict()
+        except ValueError as exc:
+            parser.error(_flagged(str(exc)))
+        if args.json:
+            print(json.dumps(result, indent=2))
+        else:
+            _print_plan(result)
+        return 0
+    config = _config(args, parser, 1.0)
+    try:
+        result = calibrate(config, args.rounds, args.target_epsilon, args.bound).to_dict()
+    except ValueError as exc:
+        parser.error(_flagged(str(exc)))
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        status = "" if result["sound"] else "  (paper's stated bound - NOT a guarantee)"
+        print(f"sigma = {result['sigma']:.6g} gives {result['bound']}: mu = {_fmt(result['mu'])}, "
+              f"epsilon = {_fmt(result['epsilon'])} at delta = {args.delta:g}{status}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

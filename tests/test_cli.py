@@ -1,0 +1,93 @@
+"""The `fl-dp-flower` command line: JSON shapes, planned numbers, calibration, and bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from fl_dp_flower.cli import main
+
+BASE = ["--lr", "0.1", "--local-steps", "5", "--clip-norm", "1", "--clients", "20", "--smoothness", "1"]
+
+
+def _json(capsys, argv):
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_privacy_json_constant_schedule(capsys):
+    out = _json(capsys, ["privacy", *BASE, "--sigma", "1", "--rounds", "1000", "--json"])
+    assert out["rounds"] == 1000 and out["delta"] == 1e-5
+    assert set(out["bounds"]) == {"paper", "composition", "final_model", "local_dp"}
+    # SPEC §7.3/§8.2: paper 0.4624 (not sound), composition sqrt(T)*mu_1 = 7.071, eps 54.4.
+    assert out["bounds"]["paper"]["sound"] is False
+    assert out["bounds"]["paper"]["mu"] == pytest.approx(0.4624, abs=1e-4)
+    assert out["bounds"]["composition"]["mu"] == pytest.approx(math.sqrt(1000) * math.sqrt(20) * 0.05, rel=1e-9)
+    assert out["certified"] == {
+        "bound": "composition",
+        "mu": out["bounds"]["composition"]["mu"],
+        "epsilon": out["bounds"]["composition"]["epsilon"],
+    }
+    assert out["certified"]["epsilon"] == pytest.approx(54.4, rel=2e-3)
+
+
+def test_calibrate_round_trips_through_privacy(capsys):
+    cal = _json(capsys, ["calibrate", *BASE, "--schedule", "stage", "--rounds", "200",
+                         "--target-epsilon", "2.0", "--json"])
+    assert set(cal) >= {"sigma", "bound", "mu", "epsilon"}
+    assert cal["epsilon"] == pytest.approx(2.0, rel=1e-8)
+    out = _json(capsys, ["privacy", *BASE, "--schedule", "stage", "--rounds", "200",
+                         "--sigma", repr(cal["sigma"]), "--json"])
+    assert out["certified"]["epsilon"] == pytest.approx(2.0, rel=1e-8)
+
+
+def test_calibrate_final_model_threat_needs_less_noise(capsys):
+    args = [*BASE, "--schedule", "iterative", "--rounds", "1000", "--target-epsilon", "1", "--json"]
+    allrounds = _json(capsys, ["calibrate", *args])
+    final = _json(capsys, ["calibrate", *args, "--threat-model", "final-model"])
+    assert final["bound"] == "final_model" and allrounds["bound"] == "composition"
+    assert final["sigma"] < allrounds["sigma"]
+
+
+def test_per_sample_clipping_scales_by_theta(capsys):
+    # SPEC §13: C, lr=0.1, L=1, K=5, B=32, m=20, T=1000 -> composition 0.26981.
+    out = _json(capsys, ["privacy", *BASE, "--sigma", "1", "--rounds", "1000",
+                         "--batch-size", "32", "--per-sample-clipping", "--json"])
+    assert out["bounds"]["composition"]["mu"] == pytest.approx(0.26981, abs=5e-6)
+
+
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["--sigma", "0"], "--sigma"),
+        (["--sigma", "-1"], "--sigma"),
+        (["--sigma", "nan"], "--sigma"),
+        (["--sigma", "1", "--local-steps", "0"], "--local-steps"),
+        (["--sigma", "1", "--delta", "1.5"], "--delta"),
+        (["--sigma", "1", "--algorithm", "fedprox", "--prox-alpha", "0.5"], "--prox-alpha"),
+        (["--sigma", "1", "--algorithm", "fedprox", "--prox-alpha", "20"], "--lr"),
+        (["--sigma", "1", "--per-sample-clipping"], "--batch-size"),
+    ],
+)
+def test_bad_input_names_the_flag(argv, flag, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["privacy", *BASE[:-2], *argv])
+    assert exc.value.code != 0
+    err = capsys.readouterr().err
+    assert flag in err
+
+
+def test_console_script_is_installed():
+    exe = shutil.which("fl-dp-flower") or str(__import__("pathlib").Path(sys.executable).with_name("fl-dp-flower"))
+    proc = subprocess.run([exe, "privacy", *BASE, "--sigma", "1", "--rounds", "10"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "composition" in proc.stdout and "NOT a guarantee" in proc.stdout
+    bad = subprocess.run([exe, "calibrate", *BASE, "--rounds", "10", "--target-epsilon", "-1"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "--target-epsilon" in bad.stderr
