@@ -1,0 +1,105 @@
+"""Human-readable output: one log line per round and an end-of-run summary table.
+
+Inputs are the accountant's ``report.to_dict()`` (see docs/ARCHITECTURE.md) and history
+entries ``{"round": t, "report": {...}, "metrics": {...}}`` shaped like the ledger's round
+lines. The paper's closed-form bound is always labelled "not a guarantee" when its
+``sound`` flag is False.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+BOUND_NAMES = ("composition", "final_model", "local_dp", "paper")
+
+
+def fmt_num(x: Any, digits: int = 4) -> str:
+    """Compact number: ``digits`` significant digits, ``inf``/``nan`` spelled out, None -> n/a."""
+    if x is None:
+        return "n/a"
+    x = float(x)
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return f"{x:.{digits}g}"
+
+
+def fmt_acc(x: Any) -> str:
+    """Accuracy with three decimals (``n/a`` when unknown)."""
+    return "n/a" if x is None else f"{float(x):.3f}"
+
+
+def _paper_label(paper: dict[str, Any]) -> str:
+    return "paper bound" if paper.get("sound") else "paper bound (not a guarantee)"
+
+
+def format_round_line(report: dict[str, Any], *, accuracy: float | None, clients: int) -> str:
+    """One log line for a finished round, e.g.
+
+    ``round 3 | clients 10 | acc 0.912 | certified mu=1.234 eps=5.67 (delta=1e-05,
+    composition) | paper bound (not a guarantee) mu=0.45 eps=1.2``
+    """
+    cert = report["certified"]
+    parts = [
+        f"round {report['round']}",
+        f"clients {clients}",
+        f"acc {fmt_acc(accuracy)}",
+        f"certified mu={fmt_num(cert['mu'])} eps={fmt_num(cert['epsilon'])} "
+        f"(delta={report['delta']:g}, {cert['bound']})",
+    ]
+    paper = report.get("bounds", {}).get("paper")
+    if paper is not None:
+        parts.append(
+            f"{_paper_label(paper)} mu={fmt_num(paper['mu'])} eps={fmt_num(paper['epsilon'])}"
+        )
+    return " | ".join(parts)
+
+
+def summary_table(history: list[dict[str, Any]]) -> Table:
+    """Per-round table: accuracy, loss, certified (mu, eps) and eps of every bound.
+
+    Unsound bounds are marked with ``*`` and explained in the caption.
+    """
+    delta = history[-1]["report"]["delta"] if history else None
+    title = "Privacy summary" + (f" (delta={delta:g})" if delta is not None else "")
+    table = Table(title=title, show_lines=False)
+    for name, justify in [("round", "right"), ("clients", "right"), ("accuracy", "right"),
+                          ("loss", "right"), ("certified by", "left"), ("cert. mu", "right"),
+                          ("cert. eps", "right")]:
+        table.add_column(name, justify=justify)
+    for name in BOUND_NAMES:
+        table.add_column(f"{name} eps", justify="right")
+    any_unsound = False
+    for entry in history:
+        report, metrics = entry["report"], entry.get("metrics") or {}
+        cert = report["certified"]
+        cells = [str(entry["round"]), str(report.get("clients", "")),
+                 fmt_acc(metrics.get("accuracy")), fmt_num(metrics.get("loss"), 4),
+                 cert["bound"], fmt_num(cert["mu"]), fmt_num(cert["epsilon"])]
+        for name in BOUND_NAMES:
+            bound = report.get("bounds", {}).get(name)
+            if bound is None:
+                cells.append("")
+                continue
+            mark = "" if bound.get("sound") else "*"
+            any_unsound = any_unsound or not bound.get("sound")
+            cells.append(fmt_num(bound["epsilon"]) + mark)
+        table.add_row(*cells)
+    if any_unsound:
+        table.caption = "* not a guarantee: this bound is not sound for this run (shown for reference)"
+    return table
+
+
+def render_summary(history: list[dict[str, Any]], *, width: int = 132) -> str:
+    """The summary table as plain text (no colour or style codes)."""
+    buf = io.StringIO()
+    console = Console(file=buf, width=width, color_system=None, force_terminal=False,
+                      no_color=True, highlight=False)
+    console.print(summary_table(history))
+    return buf.getvalue()

@@ -1,0 +1,302 @@
+"""Durable, append-only JSONL privacy ledger.
+
+A privacy ledger is never lost or rewritten:
+
+- the file is only ever opened with ``O_APPEND`` (never truncated, never seek-written);
+- every line is written with a single ``write`` of the whole line, then ``flush()`` and
+  ``os.fsync()``; the directory is fsynced when the file is created;
+- round numbers are strictly increasing, and every round record is validated as a
+  :class:`~fl_dp_flower.privacy.records.RoundRecord` before it is written, so the
+  accountant can always be rebuilt from the ledger (:func:`load_round_records`).
+
+Line format (one JSON object per line, ``"schema": 1`` and UTC ISO-8601 ``"time"`` on each)::
+
+    {"kind": "header", "accountant_config": {...}, "app_config": {...}, "created": iso, ...}
+    {"kind": "round", "round": t, "record": {...}, "report": {...}, "metrics": {...}, ...}
+    {"kind": "event", "event": "budget-stop", "data": {...}, ...}
+
+Non-finite floats are stored as the strings ``"inf"``, ``"-inf"`` and ``"nan"`` (strict JSON)
+and mapped back to floats when reading.
+
+Crash tolerance: a final line without a trailing newline that is not valid JSON is a torn
+write (``torn_tail=True``) and is ignored. :meth:`PrivacyLedger.resume` then appends a
+newline and a ``torn-tail`` event naming the fragment's line number, so the fragment stays
+on its own line and later reads accept it. Any other invalid line is corruption and raises
+``ValueError`` with its line number.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from fl_dp_flower.privacy.records import RoundRecord
+
+SCHEMA = 1
+TORN_TAIL_EVENT = "torn-tail"
+_NONFINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
+
+
+def utc_now() -> str:
+    """Current UTC time as ISO 8601 (millisecond precision)."""
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _encode(obj: Any) -> Any:
+    """Map non-finite floats to strings and containers to JSON types (recursively)."""
+    if isinstance(obj, bool) or obj is None or isinstance(obj, (str, int)):
+        return obj
+    if isinstance(obj, float):
+        if math.isnan(obj):
+            return "nan"
+        if math.isinf(obj):
+            return "inf" if obj > 0 else "-inf"
+        return obj
+    if isinstance(obj, dict):
+        return {str(k): _encode(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_encode(v) for v in obj]
+    if hasattr(obj, "tolist"):  # numpy scalars and arrays, without importing numpy
+        return _encode(obj.tolist())
+    raise TypeError(f"cannot write {type(obj).__name__} value {obj!r} to the privacy ledger")
+
+
+def _decode(obj: Any) -> Any:
+    """Inverse of :func:`_encode` for parsed JSON."""
+    if isinstance(obj, str):
+        return _NONFINITE.get(obj, obj)
+    if isinstance(obj, dict):
+        return {k: _decode(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_decode(v) for v in obj]
+    return obj
+
+
+def _dumps(entry: dict[str, Any]) -> bytes:
+    return (json.dumps(_encode(entry), allow_nan=False, separators=(",", ":")) + "\n").encode()
+
+
+def _normalize(d: dict[str, Any]) -> dict[str, Any]:
+    """The value a dict has after a write/read round trip (tuples -> lists, etc.)."""
+    return _decode(json.loads(json.dumps(_encode(d), allow_nan=False)))
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return a == b
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class LedgerContents:
+    """Parsed ledger. ``torn_tail`` is True when the final line was a torn (ignored) write."""
+
+    header: dict[str, Any]
+    rounds: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    torn_tail: bool = False
+    ends_with_newline: bool = True
+    line_count: int = 0
+
+
+def _parse_line(raw: bytes) -> dict[str, Any] | None:
+    try:
+        entry = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return entry if isinstance(entry, dict) and "kind" in entry else None
+
+
+def read_ledger(path: str | os.PathLike[str]) -> LedgerContents:
+    """Read and validate a ledger (see the module docstring for the torn-tail rule)."""
+    path = Path(path)
+    data = path.read_bytes()
+    if not data:
+        raise ValueError(f"privacy ledger {path} is empty (its creation was interrupted)")
+    ends_with_newline = data.endswith(b"\n")
+    lines = data.split(b"\n")
+    if ends_with_newline:
+        lines.pop()
+    parsed = [_parse_line(raw) for raw in lines]
+    torn_tail = not ends_with_newline and parsed[-1] is None
+
+    header: dict[str, Any] | None = None
+    rounds: list[dict[str, Any]] = []
+    events: list[dict[str, Any]] = []
+    for i, entry in enumerate(parsed):
+        lineno = i + 1
+        if entry is None:
+            if i == len(parsed) - 1 and torn_tail:
+                break
+            nxt = parsed[i + 1] if i + 1 < len(parsed) else None
+            if not (
+                nxt is not None
+                and nxt.get("kind") == "event"
+                and nxt.get("event") == TORN_TAIL_EVENT
+                and nxt.get("data", {}).get("line") == lineno
+            ):
+                raise ValueError(f"privacy ledger {path}: line {lineno} is not a valid ledger entry")
+            continue  # a torn write from an earlier crash, recorded by the next line
+        entry = _decode(entry)
+        if entry.get("schema") != SCHEMA:
+            raise ValueError(
+                f"privacy ledger {path}: line {lineno} has schema {entry.get('schema')!r}, "
+                f"expected {SCHEMA}"
+            )
+        kind = entry["kind"]
+        if lineno == 1:
+            if kind != "header":
+                raise ValueError(f"privacy ledger {path}: line 1 is not a header")
+            header = entry
+        elif kind == "round":
+            if isinstance(entry.get("round"), bool) or not isinstance(entry.get("round"), int):
+                raise ValueError(f"privacy ledger {path}: line {lineno} has no integer round")
+            if rounds and not entry["round"] > rounds[-1]["round"]:
+                raise ValueError(
+                    f"privacy ledger {path}: line {lineno} has round {entry['round']} after "
+                    f"round {rounds[-1]['round']} (rounds must be strictly increasing)"
+                )
+            rounds.append(entry)
+        elif kind == "event":
+            events.append(entry)
+        else:
+            raise ValueError(f"privacy ledger {path}: line {lineno} has unknown kind {kind!r}")
+    if header is None:
+        raise ValueError(f"privacy ledger {path} has no header (its creation was interrupted)")
+    return LedgerContents(header, rounds, events, torn_tail, ends_with_newline, len(lines))
+
+
+def load_round_records(path: str | os.PathLike[str]) -> list[RoundRecord]:
+    """The RoundRecords of a ledger, in order (to rebuild the accountant on resume)."""
+    return [RoundRecord.from_dict(entry["record"]) for entry in read_ledger(path).rounds]
+
+
+class PrivacyLedger:
+    """Append-only writer. Use :meth:`create` for a new run and :meth:`resume` to continue."""
+
+    def __init__(self, path: Path, fd: int, header: dict[str, Any], rounds: list[dict[str, Any]],
+                 torn_tail: bool = False) -> None:
+        self.path = path
+        self._file = os.fdopen(fd, "ab", buffering=0)
+        self._lock = threading.Lock()
+        self.header = header
+        self.rounds = rounds
+        self.torn_tail = torn_tail
+
+    @property
+    def last_round(self) -> int | None:
+        """Round of the last round line, or None when no round was recorded yet."""
+        return self.rounds[-1]["round"] if self.rounds else None
+
+    @classmethod
+    def create(cls, path: str | os.PathLike[str], *, accountant_config: dict[str, Any],
+               app_config: dict[str, Any]) -> "PrivacyLedger":
+        """Create a new ledger and write (and fsync) its header. Refuses an existing file."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        except FileExistsError:
+            raise FileExistsError(
+                f"privacy ledger {path} already exists; a ledger is never overwritten. "
+                "Set resume = true to continue that run, or choose another run-name."
+            ) from None
+        now = utc_now()
+        header = {"kind": "header", "schema": SCHEMA, "accountant_config": accountant_config,
+                  "app_config": app_config, "created": now, "time": now}
+        ledger = cls(path, fd, _normalize(header), [])
+        ledger._write(header)
+        _fsync_dir(path.parent)
+        return ledger
+
+    @classmethod
+    def resume(cls, path: str | os.PathLike[str], *,
+               accountant_config: dict[str, Any]) -> "PrivacyLedger":
+        """Re-open an existing ledger for appending after checking its accountant config.
+
+        Raises FileNotFoundError if the ledger does not exist and ValueError if the header's
+        accountant config differs (the message lists the differing keys). After a torn tail
+        a newline and a ``torn-tail`` event are appended (the fragment is kept as it is).
+        """
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"cannot resume: privacy ledger {path} does not exist")
+        contents = read_ledger(path)
+        stored = contents.header.get("accountant_config", {})
+        given = _normalize(accountant_config)
+        diff = sorted(k for k in set(stored) | set(given) if not _same(stored.get(k), given.get(k)))
+        if diff:
+            detail = ", ".join(f"{k}: ledger {stored.get(k)!r} != now {given.get(k)!r}" for k in diff)
+            raise ValueError(
+                f"cannot resume {path}: accountant config differs in key(s) {diff} ({detail})"
+            )
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        ledger = cls(path, fd, contents.header, list(contents.rounds), contents.torn_tail)
+        if not contents.ends_with_newline:
+            ledger._write_raw(b"\n")
+            if contents.torn_tail:
+                ledger.append_event(TORN_TAIL_EVENT, {"line": contents.line_count})
+        return ledger
+
+    def append_round(self, *, round: int, record: dict[str, Any], report: dict[str, Any],
+                     metrics: dict[str, Any]) -> None:
+        """Append one round line (fsynced). ``round`` must exceed :attr:`last_round`."""
+        if isinstance(round, bool) or not isinstance(round, int) or round < 1:
+            raise ValueError(f"round must be an integer >= 1, got {round!r}")
+        if self.last_round is not None and round <= self.last_round:
+            raise ValueError(
+                f"round {round} is not after the last recorded round {self.last_round} "
+                f"in {self.path} (the ledger is append-only, rounds strictly increasing)"
+            )
+        rec = RoundRecord.from_dict(record)  # the ledger must stay loadable
+        if rec.round != round:
+            raise ValueError(f"record is for round {rec.round}, not round {round}")
+        entry = {"kind": "round", "schema": SCHEMA, "round": round, "record": record,
+                 "report": report, "metrics": metrics, "time": utc_now()}
+        self._write(entry)
+        self.rounds.append(_normalize(entry))
+
+    def append_event(self, kind: str, data: dict[str, Any]) -> None:
+        """Append a non-round line, e.g. ``"budget-stop"``, ``"resume"``, ``"end"`` (fsynced)."""
+        if not isinstance(kind, str) or not kind:
+            raise ValueError(f"event kind must be a non-empty string, got {kind!r}")
+        self._write({"kind": "event", "schema": SCHEMA, "event": kind, "data": data,
+                     "time": utc_now()})
+
+    def _write(self, entry: dict[str, Any]) -> None:
+        self._write_raw(_dumps(entry))
+
+    def _write_raw(self, line: bytes) -> None:
+        with self._lock:
+            if self._file.closed:
+                raise ValueError(f"privacy ledger {self.path} is closed")
+            view = memoryview(line)
+            while view:
+                view = view[self._file.write(view):]
+            self._file.flush()
+            os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        """Close the file (every line is already durable)."""
+        with self._lock:
+            self._file.close()
+
+    def __enter__(self) -> "PrivacyLedger":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,107 @@
+"""End-of-run plot: epsilon per round (certified, composition, the paper's bound) and accuracy.
+
+Uses matplotlib's Agg canvas directly (no pyplot, no display, no global backend switch).
+The PNG is written atomically: a temporary file in the target directory, fsynced, then
+``os.replace``. Infinite epsilons are not drawn (the legend says how many were skipped).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+
+def _series(values: list[float]) -> tuple[list[float], int]:
+    """Replace non-finite values by NaN (gaps in the line); return them and the inf count."""
+    out, skipped = [], 0
+    for v in values:
+        v = float(v)
+        if math.isfinite(v):
+            out.append(v)
+        else:
+            out.append(math.nan)
+            skipped += 1
+    return out, skipped
+
+
+def _label(text: str, skipped: int) -> str:
+    return text + (f" [eps=inf in {skipped} round(s), not drawn]" if skipped else "")
+
+
+def plot_privacy_curve(history: list[dict[str, Any]], path: str | os.PathLike[str], *,
+                       delta: float) -> Path:
+    """Draw epsilon vs round and accuracy (second axis) to the PNG ``path``; returns the path.
+
+    ``history`` entries are ``{"round", "report", "metrics"}`` like the ledger's round lines.
+    The y axis is logarithmic when the finite epsilons span more than two decades.
+    """
+    if not history:
+        raise ValueError("cannot plot an empty history")
+    path = Path(path)
+    rounds = [int(h["round"]) for h in history]
+    reports = [h["report"] for h in history]
+    cert, cert_inf = _series([r["certified"]["epsilon"] for r in reports])
+    comp, comp_inf = _series([r["bounds"]["composition"]["epsilon"] for r in reports])
+    paper, paper_inf = _series([r["bounds"]["paper"]["epsilon"] for r in reports])
+    paper_sound = all(bool(r["bounds"]["paper"]["sound"]) for r in reports)
+    cert_names = sorted({str(r["certified"]["bound"]) for r in reports})
+
+    fig = Figure(figsize=(8, 4.8), dpi=110)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    ax.plot(rounds, cert, color="tab:blue", linewidth=2.6, marker="o", markersize=4,
+            label=_label(f"certified ({', '.join(cert_names)})", cert_inf))
+    ax.plot(rounds, comp, color="tab:green", linewidth=1.2, linestyle=":", marker="s",
+            markersize=3, label=_label("composition", comp_inf))
+    if paper_sound:
+        ax.plot(rounds, paper, color="tab:red", linewidth=1.2, marker="^", markersize=3,
+                label=_label("paper's bound", paper_inf))
+    else:
+        ax.plot(rounds, paper, color="tab:red", linewidth=1.4, linestyle="--",
+                label=_label("paper's stated bound (not certified)", paper_inf))
+
+    finite = [v for v in cert + comp + paper if math.isfinite(v) and v > 0]
+    if finite and max(finite) / min(finite) > 100.0:
+        ax.set_yscale("log")
+    if not finite:
+        ax.text(0.5, 0.5, "every epsilon is infinite", transform=ax.transAxes,
+                ha="center", va="center", color="gray")
+    ax.set_xlabel("round")
+    ax.set_ylabel(f"epsilon (delta={delta:g})")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(True, alpha=0.3)
+    ax.set_title(f"Privacy loss per round (delta={delta:g})")
+
+    handles, labels = ax.get_legend_handles_labels()
+    acc = [h.get("metrics", {}).get("accuracy") for h in history]
+    if any(a is not None for a in acc):
+        ax2 = ax.twinx()
+        acc_y = [math.nan if a is None else float(a) for a in acc]
+        ax2.plot(rounds, acc_y, color="tab:gray", linewidth=1.2, marker=".", label="accuracy")
+        ax2.set_ylabel("accuracy")
+        known = [a for a in acc_y if not math.isnan(a)]
+        ax2.set_ylim(0.0, 1.0 if known and max(known) <= 1.0 else None)
+        h2, l2 = ax2.get_legend_handles_labels()
+        handles, labels = handles + h2, labels + l2
+    ax.legend(handles, labels, loc="upper left", fontsize="small", framealpha=0.9)
+    fig.tight_layout()
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            fig.savefig(f, format="png")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

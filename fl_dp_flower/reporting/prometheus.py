@@ -1,0 +1,126 @@
+"""Prometheus endpoint for the privacy accountant (prometheus-client, private registry).
+
+Each :class:`PrivacyMetricsExporter` owns its own ``CollectorRegistry`` and HTTP server, so
+several exporters can live in one process and :meth:`~PrivacyMetricsExporter.close` frees
+the port. Exported metrics (all gauges, prefix ``fl_dp_``):
+
+- ``fl_dp_rounds_completed``, ``fl_dp_last_round``, ``fl_dp_clients_aggregated``, ``fl_dp_delta``
+- ``fl_dp_certified_mu``, ``fl_dp_certified_epsilon``, ``fl_dp_certified_info{bound=...}``
+- ``fl_dp_paper_mu``, ``fl_dp_paper_epsilon`` (the paper's closed form; see ``bound_*`` for ``sound``)
+- ``fl_dp_bound_mu{bound, sound}``, ``fl_dp_bound_epsilon{bound, sound}``
+- ``fl_dp_accuracy`` (NaN until known)
+- ``fl_dp_budget_epsilon`` and ``fl_dp_budget_remaining_epsilon`` (only once a budget is given)
+
+An infinite epsilon or mu is exported as ``+Inf``; values not yet known are ``NaN``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable
+
+from prometheus_client import CollectorRegistry, Gauge, Info, start_http_server
+
+_NAN = float("nan")
+
+
+class PrivacyMetricsExporter:
+    """Serve the accountant's numbers at ``http://<addr>:<port>/metrics``.
+
+    ``port=0`` binds a free port; the bound port is :attr:`port`.
+    """
+
+    def __init__(self, port: int, addr: str = "0.0.0.0") -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self._rounds = Gauge("fl_dp_rounds_completed", "Rounds accounted so far", registry=r)
+        self._last_round = Gauge("fl_dp_last_round", "Global index of the last accounted round",
+                                 registry=r)
+        self._clients = Gauge("fl_dp_clients_aggregated",
+                              "Client replies aggregated in the last round", registry=r)
+        self._delta = Gauge("fl_dp_delta", "delta at which epsilon is reported", registry=r)
+        self._cert_mu = Gauge("fl_dp_certified_mu", "Certified Gaussian-DP mu", registry=r)
+        self._cert_eps = Gauge("fl_dp_certified_epsilon", "Certified epsilon at delta", registry=r)
+        self._cert_info = Info("fl_dp_certified", "Bound that certifies the guarantee", registry=r)
+        self._paper_mu = Gauge("fl_dp_paper_mu", "The paper's closed-form mu (may be unsound)",
+                               registry=r)
+        self._paper_eps = Gauge("fl_dp_paper_epsilon",
+                                "The paper's closed-form epsilon (may be unsound)", registry=r)
+        self._bound_mu = Gauge("fl_dp_bound_mu", "mu of each bound", ["bound", "sound"], registry=r)
+        self._bound_eps = Gauge("fl_dp_bound_epsilon", "epsilon of each bound", ["bound", "sound"],
+                                registry=r)
+        self._accuracy = Gauge("fl_dp_accuracy", "Accuracy of the global model", registry=r)
+        self._budget: Gauge | None = None
+        self._budget_remaining: Gauge | None = None
+        for g in (self._delta, self._cert_mu, self._cert_eps, self._paper_mu, self._paper_eps,
+                  self._accuracy):
+            g.set(_NAN)
+        self._server, self._thread = start_http_server(port, addr, registry=self.registry)
+        self.addr = addr
+        self.port: int = self._server.server_port
+
+    def update(self, report: dict[str, Any], *, clients: int, accuracy: float | None,
+               budget_epsilon: float | None) -> None:
+        """Publish one round's report (``PrivacyReport.to_dict()``)."""
+        self._rounds.set(report.get("rounds", report["round"]))
+        self._last_round.set(report["round"])
+        self._clients.set(clients)
+        self._delta.set(report["delta"])
+        cert = report["certified"]
+        self._cert_mu.set(float(cert["mu"]))
+        self._cert_eps.set(float(cert["epsilon"]))
+        self._cert_info.info({"bound": str(cert["bound"])})
+        for name, bound in report.get("bounds", {}).items():
+            sound = "true" if bound.get("sound") else "false"
+            other = "false" if sound == "true" else "true"
+            for gauge, key in ((self._bound_mu, "mu"), (self._bound_eps, "epsilon")):
+                gauge.remove(name, other)  # no stale series when a bound's soundness changes
+                gauge.labels(bound=name, sound=sound).set(float(bound[key]))
+            if name == "paper":
+                self._paper_mu.set(float(bound["mu"]))
+                self._paper_eps.set(float(bound["epsilon"]))
+        if accuracy is not None:
+            self._accuracy.set(float(accuracy))
+        if budget_epsilon is not None:
+            if self._budget is None:
+                self._budget = Gauge("fl_dp_budget_epsilon", "Epsilon budget of the run",
+                                     registry=self.registry)
+                self._budget_remaining = Gauge(
+                    "fl_dp_budget_remaining_epsilon",
+                    "Budget minus certified epsilon (-Inf when certified epsilon is infinite)",
+                    registry=self.registry)
+            assert self._budget_remaining is not None
+            self._budget.set(float(budget_epsilon))
+            self._budget_remaining.set(float(budget_epsilon) - float(cert["epsilon"]))
+
+    def close(self) -> None:
+        """Stop the HTTP server and release the port (idempotent)."""
+        if self._server is None:
+            return
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+        self._server = None
+
+    def __enter__(self) -> "PrivacyMetricsExporter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def scrape_config_snippet(job: str, targets: str | Iterable[str], *,
+                          scrape_interval: str = "15s") -> str:
+    """A ``prometheus.yml`` ``scrape_configs`` block for the exporter(s) at ``targets``
+    (``"host:port"`` strings)."""
+    targets = [targets] if isinstance(targets, str) else list(targets)
+    if not targets:
+        raise ValueError("at least one scrape target (host:port) is required")
+    target_list = ", ".join(json.dumps(t) for t in targets)
+    return (
+        "scrape_configs:\n"
+        f"  - job_name: {json.dumps(job)}\n"
+        f"    scrape_interval: {scrape_interval}\n"
+        "    static_configs:\n"
+        f"      - targets: [{target_list}]\n"
+    )

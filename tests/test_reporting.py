@@ -1,0 +1,317 @@
+"""Tests of fl_dp_flower.reporting: ledger durability, console, Prometheus, plot."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import urllib.request
+
+import pytest
+
+from fl_dp_flower.privacy.records import AccountantConfig, RoundRecord
+from fl_dp_flower.reporting import (
+    PrivacyLedger,
+    PrivacyMetricsExporter,
+    format_round_line,
+    load_round_records,
+    plot_privacy_curve,
+    read_ledger,
+    render_summary,
+    scrape_config_snippet,
+    summary_table,
+)
+
+INF = float("inf")
+ACCT = AccountantConfig(clients=3).to_dict()
+APP = {"run-name": "t", "lr": 0.1, "target-epsilon": 0.0}
+
+
+def make_report(t: int, eps: float, *, paper_eps: float | None = None, paper_sound: bool = False,
+                clients: int = 3) -> dict:
+    mu = eps / 4 if math.isfinite(eps) else INF
+    pe = eps / 5 if paper_eps is None else paper_eps
+    return {
+        "round": t, "rounds": t, "delta": 1e-5, "threat_model": "all-rounds", "clients": clients,
+        "bounds": {
+            "paper": {"mu": pe / 4, "epsilon": pe, "sound": paper_sound},
+            "composition": {"mu": mu, "epsilon": eps, "sound": True},
+            "final_model": {"mu": mu * 2, "epsilon": eps * 2, "sound": True},
+            "local_dp": {"mu": INF, "epsilon": INF, "sound": True},
+        },
+        "certified": {"bound": "composition", "mu": mu, "epsilon": eps},
+        "rdp": {"orders": [2.0, 4.0], "values": [0.1 * t, 0.2 * t], "epsilon": eps},
+    }
+
+
+def make_record(t: int) -> dict:
+    return AccountantConfig(clients=3).planned_round(t).to_dict()
+
+
+def history(eps_values: list[float]) -> list[dict]:
+    return [{"round": t, "report": make_report(t, e), "metrics": {"accuracy": 0.5 + 0.1 * t,
+                                                                 "loss": 1.0 / t}}
+            for t, e in enumerate(eps_values, start=1)]
+
+
+# ------------------------------------------------------------------ ledger
+
+
+def fill(ledger: PrivacyLedger, rounds: range) -> None:
+    for t in rounds:
+        ledger.append_round(round=t, record=make_record(t), report=make_report(t, 0.5 * t),
+                            metrics={"accuracy": 0.9, "loss": 0.3})
+
+
+def test_ledger_roundtrip_including_inf(tmp_path):
+    path = tmp_path / "run" / "ledger.jsonl"
+    ledger = PrivacyLedger.create(path, accountant_config=ACCT, app_config=APP)
+    reports = [make_report(1, 0.7), make_report(2, INF, paper_eps=float("nan"))]
+    for t, rep in enumerate(reports, start=1):
+        ledger.append_round(round=t, record=make_record(t), report=rep,
+                            metrics={"accuracy": 0.8, "loss": None})
+    ledger.append_event("end", {"reason": "done", "epsilon": INF})
+    ledger.close()
+    assert ledger.last_round == 2
+
+    raw = path.read_text()
+    assert "Infinity" not in raw and "NaN" not in raw  # strict JSON on disk
+    for line in raw.splitlines():
+        entry = json.loads(line)
+        assert entry["schema"] == 1 and entry["time"].endswith("+00:00")
+
+    contents = read_ledger(path)
+    assert not contents.torn_tail
+    assert contents.header["accountant_config"] == ACCT and contents.header["app_config"] == APP
+    assert [r["round"] for r in contents.rounds] == [1, 2]
+    assert contents.rounds[0]["report"] == reports[0]
+    back = contents.rounds[1]["report"]
+    assert back["certified"]["epsilon"] == INF and back["bounds"]["local_dp"]["mu"] == INF
+    assert math.isnan(back["bounds"]["paper"]["epsilon"])
+    assert contents.rounds[1]["metrics"] == {"accuracy": 0.8, "loss": None}
+    assert contents.events[0]["event"] == "end" and contents.events[0]["data"]["epsilon"] == INF
+    records = load_round_records(path)
+    assert records == [RoundRecord.from_dict(make_record(1)), RoundRecord.from_dict(make_record(2))]
+
+
+def test_create_refuses_existing_file(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    PrivacyLedger.create(path, accountant_config=ACCT, app_config=APP).close()
+    before = path.read_bytes()
+    with pytest.raises(FileExistsError, match="resume") as err:
+        PrivacyLedger.create(path, accountant_config=ACCT, app_config=APP)
+    assert str(path) in str(err.value) and "run-name" in str(err.value)
+    assert path.read_bytes() == before
+
+
+def test_resume_checks_accountant_config(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    with PrivacyLedger.create(path, accountant_config=ACCT, app_config=APP) as ledger:
+        fill(ledger, range(1, 3))
+    other = dict(ACCT, sigma=2.0)
+    with pytest.raises(ValueError, match="sigma"):
+        PrivacyLedger.resume(path, accountant_config=other)
+    with pytest.raises(FileNotFoundError):
+        PrivacyLedger.resume(tmp_path / "missing.jsonl", accountant_config=ACCT)
+    with PrivacyLedger.resume(path, accountant_config=ACCT) as ledger:
+        assert ledger.last_round == 2 and [r["round"] for r in ledger.rounds] == [1, 2]
+        fill(ledger, range(3, 4))
+    assert [r["round"] for r in read_ledger(path).rounds] == [1, 2, 3]
+
+
+def test_rounds_must_increase(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    with PrivacyLedger.create(path, accountant_config=ACCT, app_config=APP) as ledger:
+        fill(ledger, range(1, 3))
+        size = path.stat().st_size
+        for bad in (2, 1):
+            with pytest.raises(ValueError, match="strictly increasing"):
+                ledger.append_round(round=bad, record=make_record(bad),
+                                    report=make_report(bad, 1.0), metrics={})
+        with pytest.raises(ValueError, match="round 4"):  # record/round mismatch
+            ledger.append_round(round=3, record=make_record(4), report=make_report(3, 1.0),
+                                metrics={})
+        assert path.stat().st_size == size  # nothing written by refused appends
+        fill(ledger, range(5, 6))  # gaps are allowed
+    assert [r["round"] for r in read_ledger(path).rounds] == [1, 2, 5]
+
+
+def test_torn_tail_resume_keeps_prefix(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    with PrivacyLedger.create(path, accountant_config=ACCT, app_config=APP) as ledger:
+        fill(ledger, range(1, 3))
+    intact = path.read_bytes()
+    with open(path, "ab") as f:  # a crash in the middle of writing round 3
+        f.write(b'{"kind":"round","schema":1,"round":3,"record":{"rou')
+    torn = path.read_bytes()
+
+    contents = read_ledger(path)
+    assert contents.torn_tail and [r["round"] for r in contents.rounds] == [1, 2]
+    with PrivacyLedger.resume(path, accountant_config=ACCT) as ledger:
+        assert ledger.torn_tail and ledger.last_round == 2
+        fill(ledger, range(3, 5))
+    data = path.read_bytes()
+    assert data.startswith(torn)  # nothing before was rewritten, the fragment is kept
+    assert data[len(torn):len(torn) + 1] == b"\n"
+
+    contents = read_ledger(path)
+    assert not contents.torn_tail
+    assert [r["round"] for r in contents.rounds] == [1, 2, 3, 4]
+    torn_events = [e for e in contents.events if e["event"] == "torn-tail"]
+    assert [e["data"]["line"] for e in torn_events] == [intact.count(b"\n") + 1]
+    assert len(load_round_records(path)) == 4
+    # a second resume of the repaired ledger works too
+    with PrivacyLedger.resume(path, accountant_config=ACCT) as ledger:
+        fill(ledger, range(5, 6))
+    assert read_ledger(path).rounds[-1]["round"] == 5
+
+
+def test_corruption_in_the_middle_raises_with_line_number(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    with PrivacyLedger.create(path, accountant_config=ACCT, app_config=APP) as ledger:
+        fill(ledger, range(1, 4))
+    lines = path.read_bytes().split(b"\n")
+    lines[2] = lines[2][:40]  # line 3 (round 2) damaged, later lines intact
+    path.write_bytes(b"\n".join(lines))
+    with pytest.raises(ValueError, match="line 3"):
+        read_ledger(path)
+    with pytest.raises(ValueError, match="line 3"):
+        PrivacyLedger.resume(path, accountant_config=ACCT)
+
+
+def test_invalid_complete_last_line_is_corruption(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    with PrivacyLedger.create(path, accountant_config=ACCT, app_config=APP) as ledger:
+        fill(ledger, range(1, 2))
+    with open(path, "ab") as f:
+        f.write(b"garbage\n")  # has its newline: not a torn write
+    with pytest.raises(ValueError, match="line 3"):
+        read_ledger(path)
+
+
+def test_every_line_is_fsynced(tmp_path, monkeypatch):
+    calls: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (calls.append(fd), real_fsync(fd))[1])
+    path = tmp_path / "ledger.jsonl"
+    ledger = PrivacyLedger.create(path, accountant_config=ACCT, app_config=APP)
+    assert len(calls) == 2  # the header line and the directory
+    fill(ledger, range(1, 4))
+    assert len(calls) == 5
+    ledger.append_event("budget-stop", {"epsilon": 8.0})
+    assert len(calls) == 6
+    ledger.close()
+
+
+# ------------------------------------------------------------------ console
+
+
+def test_round_line_labels_unsound_paper_bound():
+    line = format_round_line(make_report(3, 5.68, paper_eps=1.2), accuracy=0.912, clients=10)
+    assert "\n" not in line
+    assert line.startswith("round 3 | clients 10 | acc 0.912 |")
+    assert "certified mu=1.42 eps=5.68 (delta=1e-05, composition)" in line
+    assert "paper bound (not a guarantee) mu=0.3 eps=1.2" in line
+    sound = format_round_line(make_report(3, 5.67, paper_eps=1.2, paper_sound=True),
+                              accuracy=None, clients=10)
+    assert "not a guarantee" not in sound and "paper bound mu=0.3" in sound
+    assert "acc n/a" in sound
+    assert "eps=inf" in format_round_line(make_report(1, INF), accuracy=0.1, clients=3)
+
+
+def test_summary_table_text():
+    hist = history([0.5, 1.25, INF])
+    text = render_summary(hist)
+    assert "\x1b[" not in text
+    assert summary_table(hist).row_count == 3
+    assert "1.25" in text and "inf" in text and "0.700" in text
+    assert "0.25*" in text and "not a guarantee" in text  # unsound paper bound marked
+
+
+# ------------------------------------------------------------------ prometheus
+
+
+def scrape(port: int) -> dict:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def test_prometheus_exporter_serves_report():
+    a = PrivacyMetricsExporter(0, "127.0.0.1")
+    b = PrivacyMetricsExporter(0, "127.0.0.1")
+    try:
+        assert a.port != b.port and a.port > 0
+        before = scrape(a.port)
+        assert math.isnan(before[("fl_dp_certified_epsilon", ())])
+        assert not any(name.startswith("fl_dp_budget") for name, _ in before)
+
+        a.update(make_report(4, 2.5, paper_eps=0.8), clients=7, accuracy=0.93, budget_epsilon=8.0)
+        b.update(make_report(1, INF), clients=2, accuracy=None, budget_epsilon=None)
+        va, vb = scrape(a.port), scrape(b.port)
+        assert va[("fl_dp_rounds_completed", ())] == 4
+        assert va[("fl_dp_clients_aggregated", ())] == 7
+        assert va[("fl_dp_certified_epsilon", ())] == 2.5
+        assert va[("fl_dp_certified_mu", ())] == 0.625
+        assert va[("fl_dp_paper_epsilon", ())] == pytest.approx(0.8)
+        assert va[("fl_dp_accuracy", ())] == pytest.approx(0.93)
+        assert va[("fl_dp_budget_remaining_epsilon", ())] == pytest.approx(5.5)
+        assert va[("fl_dp_bound_epsilon", (("bound", "paper"), ("sound", "false")))] == \
+            pytest.approx(0.8)
+        assert va[("fl_dp_bound_mu", (("bound", "final_model"), ("sound", "true")))] == 1.25
+        assert va[("fl_dp_certified_info", (("bound", "composition"),))] == 1.0
+        assert va[("fl_dp_bound_epsilon", (("bound", "local_dp"), ("sound", "true")))] == INF
+        # b is independent: infinite epsilon exported as +Inf, no budget gauge
+        assert vb[("fl_dp_certified_epsilon", ())] == INF
+        assert vb[("fl_dp_clients_aggregated", ())] == 2
+        assert math.isnan(vb[("fl_dp_accuracy", ())])
+        assert not any(name.startswith("fl_dp_budget") for name, _ in vb)
+
+        # a bound whose soundness flips leaves no stale series behind
+        a.update(make_report(5, 3.0, paper_eps=0.9, paper_sound=True), clients=7, accuracy=0.94,
+                 budget_epsilon=8.0)
+        va = scrape(a.port)
+        assert ("fl_dp_bound_epsilon", (("bound", "paper"), ("sound", "false"))) not in va
+        assert va[("fl_dp_bound_epsilon", (("bound", "paper"), ("sound", "true")))] == \
+            pytest.approx(0.9)
+    finally:
+        a.close()
+        b.close()
+    # the port is released: a new exporter can bind it again
+    c = PrivacyMetricsExporter(a.port, "127.0.0.1")
+    try:
+        assert scrape(c.port)[("fl_dp_rounds_completed", ())] == 0
+    finally:
+        c.close()
+
+
+def test_scrape_config_snippet_is_valid_yaml():
+    yaml = pytest.importorskip("yaml")
+    cfg = yaml.safe_load(scrape_config_snippet("fl-dp", ["server:9464", "localhost:9465"]))
+    job = cfg["scrape_configs"][0]
+    assert job["job_name"] == "fl-dp"
+    assert job["static_configs"][0]["targets"] == ["server:9464", "localhost:9465"]
+
+
+# ------------------------------------------------------------------ plot
+
+
+@pytest.mark.parametrize("eps", [[0.3, 0.9, 1.8, 2.6], [0.01, 0.5, INF, 40.0], [INF, INF]])
+def test_plot_writes_png(tmp_path, eps):
+    path = tmp_path / "plots" / "privacy.png"
+    out = plot_privacy_curve(history(eps), path, delta=1e-5)
+    assert out == path
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    assert [p.name for p in path.parent.iterdir()] == ["privacy.png"]  # no temp file left
+    # atomic replace of an existing plot
+    plot_privacy_curve(history(eps[:1]), path, delta=1e-5)
+    assert path.read_bytes() != data
+
+
+def test_plot_rejects_empty_history(tmp_path):
+    with pytest.raises(ValueError):
+        plot_privacy_curve([], tmp_path / "x.png", delta=1e-5)
