@@ -1,0 +1,1 @@
+"""Flower glue: ``client`` (ClientApp: train/evaluate handlers) and ``server`` (ServerApp main)."""

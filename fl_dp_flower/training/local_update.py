@@ -1,0 +1,171 @@
+"""One client's local update: K steps of clipped mini-batch gradient descent (SPEC §2, §13).
+
+Step k (k = 0..K-1, step size eta_k from ``privacy.schedules.step_sizes``):
+
+    S_k   = B distinct indices of the local data (drawn with ``generator``, independent of the data)
+    g_k   = clip_V( (1/B) sum_{j in S_k} grad l(w_k; xi_j) )           per-batch  (paper Eq. 2)
+          | (1/B) sum_{j in S_k} clip_V( grad l(w_k; xi_j) )           per-sample (DP-SGD style, §13)
+    g_k  += alpha (w_k - w_t)                                          FedProx (Eq. 4), after clipping
+    w_{k+1} = w_k - eta_k g_k
+
+clip_V(g) = g * min(1, V / ||g||) with ||.|| the L2 norm over ALL trainable parameters jointly.
+Plain gradient descent: no momentum, no weight decay, no optimizer state. These are exactly the
+assumptions of the sensitivity terms the accountant uses (per step, replacing one sample moves g_k by
+at most 2V per-batch and 2V/B per-sample). Everything runs on the model's device.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+CLIPPING_MODES: tuple[str, ...] = ("per-batch", "per-sample")
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class LocalUpdateStats:
+    """loss: mean mini-batch loss over the K steps (at the pre-step weights);
+    clipped_fraction: fraction of clipped gradients (of steps per-batch, of per-sample gradients
+    per-sample); steps: K; batch_size: the B actually used."""
+
+    loss: float
+    clipped_fraction: float
+    steps: int
+    batch_size: int
+
+
+def _clip_factor(norm: torch.Tensor, clip_norm: float) -> torch.Tensor:
+    """min(1, V / norm), elementwise; 1 for a zero gradient."""
+    return (clip_norm / norm.clamp_min(1e-30)).clamp(max=1.0)
+
+
+def _per_batch_grad(model, names, params, xb, yb, loss_fn, clip_norm):
+    """Clipped mean gradient of the batch. Returns (grads, loss, number_clipped)."""
+    loss = loss_fn(model(xb), yb)
+    grads = torch.autograd.grad(loss, params)
+    norm = torch.sqrt(sum(g.pow(2).sum() for g in grads))
+    factor = _clip_factor(norm, clip_norm)
+    return [g * factor for g in grads], float(loss.detach()), int(norm > clip_norm)
+
+
+def _per_sample_grad(model, names, params, xb, yb, loss_fn, clip_norm, chunk):
+    """Mean of per-sample clipped gradients (torch.func). Returns (grads, loss, number_clipped)."""
+    buffers = dict(model.named_buffers())
+
+    def sample_loss(p, x, y):
+        out = functional_call(model, (p, buffers), (x.unsqueeze(0),))
+        loss = loss_fn(out, y.unsqueeze(0))
+        return loss, loss
+
+    per_sample = vmap(grad(sample_loss, has_aux=True), in_dims=(None, 0, 0))
+    p = {n: t.detach() for n, t in zip(names, params)}
+    total = [torch.zeros_like(t) for t in params]
+    loss_sum, clipped = 0.0, 0
+    for start in range(0, len(yb), chunk):
+        g, losses = per_sample(p, xb[start : start + chunk], yb[start : start + chunk])
+        g = [g[n] for n in names]
+        norms = torch.sqrt(sum(gi.flatten(1).pow(2).sum(1) for gi in g))
+        factor = _clip_factor(norms, clip_norm)
+        for acc, gi in zip(total, g):
+            acc += torch.einsum("b,b...->...", factor, gi)
+        loss_sum += float(losses.sum())
+        clipped += int((norms > clip_norm).sum())
+    b = len(yb)
+    return [t / b for t in total], loss_sum / b, clipped
+
+
+def local_update(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    step_sizes: Sequence[float],
+    clip_norm: float,
+    clipping: str = "per-batch",
+    batch_size: int,
+    prox_alpha: float = 0.0,
+    generator: torch.Generator,
+    loss_fn: LossFn = F.cross_entropy,
+    per_sample_chunk: int = 16,
+) -> LocalUpdateStats:
+    """Run exactly K = len(step_sizes) clipped GD steps on ``model`` in place.
+
+    x, y: the client's whole local data (moved to the model's device). clip_norm: V (L2, > 0).
+    batch_size: B; if B > len(y) every batch is the whole data (B = len(y), reported in the
+    stats). prox_alpha: FedProx alpha >= 0 (0 = FedAvg), anchored at the weights ``model`` holds
+    on entry (w_t). generator: torch.Generator for the batch indices (any device).
+    loss_fn(outputs, targets) must return the batch MEAN loss (per-sample: called on a batch of 1).
+    per_sample_chunk: samples per vmap call (memory only; does not change the result).
+    """
+    if clipping not in CLIPPING_MODES:
+        raise ValueError(f"clipping must be one of {CLIPPING_MODES}, got {clipping!r}")
+    if not (math.isfinite(clip_norm) and clip_norm > 0):
+        raise ValueError(f"clip_norm must be finite and > 0, got {clip_norm!r}")
+    if not (math.isfinite(prox_alpha) and prox_alpha >= 0):
+        raise ValueError(f"prox_alpha must be finite and >= 0, got {prox_alpha!r}")
+    etas = [float(e) for e in step_sizes]
+    if not etas or not all(math.isfinite(e) and e > 0 for e in etas):
+        raise ValueError(f"step_sizes must be a non-empty sequence of finite numbers > 0, got {step_sizes!r}")
+    n = len(y)
+    if n == 0 or batch_size < 1:
+        raise ValueError(f"need data (got {n} samples) and batch_size >= 1 (got {batch_size})")
+    bsz = min(int(batch_size), n)
+
+    named = [(nm, p) for nm, p in model.named_parameters() if p.requires_grad]
+    names, params = [nm for nm, _ in named], [p for _, p in named]
+    device = params[0].device
+    x, y = x.to(device), y.to(device)
+    anchor = [p.detach().clone() for p in params] if prox_alpha > 0 else None
+
+    losses, clipped, counted = [], 0, 0
+    for eta in etas:
+        idx = torch.randperm(n, generator=generator, device=generator.device)[:bsz].to(device)
+        xb, yb = x[idx], y[idx]
+        if clipping == "per-batch":
+            grads, loss, c = _per_batch_grad(model, names, params, xb, yb, loss_fn, clip_norm)
+            counted += 1
+        else:
+            grads, loss, c = _per_sample_grad(
+                model, names, params, xb, yb, loss_fn, clip_norm, per_sample_chunk
+            )
+            counted += bsz
+        clipped += c
+        losses.append(loss)
+        with torch.no_grad():
+            for i, (p, g) in enumerate(zip(params, grads)):
+                if anchor is not None:
+                    g = g + prox_alpha * (p - anchor[i])  # after clipping (Eq. 4)
+                p.sub_(eta * g)
+    return LocalUpdateStats(
+        loss=sum(losses) / len(losses),
+        clipped_fraction=clipped / counted,
+        steps=len(etas),
+        batch_size=bsz,
+    )
+
+
+@torch.no_grad()
+def evaluate_model(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 512
+) -> tuple[float, float]:
+    """(mean cross-entropy loss, accuracy in [0, 1]) of ``model`` on (x, y), on the model's device."""
+    if len(y) == 0:
+        raise ValueError("evaluate_model needs at least one sample")
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    loss_sum, correct = 0.0, 0
+    for s in range(0, len(y), batch_size):
+        xb, yb = x[s : s + batch_size].to(device), y[s : s + batch_size].to(device)
+        out = model(xb)
+        loss_sum += float(F.cross_entropy(out, yb, reduction="sum"))
+        correct += int((out.argmax(1) == yb).sum())
+    model.train(was_training)
+    return loss_sum / len(y), correct / len(y)

