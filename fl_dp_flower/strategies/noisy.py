@@ -1,0 +1,291 @@
+"""Noisy-FedAvg / Noisy-FedProx on ``flwr.serverapp.strategy`` with a per-round accountant.
+
+Per round (``Strategy.start`` drives it):
+
+1. ``configure_train``: budget dry run (may raise :class:`BudgetExhausted` before anything
+   is sent), sample exactly ``clients-per-round`` nodes, add the ``dp.*`` keys (and
+   FedProx's ``proximal-mu``) to the train ConfigRecord.
+2. ``aggregate_train``: screen replies (errors and malformed replies are dropped and
+   logged), aggregate the usable ones with uniform weights (or by ``num-examples``), build
+   the :class:`RoundRecord` of what *arrived* (node ids, weights, least private of planned
+   vs echoed settings), ``accountant.step(record)``, merge ``dp-*`` numbers into the metrics.
+3. after central evaluation (the wrapped ``evaluate_fn``): call the reporters
+   ``on_round(round, record, report, metrics)`` in order (the ServerApp wires ledger ->
+   console -> Prometheus -> model checkpoint), then the next round is broadcast.
+
+Round numbering: the schedule index t (``dp.round-index``, 0-based) is the number of rounds
+accounted so far, so after a resume it continues from the ledger; the record's ``round`` is
+t + 1. A round in which no usable reply arrived releases nothing and is not accounted; it
+does not advance t (the next round retries the same schedule position).
+
+Under-quorum rounds (1 <= usable replies < ``min-replies``): the uploads were seen by the
+server, so the round is accounted with the clients that replied (conservative), but the
+global model is not updated.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg, FedProx, Result
+from flwr.serverapp.strategy.strategy_utils import sample_nodes
+
+from fl_dp_flower.config import AppConfig
+from fl_dp_flower.privacy.accountant import Budget, PrivacyAccountant, PrivacyReport
+from fl_dp_flower.privacy.records import RoundRecord
+
+from .budget import BudgetExhausted, check_budget
+from .replies import Applied, average_arrays, average_metrics, mismatches, reconcile, screen, weights_for
+
+log = logging.getLogger(__name__)
+
+Reporter = Callable[[int, RoundRecord, PrivacyReport, dict[str, Any]], None]
+EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
+
+
+def dp_metrics(report: PrivacyReport) -> dict[str, float | int]:
+    """Flat ``dp-*`` metrics of a report (MetricRecord-compatible: ints and floats only)."""
+    b = report.bounds
+    return {
+        "dp-round": report.round,
+        "dp-rounds": report.rounds,
+        "dp-clients": report.clients,
+        "dp-certified-mu": report.certified.mu,
+        "dp-certified-epsilon": report.certified.epsilon,
+        "dp-paper-mu": b["paper"].mu,
+        "dp-paper-epsilon": b["paper"].epsilon,
+        "dp-paper-sound": int(b["paper"].sound),
+        "dp-composition-mu": b["composition"].mu,
+        "dp-composition-epsilon": b["composition"].epsilon,
+        "dp-final-model-mu": b["final_model"].mu,
+        "dp-final-model-epsilon": b["final_model"].epsilon,
+        "dp-local-mu": b["local_dp"].mu,
+        "dp-local-epsilon": b["local_dp"].epsilon,
+        "dp-delta": report.delta,
+    }
+
+
+class NoisyStrategyMixin:
+    """Shared per-round logic; must precede FedAvg/FedProx in the MRO."""
+
+    # attributes provided by FedAvg
+    arrayrecord_key: str
+    configrecord_key: str
+    min_available_nodes: int
+
+    def _init_dp(self, config: AppConfig, accountant: PrivacyAccountant, reporters: Sequence[Any]) -> None:
+        if accountant.config != config.accountant_config():
+            raise ValueError("the accountant's configuration does not match the app config")
+        self.dp_config = config
+        self.accountant = accountant
+        self.reporters: list[Reporter] = [getattr(r, "on_round", r) for r in reporters]
+        self.budget = Budget(config.target_epsilon, config.delta) if config.target_epsilon > 0 else None
+        self.global_arrays: ArrayRecord | None = None
+        self.history: list[dict[str, Any]] = []  # {"round", "record", "report", "metrics"} per accounted round
+        self.stop_reason: str | None = None
+        self.echo_mismatches = 0
+        self._last_mismatch = 0
+        self._broadcast: dict[int, tuple[set[int], ArrayRecord, Applied]] = {}
+        self._pending: dict[int, tuple[RoundRecord, PrivacyReport, dict[str, Any]]] = {}
+        self._train_metrics: dict[int, MetricRecord] = {}
+        self._eval_metrics: dict[int, MetricRecord] = {}
+
+    # ------------------------------------------------------------------ planning
+    @property
+    def round_index(self) -> int:
+        """0-based schedule index t of the next round (= rounds accounted so far)."""
+        return self.accountant.num_releases
+
+    def planned(self, t: int) -> Applied:
+        c = self.dp_config
+        return Applied(
+            sigma=c.sigma, clip_norm=c.clip_norm, local_steps=c.local_steps, lr=c.lr, round_index=t,
+            batch_size=c.batch_size, prox_alpha=c.prox_alpha if c.algorithm == "fedprox" else None,
+        )
+
+    def train_settings(self, t: int) -> dict[str, Any]:
+        """The contract's ``dp.*`` train keys for schedule index ``t``."""
+        c = self.dp_config
+        return {
+            "dp.round-index": t,
+            "dp.algorithm": c.algorithm,
+            "dp.schedule": c.schedule,
+            "dp.lr": float(c.lr),
+            "dp.local-steps": int(c.local_steps),
+            "dp.clip-norm": float(c.clip_norm),
+            "dp.sigma": float(c.sigma),
+            "dp.clipping": c.clipping,
+            "dp.batch-size": int(c.batch_size),
+            "dp.prox-alpha": float(c.prox_alpha) if c.algorithm == "fedprox" else 0.0,
+            "dp.seed": int(c.seed),
+        }
+
+    # ------------------------------------------------------------------ training
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Budget check, then exactly ``clients-per-round`` train instructions."""
+        if self.budget is not None:
+            check_budget(self.accountant, self.budget, self.dp_config.weighting, self.dp_config.min_replies)
+        t = self.round_index
+        node_ids, available = self._sample(grid, t)
+        log.info("round %d (t=%d): sampled %d of %d nodes", server_round, t, len(node_ids), len(available))
+        config = ConfigRecord(dict(config))  # start() reuses one record for all rounds: never alias it
+        config["server-round"] = server_round
+        for key, value in self.train_settings(t).items():
+            config[key] = value
+        if isinstance(self, FedProx):
+            config["proximal-mu"] = float(self.proximal_mu)
+        self._broadcast[server_round] = (set(node_ids), arrays, self.planned(t))
+        record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
+        return [Message(content=record, dst_node_id=n, message_type=MessageType.TRAIN) for n in node_ids]
+
+    def _sample(self, grid: Grid, t: int) -> tuple[list[int], list[int]]:
+        """Exactly ``clients-per-round`` distinct nodes (waits until enough are connected).
+
+        With ``seed`` >= 0 the sample is a function of (seed, t) only, so a resumed run
+        samples like an uninterrupted one; otherwise it uses OS entropy.
+        """
+        k = self.dp_config.clients_per_round
+        _, available = sample_nodes(grid, self.min_available_nodes, k)  # waits for >= k nodes
+        seed = self.dp_config.seed
+        rng = random.Random(f"{seed}:{t}") if seed >= 0 else random.SystemRandom()
+        return rng.sample(sorted(available), k), available
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Aggregate usable replies, account the round, merge ``dp-*`` metrics."""
+        asked, reference, planned = self._broadcast.pop(server_round)
+        usable, dropped = screen(
+            list(replies), asked=asked, reference=reference, arrays_key=self.arrayrecord_key,
+            fedprox=self.dp_config.algorithm == "fedprox",
+        )
+        for node, reason in dropped:
+            log.warning("round %d: dropped reply of node %d: %s", server_round, node, reason)
+        missing = len(asked) - len(usable) - len(dropped)
+        if missing > 0:
+            log.warning("round %d: %d of %d sampled nodes did not reply in time", server_round, missing, len(asked))
+        if not usable:
+            log.warning("round %d: no usable reply; nothing aggregated or accounted", server_round)
+            return None, None
+
+        weights = weights_for(usable, self.dp_config.weighting)
+        record = self._record(server_round, planned, usable, weights)
+        report = self.accountant.step(record)
+        aggregated = len(usable) >= self.dp_config.min_replies
+        arrays = average_arrays(usable, weights, reference) if aggregated else None
+        if not aggregated:
+            log.warning(
+                "round %d: %d usable replies < min-replies %d: global model kept; round accounted "
+                "with the %d clients that replied", server_round, len(usable), self.dp_config.min_replies, len(usable),
+            )
+        metrics = {**average_metrics(usable, weights), **dp_metrics(report), "dp-aggregated": int(aggregated),
+                   "dp-dropped": len(dropped), "dp-echo-mismatch": self._last_mismatch}
+        self.global_arrays = arrays if arrays is not None else reference
+        self._pending[server_round] = (record, report, metrics)
+        self._train_metrics[server_round] = MetricRecord(metrics)
+        return arrays, MetricRecord(metrics)
+
+    def _record(self, server_round: int, planned: Applied, usable: list, weights: tuple[float, ...]) -> RoundRecord:
+        c = self.dp_config
+        self._last_mismatch = 0
+        for u in usable:
+            diff = mismatches(planned, u.applied)
+            if diff:
+                self._last_mismatch += 1
+                log.error("round %d: node %d applied other settings than sent (%s); accounting the least "
+                          "private values", server_round, u.node_id, "; ".join(diff))
+        self.echo_mismatches += self._last_mismatch
+        worst, etas = reconcile(planned, [u.applied for u in usable], c.schedule, c.clipping == "per-sample")
+        return RoundRecord(
+            round=planned.round_index + 1, algorithm=c.algorithm, step_sizes=etas, clip_norm=worst.clip_norm,
+            sigma=worst.sigma, weights=weights, clipping=c.clipping, batch_size=worst.batch_size,
+            prox_alpha=worst.prox_alpha, node_ids=tuple(u.node_id for u in usable),
+        )
+
+    # ------------------------------------------------------------ round closing
+    def _after_round(self, server_round: int, arrays: ArrayRecord, user_fn: EvaluateFn | None) -> MetricRecord | None:
+        result = user_fn(server_round, arrays) if user_fn is not None else None
+        if result is not None:
+            self._eval_metrics[server_round] = result
+        pending = self._pending.pop(server_round, None)
+        if server_round == 0 or pending is None:
+            return result
+        record, report, metrics = pending
+        merged = {**metrics, **(dict(result) if result is not None else {})}
+        self.global_arrays = arrays
+        self.history.append({"round": record.round, "record": record, "report": report, "metrics": merged})
+        for reporter in self.reporters:
+            reporter(record.round, record, report, merged)
+        return result
+
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int | None = None,
+        timeout: float | None = None,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: EvaluateFn | None = None,
+    ) -> Result:
+        """``Strategy.start`` with the run's defaults and a clean stop on budget exhaustion.
+
+        ``num_rounds`` defaults to ``num-server-rounds`` minus the rounds already accounted
+        (resume), ``timeout`` to ``round-timeout``. On :class:`BudgetExhausted` the partial
+        :class:`Result` (last global model, metrics so far) is returned and ``stop_reason`` set.
+        """
+        if num_rounds is None:
+            num_rounds = max(self.dp_config.num_server_rounds - self.accountant.num_releases, 0)
+        timeout = self.dp_config.round_timeout if timeout is None else timeout
+        self.global_arrays = initial_arrays
+        t0 = time.time()
+        try:
+            return super().start(  # type: ignore[misc]
+                grid=grid, initial_arrays=initial_arrays, num_rounds=num_rounds, timeout=timeout,
+                train_config=train_config, evaluate_config=evaluate_config,
+                evaluate_fn=lambda r, a: self._after_round(r, a, evaluate_fn),
+            )
+        except BudgetExhausted as exc:
+            self.stop_reason = exc.reason
+            log.warning("%s (after %.1fs)", exc.reason, time.time() - t0)
+            return Result(
+                arrays=self.global_arrays, train_metrics_clientapp=dict(self._train_metrics),
+                evaluate_metrics_serverapp=dict(self._eval_metrics),
+            )
+
+
+class NoisyFedAvg(NoisyStrategyMixin, FedAvg):
+    """FedAvg whose clients upload K clipped GD steps + N(0, sigma^2 I) (Noisy-FedAvg)."""
+
+    def __init__(self, config: AppConfig, accountant: PrivacyAccountant, *, reporters: Sequence[Any] = (),
+                 fraction_evaluate: float = 0.0, **fedavg_kwargs: Any) -> None:
+        m = config.clients_per_round
+        super().__init__(fraction_train=1.0, fraction_evaluate=fraction_evaluate, min_train_nodes=m,
+                         min_evaluate_nodes=m if fraction_evaluate > 0 else 0, min_available_nodes=m, **fedavg_kwargs)
+        self._init_dp(config, accountant, reporters)
+
+
+class NoisyFedProx(NoisyStrategyMixin, FedProx):
+    """FedProx (sends ``proximal-mu`` = alpha) with noisy uploads (Noisy-FedProx)."""
+
+    def __init__(self, config: AppConfig, accountant: PrivacyAccountant, *, reporters: Sequence[Any] = (),
+                 fraction_evaluate: float = 0.0, **fedprox_kwargs: Any) -> None:
+        m = config.clients_per_round
+        super().__init__(fraction_train=1.0, fraction_evaluate=fraction_evaluate, min_train_nodes=m,
+                         min_evaluate_nodes=m if fraction_evaluate > 0 else 0, min_available_nodes=m,
+                         proximal_mu=config.prox_alpha, **fedprox_kwargs)
+        self._init_dp(config, accountant, reporters)
+
+
+def make_strategy(config: AppConfig, accountant: PrivacyAccountant, **kwargs: Any) -> NoisyStrategyMixin:
+    """NoisyFedAvg or NoisyFedProx according to ``algorithm``."""
+    cls = NoisyFedProx if config.algorithm == "fedprox" else NoisyFedAvg
+    return cls(config, accountant, **kwargs)

@@ -1,0 +1,198 @@
+"""Screening, reconciliation and aggregation of train replies (no accounting here).
+
+A reply is *usable* when it carries no error, comes from a node that was asked, has the
+broadcast model's array keys/shapes, one metrics record with a positive integer
+``num-examples`` and valid echoes of the settings as applied (``dp.sigma``,
+``dp.clip-norm``, ``dp.local-steps``, ``dp.lr``, ``dp.round-index``; ``dp.batch-size`` and
+``dp.prox-alpha`` when present). Anything else is dropped with a logged reason.
+
+Echoes that differ from the server's plan are an error (logged by the caller), and the
+round is accounted with the *least private* combination of planned and echoed values
+(:func:`reconcile`): smallest sigma, largest clip norm, element-wise largest step sizes,
+smallest per-sample batch size, smallest FedProx alpha. Every term of SPEC §4/§13/§14 is
+monotone in these directions, so the accounted round dominates what actually ran.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from itertools import zip_longest
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, Message, MetricRecord
+
+from fl_dp_flower.privacy.schedules import step_sizes
+
+ECHO_KEYS = ("dp.sigma", "dp.clip-norm", "dp.local-steps", "dp.lr", "dp.round-index")
+
+
+@dataclass(frozen=True)
+class Applied:
+    """Settings of one client's local update (planned by the server or echoed by a client)."""
+
+    sigma: float
+    clip_norm: float
+    local_steps: int
+    lr: float
+    round_index: int
+    batch_size: int | None = None
+    prox_alpha: float | None = None
+
+
+@dataclass(frozen=True)
+class Usable:
+    """A reply that passed screening."""
+
+    node_id: int
+    arrays: ArrayRecord
+    metrics: MetricRecord
+    applied: Applied
+    num_examples: int
+
+
+def _number(metrics: MetricRecord, key: str, *, integer: bool, minimum: float, strict: bool) -> float | int:
+    if key not in metrics:
+        raise ValueError(f"metrics lack {key!r}")
+    value = metrics[key]
+    if isinstance(value, (bool, list)) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{key} = {value!r} is not a finite number")
+    if integer:
+        if isinstance(value, float) and not value.is_integer():
+            raise ValueError(f"{key} = {value!r} is not an integer")
+        value = int(value)
+    if value < minimum or (strict and value == minimum):
+        raise ValueError(f"{key} = {value!r} must be {'>' if strict else '>='} {minimum}")
+    return value
+
+
+def parse_applied(metrics: MetricRecord, *, fedprox: bool) -> Applied:
+    """The echoed settings of one reply (ValueError if missing or invalid)."""
+    batch = _number(metrics, "dp.batch-size", integer=True, minimum=1, strict=False) if "dp.batch-size" in metrics else None
+    alpha = None
+    if fedprox and "dp.prox-alpha" in metrics:
+        alpha = _number(metrics, "dp.prox-alpha", integer=False, minimum=0.0, strict=True)
+    return Applied(
+        sigma=_number(metrics, "dp.sigma", integer=False, minimum=0.0, strict=True),
+        clip_norm=_number(metrics, "dp.clip-norm", integer=False, minimum=0.0, strict=True),
+        local_steps=_number(metrics, "dp.local-steps", integer=True, minimum=1, strict=False),
+        lr=_number(metrics, "dp.lr", integer=False, minimum=0.0, strict=True),
+        round_index=_number(metrics, "dp.round-index", integer=True, minimum=0, strict=False),
+        batch_size=batch,
+        prox_alpha=alpha,
+    )
+
+
+def _signature(arrays: ArrayRecord) -> dict[str, tuple[tuple[int, ...], str]]:
+    return {k: (tuple(a.shape), str(a.dtype)) for k, a in arrays.items()}
+
+
+def screen(
+    replies: list[Message], *, asked: set[int], reference: ArrayRecord, arrays_key: str, fedprox: bool
+) -> tuple[list[Usable], list[tuple[int, str]]]:
+    """Split replies into usable ones and ``(node_id, reason)`` of dropped ones."""
+    usable: list[Usable] = []
+    dropped: list[tuple[int, str]] = []
+    seen: set[int] = set()
+    ref_sig = _signature(reference)
+    for msg in replies:
+        node = int(msg.metadata.src_node_id)
+        try:
+            if msg.has_error():
+                raise ValueError(f"error reply (code {msg.error.code}): {msg.error.reason}")
+            if node not in asked:
+                raise ValueError("reply from a node that was not asked this round")
+            if node in seen:
+                raise ValueError("duplicate reply")
+            content = msg.content
+            if arrays_key not in content.array_records or len(content.array_records) != 1:
+                raise ValueError(f"expected exactly one ArrayRecord {arrays_key!r}")
+            if len(content.metric_records) != 1:
+                raise ValueError("expected exactly one MetricRecord")
+            arrays = content.array_records[arrays_key]
+            if _signature(arrays) != ref_sig:
+                raise ValueError("array keys/shapes/dtypes differ from the broadcast model")
+            if not all(np.all(np.isfinite(a.numpy())) for a in arrays.values()):
+                raise ValueError("arrays contain non-finite values")
+            metrics = next(iter(content.metric_records.values()))
+            n = _number(metrics, "num-examples", integer=True, minimum=1, strict=False)
+            applied = parse_applied(metrics, fedprox=fedprox)
+        except ValueError as err:
+            dropped.append((node, str(err)))
+            continue
+        seen.add(node)
+        usable.append(Usable(node, arrays, metrics, applied, int(n)))
+    return usable, dropped
+
+
+def _close(a: float | int | None, b: float | int | None) -> bool:
+    if a is None or b is None:
+        return True  # not echoed: nothing to compare
+    return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=0.0)
+
+
+def mismatches(planned: Applied, echoed: Applied) -> list[str]:
+    """Human-readable differences between the plan and one echo."""
+    out = []
+    for name in ("sigma", "clip_norm", "local_steps", "lr", "round_index", "batch_size", "prox_alpha"):
+        p, e = getattr(planned, name), getattr(echoed, name)
+        if not _close(p, e):
+            out.append(f"{name}: planned {p!r}, applied {e!r}")
+    return out
+
+
+def reconcile(planned: Applied, echoed: list[Applied], schedule: str, per_sample: bool) -> tuple[Applied, tuple[float, ...]]:
+    """Least private combination of plan and echoes, and its (element-wise max) step sizes."""
+    everyone = [planned, *echoed]
+    etas = [step_sizes(schedule, a.lr, a.round_index, a.local_steps) for a in everyone]
+    worst_etas = tuple(max(x for x in col if x is not None) for col in zip_longest(*etas))
+    batch = planned.batch_size
+    if per_sample:
+        batch = min(a.batch_size for a in everyone if a.batch_size is not None)
+    alphas = [a.prox_alpha for a in everyone if a.prox_alpha is not None]
+    worst = replace(
+        planned,
+        sigma=min(a.sigma for a in everyone),
+        clip_norm=max(a.clip_norm for a in everyone),
+        local_steps=len(worst_etas),
+        batch_size=batch,
+        prox_alpha=min(alphas) if alphas else None,
+    )
+    return worst, worst_etas
+
+
+def weights_for(usable: list[Usable], weighting: str) -> tuple[float, ...]:
+    """Aggregation weights p_i: uniform 1/m (the paper's model) or proportional to num-examples."""
+    if weighting == "uniform":
+        return tuple(1.0 / len(usable) for _ in usable)
+    if weighting == "examples":
+        total = math.fsum(u.num_examples for u in usable)
+        return tuple(u.num_examples / total for u in usable)
+    raise ValueError(f"weighting must be 'uniform' or 'examples', got {weighting!r}")
+
+
+def average_arrays(usable: list[Usable], weights: tuple[float, ...], reference: ArrayRecord) -> ArrayRecord:
+    """sum_i p_i * arrays_i in float64, cast back to the broadcast dtypes (key order kept)."""
+    out: dict[str, Array] = {}
+    for key, ref in reference.items():
+        acc = np.zeros(ref.shape, dtype=np.float64)
+        for u, p in zip(usable, weights, strict=True):
+            acc += p * u.arrays[key].numpy().astype(np.float64)
+        dtype = ref.numpy().dtype
+        if np.issubdtype(dtype, np.integer):
+            acc = np.rint(acc)
+        out[key] = Array(np.ascontiguousarray(acc.astype(dtype)))
+    return ArrayRecord(out)
+
+
+def average_metrics(usable: list[Usable], weights: tuple[float, ...]) -> dict[str, float | int]:
+    """p-weighted mean of the scalar metrics all replies share (echoes excluded), plus totals."""
+    shared = set.intersection(*(set(u.metrics.keys()) for u in usable))
+    keys = sorted(k for k in shared if not k.startswith("dp.") and k != "num-examples")
+    out: dict[str, float | int] = {}
+    for key in keys:
+        values = [u.metrics[key] for u in usable]
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            out[key] = math.fsum(p * float(v) for p, v in zip(weights, values))
+    out["num-examples"] = int(sum(u.num_examples for u in usable))
+    return out

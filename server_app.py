@@ -1,0 +1,5 @@
+"""Flower ServerApp entry point (``serverapp = "server_app:app"`` in pyproject.toml)."""
+
+from fl_dp_flower.apps.server import app
+
+__all__ = ["app"]

