@@ -32,7 +32,7 @@ def _series(values: list[float]) -> tuple[list[float], int]:
 
 
 def _label(text: str, skipped: int) -> str:
-    return text + (f" [eps=inf in {skipped} round(s), not drawn]" if skipped else "")
+    return text + (f" (∞ in {skipped} round{'s' if skipped > 1 else ''}, not drawn)" if skipped else "")
 
 
 def plot_privacy_curve(history: list[dict[str, Any]], path: str | os.PathLike[str], *,
@@ -53,7 +53,7 @@ def plot_privacy_curve(history: list[dict[str, Any]], path: str | os.PathLike[st
     paper_sound = all(bool(r["bounds"]["paper"]["sound"]) for r in reports)
     cert_names = sorted({str(r["certified"]["bound"]) for r in reports})
 
-    fig = Figure(figsize=(8, 4.8), dpi=110)
+    fig = Figure(figsize=(8, 5.4), dpi=110)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     ax.plot(rounds, cert, color="tab:blue", linewidth=2.6, marker="o", markersize=4,
@@ -74,10 +74,10 @@ def plot_privacy_curve(history: list[dict[str, Any]], path: str | os.PathLike[st
         ax.text(0.5, 0.5, "every epsilon is infinite", transform=ax.transAxes,
                 ha="center", va="center", color="gray")
     ax.set_xlabel("round")
-    ax.set_ylabel(f"epsilon (delta={delta:g})")
+    ax.set_ylabel("ε")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(True, alpha=0.3)
-    ax.set_title(f"Privacy loss per round (delta={delta:g})")
+    ax.set_title(f"Privacy loss after each round (δ = {delta:g})")
 
     handles, labels = ax.get_legend_handles_labels()
     acc = [h.get("metrics", {}).get("accuracy") for h in history]
@@ -90,14 +90,15 @@ def plot_privacy_curve(history: list[dict[str, Any]], path: str | os.PathLike[st
         ax2.set_ylim(0.0, 1.0 if known and max(known) <= 1.0 else None)
         h2, l2 = ax2.get_legend_handles_labels()
         handles, labels = handles + h2, labels + l2
-    ax.legend(handles, labels, loc="upper left", fontsize="small", framealpha=0.9)
+    ax.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2,
+              fontsize="small", frameon=False)
     fig.tight_layout()
 
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format="png")
+            fig.savefig(f, format="png", bbox_inches="tight")
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
