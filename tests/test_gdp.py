@@ -275,6 +275,9 @@ def test_mu_for_round_trips_and_matches_mpmath():
     assert gdp.mu_for(0.0, 0.2) == pytest.approx(
         float(2 * mpmath.sqrt(2) * mpmath.erfinv(mpmath.mpf(0.2))), rel=1e-14
     )
+    # continuity at epsilon -> 0 (the round trip is ill-conditioned there, the residual is not)
+    assert gdp.mu_for(1e-300, 1e-5) == pytest.approx(gdp.mu_for(0.0, 1e-5), rel=1e-14)
+    assert rel_err(0.5, mp_delta(gdp.mu_for(1e-12, 0.5), 1e-12)) <= 1e-14
     assert gdp.mu_for(1.0, 1.0) == math.inf
     assert gdp.mu_for(math.inf, 1e-5) == math.inf
 
