@@ -46,7 +46,7 @@ from fl_dp_flower.training.data import DEFAULT_DATA_SEED, load_dataset
 from fl_dp_flower.training.local_update import evaluate_model
 from fl_dp_flower.training.models import build_model
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("flwr").getChild(__name__)  # Flower's handlers: shows in `flwr log`
 
 LEDGER = "ledger.jsonl"
 CHECKPOINT = "model-latest.pt"

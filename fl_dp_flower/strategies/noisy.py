@@ -43,7 +43,7 @@ from fl_dp_flower.privacy.records import RoundRecord
 from .budget import BudgetExhausted, check_budget
 from .replies import Applied, average_arrays, average_metrics, mismatches, reconcile, screen, weights_for
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("flwr").getChild(__name__)  # Flower's handlers: shows in `flwr log`
 
 Reporter = Callable[[int, RoundRecord, PrivacyReport, dict[str, Any]], None]
 EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
