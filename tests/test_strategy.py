@@ -222,3 +222,13 @@ def test_fedprox_sends_proximal_mu(tmp_path):
     assert type(out.strategy).__name__ == "NoisyFedProx"
     assert out.accountant.records[0].prox_alpha == 2.0
     assert math.isfinite(out.accountant.report().certified.epsilon)
+
+
+def test_exact_sampling_reproducible_with_seed(tmp_path):
+    cfg = _config(tmp_path, **{"clients-per-round": 2, "num-server-rounds": 3})
+    _, grid_a = _run(cfg)
+    _, grid_b = _run(_config(tmp_path, **{"clients-per-round": 2, "num-server-rounds": 3, "run-name": "b"}))
+    picks = [[m.metadata.dst_node_id for m in g.sent] for g in (grid_a, grid_b)]
+    assert picks[0] == picks[1]
+    rounds = [picks[0][i:i + 2] for i in range(0, 6, 2)]
+    assert all(len(set(r)) == 2 for r in rounds)

@@ -37,7 +37,7 @@ from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Result
 
-from fl_dp_flower.config import AppConfig
+from fl_dp_flower.config import AppConfig, ConfigError
 from fl_dp_flower.privacy.accountant import PrivacyAccountant, PrivacyReport
 from fl_dp_flower.privacy.records import RoundRecord
 from fl_dp_flower.reporting import PrivacyLedger, PrivacyMetricsExporter, format_round_line, plot_privacy_curve, render_summary
@@ -61,7 +61,11 @@ app = ServerApp()
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Flower entry point: validate the run config (fails the run naming the key), then run."""
-    config = AppConfig.from_run_config(context.run_config)
+    try:
+        config = AppConfig.from_run_config(context.run_config)
+    except ConfigError as err:
+        log.error("%s", err)
+        raise
     run_server(grid, config)
 
 
