@@ -232,3 +232,20 @@ def test_exact_sampling_reproducible_with_seed(tmp_path):
     assert picks[0] == picks[1]
     rounds = [picks[0][i:i + 2] for i in range(0, 6, 2)]
     assert all(len(set(r)) == 2 for r in rounds)
+
+
+def test_reconcile_takes_least_private_values():
+    from fl_dp_flower.strategies.replies import Applied, mismatches, reconcile
+
+    planned = Applied(sigma=1.0, clip_norm=1.0, local_steps=2, lr=0.1, round_index=3, batch_size=16, prox_alpha=4.0)
+    echoes = [
+        Applied(sigma=0.8, clip_norm=1.0, local_steps=2, lr=0.1, round_index=3, batch_size=16, prox_alpha=4.0),
+        Applied(sigma=1.0, clip_norm=2.0, local_steps=3, lr=0.1, round_index=1, batch_size=8, prox_alpha=3.0),
+    ]
+    worst, etas = reconcile(planned, echoes, "stage", per_sample=True)
+    assert (worst.sigma, worst.clip_norm, worst.batch_size, worst.prox_alpha) == (0.8, 2.0, 8, 3.0)
+    # stage: lr/(t+1); the echo at t=1 has larger steps than the plan at t=3, and 3 of them
+    assert etas == pytest.approx((0.05, 0.05, 0.05))
+    assert mismatches(planned, echoes[0]) == ["sigma: planned 1.0, applied 0.8"]
+    worst_pb, _ = reconcile(planned, echoes, "stage", per_sample=False)
+    assert worst_pb.batch_size == 16  # per-batch clipping: B does not enter the bounds
