@@ -1,0 +1,536 @@
+"""The four Gaussian-DP bounds: the paper's closed forms, composition, the final-model
+(shifted-interpolation) optimum, and local DP (SPEC §5, §7, §8, §14).
+
+Every function returns a GDP parameter mu (dimensionless; T(w; w') >= T_G(mu)).
+Inputs are the per-round terms of :mod:`terms`: ``log_rho`` (log of the model-sensitivity
+factor rho_t), ``gamma`` (aggregate data sensitivity, parameter units), ``noise_std``
+(aggregate noise std s_t, same units), ``client_sensitivity``/``sigma`` for local DP.
+
+Soundness (SPEC §7.3): the paper's Theorem 3(a),(b) (constant, cyclic) and Theorem 4
+(FedProx) are **not** valid bounds (a linear-loss instance beats them for every T >= 2);
+Theorem 3(c),(d) (stage, iterative) are, because they dominate composition.
+:func:`composition_mu` (all rounds visible), :func:`final_model_mu` (only w_T released;
+exact optimum of the paper's relaxed problem with 0 <= lambda <= 1, via PAVA) and
+:func:`local_dp_mu` (curious server) are sound. :func:`cauchy_schwarz_mu` is the paper's
+unconstrained general formula, kept only as a reference: it is NOT a certified bound.
+
+Only ``math``, ``numpy`` and ``scipy`` are used.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Sequence
+
+import numpy as np
+from scipy.special import logsumexp, zeta
+
+from .records import ALGORITHMS, AccountantConfig
+from .schedules import SCHEDULES
+from .terms import planned_terms, planned_theta, resolve_cyclic_c, resolve_iterative_z
+
+__all__ = [
+    "BOUND_KEYS",
+    "FINAL_MODEL_EXACT_ROUNDS",
+    "OnlineFinalModel",
+    "cauchy_schwarz_mu",
+    "composition_mu",
+    "final_model_mu",
+    "local_dp_mu",
+    "paper_is_sound",
+    "paper_mu",
+    "planned_bounds",
+    "planned_curve",
+    "tanh_ratio",
+]
+
+BOUND_KEYS: tuple[str, ...] = ("paper", "composition", "final_model", "local_dp")
+
+#: planned_bounds runs the exact O(T) PAVA for stage/iterative up to this many rounds;
+#: beyond it the final-model value is a sound upper bound (see planned_bounds).
+FINAL_MODEL_EXACT_ROUNDS = 1 << 20
+# Sums of 1/n^2 and ln^2(1+1/n) are evaluated term by term up to this n, and with
+# Hurwitz-zeta differences of the series beyond it (SPEC §8.1).
+_DIRECT_SUM_MAX = 1 << 20
+_NEG_INF = -math.inf
+
+
+# ---------------------------------------------------------------- validation helpers
+
+
+def _rounds(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < 1:
+        raise ValueError(f"rounds must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def _array(name: str, values: object, *, positive: bool) -> np.ndarray:
+    try:
+        arr = np.asarray(values, dtype=float)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name} must be a 1-D sequence of numbers: {exc}") from None
+    if arr.ndim == 0:
+        arr = arr.reshape(1)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} must be finite")
+    if positive and not np.all(arr > 0):
+        raise ValueError(f"{name} must all be > 0")
+    if not positive and not np.all(arr >= 0):
+        raise ValueError(f"{name} must all be >= 0")
+    return arr
+
+
+def _log_rho_array(values: object) -> np.ndarray:
+    try:
+        arr = np.asarray(values, dtype=float)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"log_rhos must be a 1-D sequence of numbers: {exc}") from None
+    if arr.ndim == 0:
+        arr = arr.reshape(1)
+    if arr.ndim != 1 or not np.all(np.isfinite(arr)):
+        raise ValueError("log_rhos must be a 1-D sequence of finite numbers")
+    return arr
+
+
+def _same_length(**arrays: np.ndarray) -> None:
+    lengths = {name: a.size for name, a in arrays.items()}
+    if len(set(lengths.values())) > 1:
+        raise ValueError(f"sequences must have equal lengths, got {lengths}")
+
+
+def _sqrt_sum_sq(ratios: np.ndarray) -> float:
+    """sqrt(sum r^2) without overflow/underflow (r >= 0)."""
+    if ratios.size == 0:
+        return 0.0
+    top = float(np.max(ratios))
+    if top == 0.0 or not math.isfinite(top):
+        return top
+    return top * math.sqrt(float(np.sum(np.square(ratios / top))))
+
+
+def _prefix_sums(x: np.ndarray, block: int = 1024) -> np.ndarray:
+    """Inclusive cumulative sums with a two-level blocked scheme (error ~(block + n/block) eps)."""
+    n = x.size
+    if n <= block:
+        return np.cumsum(x)
+    nb = -(-n // block)
+    padded = np.zeros(nb * block)
+    padded[:n] = x
+    inner = np.cumsum(padded.reshape(nb, block), axis=1)
+    offsets = np.concatenate(([0.0], np.cumsum(inner[:, -1])[:-1]))
+    return (inner + offsets[:, None]).ravel()[:n]
+
+
+# ---------------------------------------------------------------- the paper's closed forms
+
+
+def tanh_ratio(a: float | np.ndarray, rounds: float | np.ndarray) -> float | np.ndarray:
+    """R(a, T) = tanh(T a/2)/tanh(a/2) = (rho+1)/(rho-1) (rho^T-1)/(rho^T+1), rho = e^a; R(0, T) = T.
+
+    Stable for every a >= 0 and T (no rho^T is formed; SPEC §2, §10).
+    """
+    a_arr = np.asarray(a, dtype=float)
+    t_arr = np.asarray(rounds, dtype=float)
+    den = np.tanh(a_arr / 2.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.where(den > 0, np.tanh(t_arr * a_arr / 2.0) / np.where(den > 0, den, 1.0), t_arr)
+    if np.ndim(r) == 0:
+        return float(r)
+    return r
+
+
+def _paper_form(
+    config: AccountantConfig, clients: int | None, sigma: float | None
+) -> tuple[str, float, float]:
+    """(kind, coefficient, a): mu_T = coef * sqrt(R(a, T)) ("tanh") or coef * sqrt(2 - 1/T) ("sd")."""
+    m = config.clients if clients is None else clients
+    if isinstance(m, bool) or not isinstance(m, numbers.Integral) or int(m) < 1:
+        raise ValueError(f"clients must be an integer >= 1, got {clients!r}")
+    s = config.sigma if sigma is None else sigma
+    if isinstance(s, bool) or not isinstance(s, numbers.Real) or not (0 < float(s) < math.inf):
+        raise ValueError(f"sigma must be a finite number > 0, got {sigma!r}")
+    pref = planned_theta(config) / (math.sqrt(int(m)) * float(s))
+    lr = float(config.lr)
+    L = float(config.smoothness)
+    K = config.local_steps
+    V = float(config.clip_norm)
+    if config.algorithm == "fedprox":  # Theorem 4
+        alpha = float(config.prox_alpha)
+        return "tanh", 2.0 * V / alpha * pref, math.log1p(L / (alpha - L))
+    if config.schedule == "constant":  # Theorem 3(a)
+        return "tanh", 2.0 * lr * V * K * pref, K * math.log1p(lr * L)
+    if config.schedule == "cyclic":  # Theorem 3(b), lr restored
+        c = resolve_cyclic_c(config)
+        return "tanh", 2.0 * c * lr * V * math.log1p(K) * pref, c * lr * L * math.log1p(K)
+    if config.schedule == "stage":  # Theorem 3(c)
+        return "sd", 2.0 * lr * V * K * pref, 0.0
+    z = resolve_iterative_z(config)  # Theorem 3(d), lr restored
+    return "sd", 2.0 * z * lr * V * pref, 0.0
+
+
+def paper_mu(
+    config: AccountantConfig,
+    rounds: int,
+    *,
+    clients: int | None = None,
+    sigma: float | None = None,
+) -> float:
+    """The paper's stated mu_T (Theorem 3(a)-(d), Theorem 4) in the stable forms of SPEC §5.
+
+    pref = 1/(sqrt(m) sigma), R(a, T) = tanh(T a/2)/tanh(a/2):
+
+    - C: 2 lr V K pref sqrt(R(a,T)), a = K log1p(lr L)
+    - CD: 2 c lr V log1p(K) pref sqrt(R(a,T)), a = c lr L log1p(K)  (lr restored, c >= c_K)
+    - SD: 2 lr V K pref sqrt(2 - 1/T)
+    - ID: 2 z lr V pref sqrt(2 - 1/T)  (lr restored, z >= z_K)
+    - FedProx: 2V/alpha pref sqrt(R(a,T)), a = log1p(L/(alpha - L))
+
+    times the per-sample factor theta (SPEC §13). O(1) for any T. ``clients``/``sigma``
+    override ``config.clients``/``config.sigma``. Only SD/ID are valid bounds
+    (:func:`paper_is_sound`).
+    """
+    T = _rounds(rounds)
+    kind, coef, a = _paper_form(config, clients, sigma)
+    if kind == "sd":
+        return coef * math.sqrt(2.0 - 1.0 / T)
+    return coef * math.sqrt(tanh_ratio(a, T))
+
+
+def paper_is_sound(algorithm: str, schedule: str) -> bool:
+    """Whether the paper's closed form is a valid bound (SPEC §7.3).
+
+    True only for FedAvg with the stage-wise or iterative schedule (Theorem 3(c),(d)
+    dominate composition); False for FedAvg constant/cyclic and for FedProx.
+    """
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+    return algorithm == "fedavg" and schedule in ("stage", "iterative")
+
+
+# ---------------------------------------------------------------- composition, local DP
+
+
+def composition_mu(gammas: Sequence[float], noise_stds: Sequence[float]) -> float:
+    """Central composition mu = sqrt(sum_t (gamma_t / s_t)^2) (SPEC §8.1, §14.2).
+
+    Sound when every broadcast model is visible (hence also for w_T alone).
+    """
+    g = _array("gammas", gammas, positive=False)
+    s = _array("noise_stds", noise_stds, positive=True)
+    _same_length(gammas=g, noise_stds=s)
+    return _sqrt_sum_sq(g / s)
+
+
+def local_dp_mu(client_sensitivities: Sequence[float], sigmas: Sequence[float]) -> float:
+    """Local DP (curious server) mu = sqrt(sum_t (Gamma_t / sigma_t)^2) (SPEC §8.2, §14.2)."""
+    g = _array("client_sensitivities", client_sensitivities, positive=False)
+    s = _array("sigmas", sigmas, positive=True)
+    _same_length(client_sensitivities=g, sigmas=s)
+    return _sqrt_sum_sq(g / s)
+
+
+# ---------------------------------------------------------------- final model (PAVA)
+
+
+class OnlineFinalModel:
+    """Incremental exact final-model bound with per-round noise (SPEC §7.2, §14.3).
+
+    mu_final^2 = sum over PAVA blocks J of (sum_J p_t gamma_t)^2 / sum_J p_t^2 s_t^2, the
+    blocks being those of the weighted isotonic (non-decreasing) regression of
+    y_t = gamma_t/(p_t s_t^2) with weights p_t^2 s_t^2, where p_t = 1/prod_{j=1}^t rho_j
+    (prefix normalization: rho of the first round never enters, nothing depends on T).
+
+    Implementation: a stack of blocks in log space. Each block stores its sums relative
+    to the p of its own last round (log sum (p_t/p_end) gamma_t, log sum (p_t/p_end)^2 s_t^2;
+    the common factor cancels in every block value and every comparison), the sum of
+    log rho over its rounds (the shift to the next block's reference), and the cumulative
+    sum of block values up to and including itself. A push appends a singleton and merges
+    backward (logaddexp) while the non-decreasing order is violated; amortized O(1), and
+    :attr:`mu` is O(1). Using block-local references keeps the log magnitudes bounded by
+    the block's own span, so accuracy does not degrade with the number of rounds.
+    """
+
+    __slots__ = ("_count", "_ln", "_ld", "_shift", "_cum")
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._ln: list[float] = []  # log sum_J (p_t/p_end) gamma_t
+        self._ld: list[float] = []  # log sum_J (p_t/p_end)^2 s_t^2
+        self._shift: list[float] = []  # sum_J log rho_t
+        self._cum: list[float] = []  # cumulative block values (mu^2 so far)
+
+    def __len__(self) -> int:
+        return self._count
+
+    @property
+    def mu(self) -> float:
+        """mu_final after the rounds pushed so far (0.0 before the first round)."""
+        return math.sqrt(self._cum[-1]) if self._cum else 0.0
+
+    @property
+    def blocks(self) -> int:
+        """Number of PAVA blocks (1 = the Cauchy-Schwarz solution is feasible)."""
+        return len(self._cum)
+
+    @property
+    def state(self) -> list[tuple[float, float, float, float]]:
+        """The block stack as (log_num, log_den, log_rho_sum, cumulative mu^2) tuples."""
+        return list(zip(self._ln, self._ld, self._shift, self._cum))
+
+    def push(self, log_rho: float, gamma: float, noise_std: float) -> None:
+        """Add one round: log rho_t (finite), gamma_t >= 0, s_t > 0 (all finite)."""
+        lr = float(log_rho)
+        g = float(gamma)
+        s = float(noise_std)
+        if not math.isfinite(lr):
+            raise ValueError(f"log_rho must be finite, got {log_rho!r}")
+        if not (math.isfinite(g) and g >= 0.0):
+            raise ValueError(f"gamma must be a finite number >= 0, got {gamma!r}")
+        if not (math.isfinite(s) and s > 0.0):
+            raise ValueError(f"noise_std must be a finite number > 0, got {noise_std!r}")
+        r = g / s
+        self._extend([lr], [math.log(g) if g > 0.0 else _NEG_INF], [2.0 * math.log(s)], [r * r])
+
+    def _extend_arrays(
+        self, log_rhos: np.ndarray, gammas: np.ndarray, noise_stds: np.ndarray, out: np.ndarray | None = None
+    ) -> None:
+        """Push validated rounds given as arrays (vectorized preparation, then the PAVA pass)."""
+        with np.errstate(divide="ignore"):
+            log_g = np.log(gammas)
+        self._extend(
+            log_rhos.tolist(),
+            log_g.tolist(),
+            (2.0 * np.log(noise_stds)).tolist(),
+            np.square(gammas / noise_stds).tolist(),
+            out,
+        )
+
+    def _extend(
+        self,
+        shifts: Sequence[float],
+        log_nums: Sequence[float],
+        log_dens: Sequence[float],
+        values: Sequence[float],
+        out: np.ndarray | None = None,
+    ) -> None:
+        """The PAVA pass over prepared rounds: log rho_t, log gamma_t, 2 log s_t, (gamma_t/s_t)^2.
+
+        Optionally stores mu^2 after each round in ``out``.
+        """
+        ln_stack, ld_stack, sh_stack, cum_stack = self._ln, self._ld, self._shift, self._cum
+        ln_push, ld_push, sh_push, cum_push = (
+            ln_stack.append, ld_stack.append, sh_stack.append, cum_stack.append
+        )
+        exp, log1p = math.exp, math.log1p
+        neg_inf = _NEG_INF
+        cum = cum_stack[-1] if cum_stack else 0.0
+        # y of the top block relative to the reference of the next round (its own p)
+        top = ln_stack[-1] - ld_stack[-1] if ln_stack else math.inf
+        i = 0
+        for shift, ln, ld, value in zip(shifts, log_nums, log_dens, values):
+            if ln_stack and top - shift > ln - ld:
+                while True:
+                    pn = ln_stack.pop() + shift
+                    pd = ld_stack.pop() + 2.0 * shift
+                    shift += sh_stack.pop()
+                    cum_stack.pop()
+                    # ln = logaddexp(pn, ln), ld = logaddexp(pd, ld)
+                    if pn < ln:
+                        pn, ln = ln, pn
+                    ln = pn if ln == neg_inf else pn + log1p(exp(ln - pn))
+                    if pd < ld:
+                        pd, ld = ld, pd
+                    ld = pd + log1p(exp(ld - pd))
+                    if not (ln_stack and ln_stack[-1] - ld_stack[-1] - shift > ln - ld):
+                        break
+                value = exp(2.0 * ln - ld) if ln != neg_inf else 0.0
+                cum = cum_stack[-1] if cum_stack else 0.0
+            ln_push(ln)
+            ld_push(ld)
+            sh_push(shift)
+            cum += value
+            cum_push(cum)
+            top = ln - ld
+            if out is not None:
+                out[i] = cum
+            i += 1
+        self._count += i
+
+
+def final_model_mu(
+    log_rhos: Sequence[float], gammas: Sequence[float], noise_stds: Sequence[float]
+) -> float:
+    """Exact final-model mu (SPEC §14.3): batch wrapper of :class:`OnlineFinalModel`.
+
+    Sound for an adversary who sees only the final model w_T (given the paper's Lemmas
+    6-8); always <= :func:`composition_mu` of the same terms.
+    """
+    lr = _log_rho_array(log_rhos)
+    g = _array("gammas", gammas, positive=False)
+    s = _array("noise_stds", noise_stds, positive=True)
+    _same_length(log_rhos=lr, gammas=g, noise_stds=s)
+    model = OnlineFinalModel()
+    model._extend_arrays(lr, g, s)
+    return model.mu
+
+
+def cauchy_schwarz_mu(
+    log_rhos: Sequence[float], gammas: Sequence[float], noise_stds: Sequence[float]
+) -> float:
+    """The paper's general (unconstrained) value sqrt((sum p_t gamma_t)^2 / sum p_t^2 s_t^2).
+
+    SPEC §2 item 4 / §14.3: p_t = 1/prod_{j=1}^t rho_j, evaluated in log space. This is the
+    exact GDP of an abstract linear system but NOT a certified bound (its interpolation
+    weights can leave [0, 1], SPEC §7.1); with s_t = sigma/sqrt(m) it equals
+    sqrt(m H_0)/sigma, which the closed forms of Theorems 3(a),(b), 4 reproduce.
+    """
+    lr = _log_rho_array(log_rhos)
+    g = _array("gammas", gammas, positive=False)
+    s = _array("noise_stds", noise_stds, positive=True)
+    _same_length(log_rhos=lr, gammas=g, noise_stds=s)
+    if lr.size == 0:
+        return 0.0
+    log_p = np.empty(lr.size)
+    log_p[0] = 0.0
+    log_p[1:] = -_prefix_sums(lr[1:])
+    with np.errstate(divide="ignore"):
+        log_num = logsumexp(log_p + np.log(g))
+    log_den = logsumexp(2.0 * (log_p + np.log(s)))
+    if log_num == _NEG_INF:
+        return 0.0
+    return math.exp(log_num - 0.5 * log_den)
+
+
+# ---------------------------------------------------------------- planned (homogeneous) bounds
+
+
+def _sum_inv_pow_tail(k: int, lo: int, hi: int) -> float:
+    """sum_{n=lo}^{hi} n^-k via Hurwitz zeta (lo >= 1)."""
+    return float(zeta(k, lo) - zeta(k, hi + 1))
+
+
+def _sum_inv_sq(lo: int, hi: int) -> float:
+    """sum_{n=lo}^{hi} 1/n^2 (0 if hi < lo): direct to 2^20, Hurwitz zeta beyond."""
+    if hi < lo:
+        return 0.0
+    total = 0.0
+    mid = min(hi, _DIRECT_SUM_MAX)
+    if lo <= mid:
+        n = np.arange(mid, lo - 1, -1, dtype=float)  # small terms first
+        total += float(np.sum(1.0 / (n * n)))
+    start = max(lo, mid + 1)
+    if start <= hi:
+        total += _sum_inv_pow_tail(2, start, hi)
+    return total
+
+
+# ln^2(1+u) = u^2 - u^3 + 11u^4/12 - 5u^5/6 + 137u^6/180 + O(u^7), used for n > 2^20 (u < 1e-6)
+_LOG1P_SQ_SERIES = ((2, 1.0), (3, -1.0), (4, 11.0 / 12.0), (5, -5.0 / 6.0), (6, 137.0 / 180.0))
+
+
+def _sum_log1p_inv_sq(lo: int, hi: int) -> float:
+    """sum_{n=lo}^{hi} ln^2(1 + 1/n) (0 if hi < lo): direct to 2^20, series + zeta beyond."""
+    if hi < lo:
+        return 0.0
+    total = 0.0
+    mid = min(hi, _DIRECT_SUM_MAX)
+    if lo <= mid:
+        n = np.arange(mid, lo - 1, -1, dtype=float)
+        total += float(np.sum(np.square(np.log1p(1.0 / n))))
+    start = max(lo, mid + 1)
+    if start <= hi:
+        total += math.fsum(c * _sum_inv_pow_tail(k, start, hi) for k, c in _LOG1P_SQ_SERIES)
+    return total
+
+
+def _is_constant_terms(config: AccountantConfig) -> bool:
+    return config.algorithm == "fedprox" or config.schedule in ("constant", "cyclic")
+
+
+def _planned_sum_gamma_sq(config: AccountantConfig, first: int, last: int) -> float:
+    """sum_{t=first}^{last} gamma_t^2 of the Table 2 terms (0-based t), O(1)/O(2^20)."""
+    if last < first:
+        return 0.0
+    gamma0 = float(planned_terms(config, 1)[1][0])
+    if _is_constant_terms(config):
+        return (last - first + 1) * gamma0 * gamma0
+    if config.schedule == "stage":  # gamma_t = gamma_0/(t+1)
+        return gamma0 * gamma0 * _sum_inv_sq(first + 1, last + 1)
+    amp = gamma0 / math.log(2.0)  # iterative: gamma_t = amp * ln(1 + 1/(t+1))
+    return amp * amp * _sum_log1p_inv_sq(first + 1, last + 1)
+
+
+def planned_bounds(config: AccountantConfig, rounds: int) -> dict[str, float]:
+    """The four mu values after ``rounds`` homogeneous planned rounds (keys :data:`BOUND_KEYS`).
+
+    Terms: :func:`terms.planned_terms` (Table 2, c_K/z_K, theta), s_t = sigma/sqrt(m),
+    client sensitivity m*gamma_t (uniform weights 1/m).
+
+    - ``paper``: :func:`paper_mu` (O(1)).
+    - ``composition``: sqrt(m sum gamma_t^2)/sigma; O(1) for C/CD/FedProx (T gamma^2), and
+      for SD/ID direct sums to 2^20 rounds, Hurwitz-zeta closed forms beyond (SPEC §8.1).
+    - ``local_dp``: m sqrt(sum gamma_t^2)/sigma = sqrt(m) * composition.
+    - ``final_model``: equals composition for C/CD/FedProx (SPEC §7.2). For SD/ID the exact
+      PAVA optimum for T <= :data:`FINAL_MODEL_EXACT_ROUNDS`; for larger T the value of a
+      feasible point of the same problem -- the exact optimum over the first
+      FINAL_MODEL_EXACT_ROUNDS rounds followed by lambda = 1 (composition) on the rest --
+      which is a sound upper bound on the exact optimum and <= composition.
+    """
+    T = _rounds(rounds)
+    m = config.clients
+    sigma = float(config.sigma)
+    sum_sq = _planned_sum_gamma_sq(config, 0, T - 1)
+    composition = math.sqrt(m * sum_sq) / sigma
+    local_dp = m * math.sqrt(sum_sq) / sigma
+    if _is_constant_terms(config):
+        final = composition
+    else:
+        n0 = min(T, FINAL_MODEL_EXACT_ROUNDS)
+        log_rho, gamma = planned_terms(config, n0)
+        s = sigma / math.sqrt(m)
+        model = OnlineFinalModel()
+        model._extend_arrays(log_rho, gamma, np.full(n0, s))
+        final_sq = model.mu**2
+        if T > n0:
+            final_sq += m * _planned_sum_gamma_sq(config, n0, T - 1) / sigma**2
+        final = min(math.sqrt(final_sq), composition)
+    return {
+        "paper": paper_mu(config, T),
+        "composition": composition,
+        "final_model": final,
+        "local_dp": local_dp,
+    }
+
+
+def planned_curve(config: AccountantConfig, rounds: int) -> dict[str, np.ndarray]:
+    """mu after each round 1..T for each bound (keys :data:`BOUND_KEYS`), O(T) in total.
+
+    Same homogeneous planned terms as :func:`planned_bounds` (exact PAVA for every T here;
+    a pure-Python pass for stage/iterative, about 1 s per 1e6 rounds).
+    """
+    T = _rounds(rounds)
+    m = config.clients
+    sigma = float(config.sigma)
+    kind, coef, a = _paper_form(config, None, None)
+    t = np.arange(1, T + 1, dtype=float)
+    if kind == "sd":
+        paper = coef * np.sqrt(2.0 - 1.0 / t)
+    else:
+        paper = coef * np.sqrt(tanh_ratio(a, t))
+    log_rho, gamma = planned_terms(config, T)
+    cum_sq = _prefix_sums(np.square(gamma))
+    composition = np.sqrt(m * cum_sq) / sigma
+    local_dp = m * np.sqrt(cum_sq) / sigma
+    if _is_constant_terms(config):
+        final = composition.copy()
+    else:
+        s = sigma / math.sqrt(m)
+        out = np.empty(T)
+        OnlineFinalModel()._extend_arrays(log_rho, gamma, np.full(T, s), out=out)
+        final = np.minimum(np.sqrt(out), composition)
+    return {"paper": paper, "composition": composition, "final_model": final, "local_dp": local_dp}
