@@ -1,0 +1,106 @@
+"""Benchmark: per-round accountant update cost, side by side in one run.
+
+For the same rounds (constant schedule, lr=0.1, K=5, V=1, m=20, sigma=1; the
+aggregate of round t is a Gaussian mechanism with noise multiplier s/gamma) each
+accountant accounts one more round and reports epsilon at delta=1e-5:
+
+- ours:              PrivacyAccountant.step(record)  (all four bounds + certified eps)
+- Flower RdpAccountant (flwr.serverapp, wraps dp-accounting RDP): compose + get_epsilon
+- dp-accounting PLD: compose + get_epsilon
+
+Then the time to compute a 1e6-round planned curve (all bounds after every round).
+Prints ratios; no thresholds are asserted here (targets live in the README).
+
+Run: .venv/bin/python bench/accountant.py [--rounds 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+from fl_dp_flower.privacy import AccountantConfig, PrivacyAccountant
+from fl_dp_flower.privacy.bounds import planned_curve
+
+DELTA = 1e-5
+
+
+def _ours(config: AccountantConfig, rounds: int) -> float:
+    acct = PrivacyAccountant(config)
+    records = [config.planned_round(t + 1) for t in range(rounds)]
+    start = time.perf_counter()
+    for record in records:
+        acct.step(record).certified.epsilon
+    return (time.perf_counter() - start) / rounds
+
+
+def _flower_rdp(noise_multiplier: float, m: int, rounds: int) -> float:
+    from flwr.serverapp import RdpAccountant
+    from flwr.supercore.privacy_accounting import (
+        GaussianPrivacyEvent,
+        NeighboringRelation,
+        PrivacyConfig,
+        SamplingMethod,
+    )
+
+    acct = RdpAccountant(PrivacyConfig(target_delta=DELTA, population_size=m,
+                                       neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
+                                       sampling_method=SamplingMethod.NO_AMPLIFICATION))
+    event = GaussianPrivacyEvent(noise_multiplier=noise_multiplier, sample_size=m, population_size=m)
+    start = time.perf_counter()
+    for _ in range(rounds):
+        acct.compose(event)
+        acct.get_epsilon(DELTA)
+    return (time.perf_counter() - start) / rounds
+
+
+def _pld(noise_multiplier: float, rounds: int) -> float:
+    import dp_accounting
+    from dp_accounting.pld import pld_privacy_accountant
+
+    acct = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
+    event = dp_accounting.GaussianDpEvent(noise_multiplier=noise_multiplier)
+    start = time.perf_counter()
+    for _ in range(rounds):
+        acct.compose(event)
+        acct.get_epsilon(DELTA)
+    return (time.perf_counter() - start) / rounds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument("--pld-rounds", type=int, default=50)
+    parser.add_argument("--curve-rounds", type=int, default=1_000_000)
+    args = parser.parse_args()
+
+    m, sigma = 20, 1.0
+    config = AccountantConfig(schedule="constant", lr=0.1, local_steps=5, clip_norm=1.0,
+                              clients=m, sigma=sigma, smoothness=1.0)
+    gamma = 2 * 0.1 * 5 * 1.0 / m
+    noise_multiplier = (sigma / math.sqrt(m)) / gamma
+
+    ours = _ours(config, args.rounds)
+    rdp = _flower_rdp(noise_multiplier, m, args.rounds)
+    pld = _pld(noise_multiplier, args.pld_rounds)
+    print(f"per-round update + epsilon report (seconds per round)")
+    print(f"  ours (4 bounds, certified)      {ours * 1e3:10.3f} ms   ({args.rounds} rounds)")
+    print(f"  Flower RdpAccountant            {rdp * 1e3:10.3f} ms   ({args.rounds} rounds)")
+    print(f"  dp-accounting PLD               {pld * 1e3:10.3f} ms   ({args.pld_rounds} rounds)")
+    print(f"  speed-up vs Flower RDP          {rdp / ours:10.1f}x")
+    print(f"  speed-up vs dp-accounting PLD   {pld / ours:10.1f}x   (target >= 100x)")
+
+    for schedule in ("constant", "stage"):
+        cfg = AccountantConfig(schedule=schedule, lr=0.1, local_steps=5, clip_norm=1.0,
+                               clients=m, sigma=sigma, smoothness=1.0)
+        start = time.perf_counter()
+        curve = planned_curve(cfg, args.curve_rounds)
+        elapsed = time.perf_counter() - start
+        last = {k: float(v[-1]) for k, v in curve.items()}
+        print(f"{args.curve_rounds:,}-round planned curve ({schedule}): {elapsed:.2f} s; "
+              f"final mu: " + ", ".join(f"{k}={v:.4g}" for k, v in last.items()))
+
+
+if __name__ == "__main__":
+    main()
