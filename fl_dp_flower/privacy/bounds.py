@@ -245,23 +245,25 @@ class OnlineFinalModel:
     y_t = gamma_t/(p_t s_t^2) with weights p_t^2 s_t^2, where p_t = 1/prod_{j=1}^t rho_j
     (prefix normalization: rho of the first round never enters, nothing depends on T).
 
-    Implementation: a stack of blocks in log space. Each block stores its sums relative
-    to the p of its own last round (log sum (p_t/p_end) gamma_t, log sum (p_t/p_end)^2 s_t^2;
-    the common factor cancels in every block value and every comparison), the sum of
-    log rho over its rounds (the shift to the next block's reference), and the cumulative
-    sum of block values up to and including itself. A push appends a singleton and merges
-    backward (logaddexp) while the non-decreasing order is violated; amortized O(1), and
-    :attr:`mu` is O(1). Using block-local references keeps the log magnitudes bounded by
-    the block's own span, so accuracy does not degrade with the number of rounds.
+    Implementation: a stack of blocks in log space. Each block J = [u..v] stores its sums
+    relative to the p of its own first round u (log sum_J (p_t/p_u) gamma_t and
+    log sum_J (p_t/p_u)^2 s_t^2 -- the common factor cancels in every block value and every
+    comparison), log rho_u, the sum of log rho_j over j = u+1..v, and the cumulative sum of
+    block values up to and including itself (so the total needs no subtraction). A push
+    appends a singleton and merges backward (logaddexp) while the non-decreasing order is
+    violated; amortized O(1), and :attr:`mu` is O(1). With rho_t >= 1 the terms of a merged
+    block decay from its first round, so block-start references keep every log near the
+    dominant terms and accuracy does not degrade with the number of rounds.
     """
 
-    __slots__ = ("_count", "_ln", "_ld", "_shift", "_cum")
+    __slots__ = ("_count", "_ln", "_ld", "_first", "_inner", "_cum")
 
     def __init__(self) -> None:
         self._count = 0
-        self._ln: list[float] = []  # log sum_J (p_t/p_end) gamma_t
-        self._ld: list[float] = []  # log sum_J (p_t/p_end)^2 s_t^2
-        self._shift: list[float] = []  # sum_J log rho_t
+        self._ln: list[float] = []  # log sum_J (p_t/p_u) gamma_t
+        self._ld: list[float] = []  # log sum_J (p_t/p_u)^2 s_t^2
+        self._first: list[float] = []  # log rho_u of the block's first round
+        self._inner: list[float] = []  # sum_{j=u+1}^{v} log rho_j
         self._cum: list[float] = []  # cumulative block values (mu^2 so far)
 
     def __len__(self) -> int:
@@ -278,9 +280,9 @@ class OnlineFinalModel:
         return len(self._cum)
 
     @property
-    def state(self) -> list[tuple[float, float, float, float]]:
-        """The block stack as (log_num, log_den, log_rho_sum, cumulative mu^2) tuples."""
-        return list(zip(self._ln, self._ld, self._shift, self._cum))
+    def state(self) -> list[tuple[float, float, float, float, float]]:
+        """The block stack as (log_num, log_den, log_rho_first, log_rho_inner, cumulative mu^2)."""
+        return list(zip(self._ln, self._ld, self._first, self._inner, self._cum))
 
     def push(self, log_rho: float, gamma: float, noise_std: float) -> None:
         """Add one round: log rho_t (finite), gamma_t >= 0, s_t > 0 (all finite)."""
@@ -293,20 +295,21 @@ class OnlineFinalModel:
             raise ValueError(f"gamma must be a finite number >= 0, got {gamma!r}")
         if not (math.isfinite(s) and s > 0.0):
             raise ValueError(f"noise_std must be a finite number > 0, got {noise_std!r}")
-        r = g / s
+        r = float(np.float64(g) / np.float64(s))
         self._extend([lr], [math.log(g) if g > 0.0 else _NEG_INF], [2.0 * math.log(s)], [r * r])
 
     def _extend_arrays(
         self, log_rhos: np.ndarray, gammas: np.ndarray, noise_stds: np.ndarray, out: np.ndarray | None = None
     ) -> None:
         """Push validated rounds given as arrays (vectorized preparation, then the PAVA pass)."""
-        with np.errstate(divide="ignore"):
-            log_g = np.log(gammas)
+        # math.log (not np.log) so that the result is bit-identical to push() round by round
+        log = math.log
+        g_list = gammas.tolist()
         self._extend(
             log_rhos.tolist(),
-            log_g.tolist(),
-            (2.0 * np.log(noise_stds)).tolist(),
-            np.square(gammas / noise_stds).tolist(),
+            [log(g) if g > 0.0 else _NEG_INF for g in g_list],
+            [2.0 * log(x) for x in noise_stds.tolist()],
+            [r * r for r in (gammas / noise_stds).tolist()],
             out,
         )
 
@@ -322,40 +325,48 @@ class OnlineFinalModel:
 
         Optionally stores mu^2 after each round in ``out``.
         """
-        ln_stack, ld_stack, sh_stack, cum_stack = self._ln, self._ld, self._shift, self._cum
-        ln_push, ld_push, sh_push, cum_push = (
-            ln_stack.append, ld_stack.append, sh_stack.append, cum_stack.append
+        ln_stack, ld_stack, first_stack, inner_stack, cum_stack = (
+            self._ln, self._ld, self._first, self._inner, self._cum
+        )
+        ln_push, ld_push, first_push, inner_push, cum_push = (
+            ln_stack.append, ld_stack.append, first_stack.append, inner_stack.append, cum_stack.append
         )
         exp, log1p = math.exp, math.log1p
         neg_inf = _NEG_INF
         cum = cum_stack[-1] if cum_stack else 0.0
-        # y of the top block relative to the reference of the next round (its own p)
-        top = ln_stack[-1] - ld_stack[-1] if ln_stack else math.inf
         i = 0
-        for shift, ln, ld, value in zip(shifts, log_nums, log_dens, values):
-            if ln_stack and top - shift > ln - ld:
+        for first, ln, ld, value in zip(shifts, log_nums, log_dens, values):
+            inner = 0.0
+            # previous block A = [u..v], current [v+1..]: log(p_u / p_{v+1}) = inner_A + first
+            if ln_stack and ln_stack[-1] - ld_stack[-1] - (inner_stack[-1] + first) > ln - ld:
                 while True:
-                    pn = ln_stack.pop() + shift
-                    pd = ld_stack.pop() + 2.0 * shift
-                    shift += sh_stack.pop()
+                    shift = inner_stack.pop() + first
+                    first = first_stack.pop()
+                    inner += shift
                     cum_stack.pop()
-                    # ln = logaddexp(pn, ln), ld = logaddexp(pd, ld)
+                    # ln = logaddexp(ln_A, ln - shift), ld = logaddexp(ld_A, ld - 2 shift)
+                    pn = ln_stack.pop()
+                    ln -= shift
                     if pn < ln:
                         pn, ln = ln, pn
                     ln = pn if ln == neg_inf else pn + log1p(exp(ln - pn))
+                    pd = ld_stack.pop()
+                    ld -= 2.0 * shift
                     if pd < ld:
                         pd, ld = ld, pd
                     ld = pd + log1p(exp(ld - pd))
-                    if not (ln_stack and ln_stack[-1] - ld_stack[-1] - shift > ln - ld):
+                    if not (
+                        ln_stack and ln_stack[-1] - ld_stack[-1] - (inner_stack[-1] + first) > ln - ld
+                    ):
                         break
                 value = exp(2.0 * ln - ld) if ln != neg_inf else 0.0
                 cum = cum_stack[-1] if cum_stack else 0.0
             ln_push(ln)
             ld_push(ld)
-            sh_push(shift)
+            first_push(first)
+            inner_push(inner)
             cum += value
             cum_push(cum)
-            top = ln - ld
             if out is not None:
                 out[i] = cum
             i += 1
