@@ -124,7 +124,7 @@ def default_cyclic_c(local_steps: int) -> float:
 
 
 def default_iterative_z(local_steps: int) -> float:
-    """Smallest valid ID constant z_K = H_K / ln 2 (SPEC §4): 1.443 at K = 1, 3.294 at K = 5, 20.76 at K = 1e6."""
+    """Smallest valid ID constant z_K = H_K / ln 2 (SPEC §4): 1.443 (K=1), 3.294 (K=5), 20.76 (K=1e6)."""
     k = _int_at_least("local_steps", local_steps, 1)
     return harmonic(k) / math.log(2.0)
 
