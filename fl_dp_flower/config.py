@@ -75,11 +75,11 @@ class AppConfig(BaseModel):
     # --- algorithm
     algorithm: Literal["fedavg", "fedprox"] = "fedavg"
     schedule: Literal["constant", "cyclic", "stage", "iterative"] = "constant"
-    lr: float = Field(0.05, gt=0)
-    local_steps: int = Field(5, ge=1)
+    lr: float = Field(0.1, gt=0)
+    local_steps: int = Field(10, ge=1)
     batch_size: int = Field(32, ge=1)
     clipping: Literal["per-batch", "per-sample"] = "per-batch"
-    clip_norm: float = Field(1.0, gt=0)
+    clip_norm: float = Field(2.0, gt=0)
     sigma: float = Field(0.05, gt=0)
     prox_alpha: float = Field(0.0, ge=0)
     smoothness: float = Field(1.0, ge=0)
