@@ -107,10 +107,12 @@ def pids_with_marker(marker: str) -> list[int]:
 
 
 def kill_tree(pid: int, sig: int = signal.SIGKILL) -> list[int]:
-    """Send ``sig`` to ``pid``'s process group and to every descendant (collected first)."""
-    victims = descendants(pid)
+    """Send ``sig`` to ``pid``, its process group if it leads one, and every descendant (collected
+    first). Returns the pids signalled."""
+    victims = [pid, *descendants(pid)]
     try:
-        os.killpg(pid, sig)  # start_new_session=True => pgid == pid
+        if os.getpgid(pid) == pid:  # start_new_session=True => pgid == pid
+            os.killpg(pid, sig)
     except ProcessLookupError:
         pass
     for v in victims:
