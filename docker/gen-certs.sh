@@ -12,7 +12,7 @@
 #                                              names), 127.0.0.1, ::1, plus every --san
 #   OUT_DIR/supernode-<i>/runtime.pem, .key    certificate of SuperNode i's local Runtime API
 #                                              (used by its ClientApp SuperExec in process
-#                                              isolation). SAN: supernode-<i>, localhost,
+#                                              isolation). SAN: supernode-<i>, supernode, localhost,
 #                                              127.0.0.1, ::1
 #   OUT_DIR/keys/supernode-<i>, .pub           SuperNode authentication key pair: OpenSSH-format
 #                                              ECDSA P-384 (flwr 1.41 `--auth-supernode-private-key`
@@ -118,7 +118,7 @@ LINK_SANS+=(IP:127.0.0.1 IP:::1 "${EXTRA_SANS[@]}")
 issue superlink "$OUT/superlink" server "${LINK_SANS[@]}"
 
 for i in $(seq 1 "$N"); do
-    issue "supernode-$i" "$OUT/supernode-$i" runtime "DNS:supernode-$i" DNS:localhost IP:127.0.0.1 IP:::1
+    issue "supernode-$i" "$OUT/supernode-$i" runtime "DNS:supernode-$i" DNS:supernode DNS:localhost IP:127.0.0.1 IP:::1
 done
 
 # ---------------------------------------------------------------- SuperNode auth keys
