@@ -332,3 +332,44 @@ def test_gen_certs(tmp_path):
         assert after[name] == first[name], name
     # bad arguments are rejected
     assert run("--san", "bogus").returncode != 0
+
+
+# ------------------------------------------------------------------ docs/deployment.md
+def _doc_commands() -> list[tuple[str, str, str]]:
+    """(section title, executable, command line) of every Flower command in the docs' code blocks."""
+    text = (ROOT / "docs" / "deployment.md").read_text()
+    out, section = [], ""
+    in_block = False
+    lines = text.replace("\\\n", " ").splitlines()
+    for line in lines:
+        if line.startswith("## "):
+            section = line
+        if line.startswith("```"):
+            in_block = not in_block
+            continue
+        src = line if in_block else (line.split("ExecStart=", 1)[1] if "ExecStart=" in line else "")
+        for exe in ("flower-superlink", "flower-supernode", "flower-superexec"):
+            m = re.search(rf"(?:^|[\s/]){exe}(\s.*)?$", src)
+            if m and "--version" not in src and "--" in (m.group(1) or ""):
+                out.append((section, exe, m.group(1) or ""))
+    return out
+
+
+def test_docs_use_current_flags_and_insecure_only_in_the_local_test_section():
+    commands = _doc_commands()
+    assert {exe for _, exe, _ in commands} >= {"flower-superlink", "flower-supernode"}
+    for section, exe, line in commands:
+        flags = re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", line)
+        valid = help_flags(exe)
+        for flag in flags:
+            assert flag in valid, f"docs: {flag} is not a flag of {exe}: {line}"
+            assert flag not in deprecated(exe), f"docs: {flag} is deprecated in {exe}"
+        if "--insecure" in flags:
+            assert "Local test only" in section and "INSECURE" in section, (section, line)
+        elif exe == "flower-superlink":
+            assert "--enable-supernode-auth" in flags and "--ssl-certfile" in flags, line
+            assert "--host" in flags and "--disable-runtime-dependency-installation" in flags, line
+        elif exe == "flower-supernode":
+            assert "--root-certificates" in flags and "--auth-supernode-private-key" in flags, line
+    doc = (ROOT / "docs" / "deployment.md").read_text()
+    assert "insecure = true" in doc.split("## 6.")[1] and "insecure = true" not in doc.split("## 6.")[0]
