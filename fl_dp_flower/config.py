@@ -23,6 +23,7 @@ import annotated_types as at
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .privacy.records import AccountantConfig
+from .privacy.terms import default_cyclic_c, default_iterative_z
 
 __all__ = ["AppConfig", "ConfigError", "default_cyclic_c", "default_iterative_z", "describe_range"]
 
@@ -33,28 +34,6 @@ class ConfigError(ValueError):
 
 def _dash(name: str) -> str:
     return name.replace("_", "-")
-
-
-def _harmonic(k: int) -> float:
-    return math.fsum(1.0 / i for i in range(1, k + 1))
-
-
-def default_cyclic_c(local_steps: int) -> float:
-    """Smallest valid cyclic constant c_K = H_K / ln(K+1) (SPEC §4)."""
-    try:
-        from .privacy.terms import default_cyclic_c as _impl  # single source of truth when present
-    except ImportError:
-        return _harmonic(local_steps) / math.log(local_steps + 1)
-    return float(_impl(local_steps))
-
-
-def default_iterative_z(local_steps: int) -> float:
-    """Smallest valid iterative constant z_K = H_K / ln 2 (SPEC §4)."""
-    try:
-        from .privacy.terms import default_iterative_z as _impl
-    except ImportError:
-        return _harmonic(local_steps) / math.log(2.0)
-    return float(_impl(local_steps))
 
 
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -107,6 +86,7 @@ class AppConfig(BaseModel):
     run_name: str = Field("run", min_length=1, pattern=_RUN_NAME.pattern)
     resume: bool = False
     metrics_port: int = Field(0, ge=0, le=65535)
+    metrics_linger: float = Field(0.0, ge=0, le=86400)
 
     # ------------------------------------------------------------ construction
     @classmethod

@@ -74,6 +74,7 @@ BAD = [
     ("resume", "maybe", "true or false"),
     ("metrics-port", 70000, "an integer >= 0 and <= 65535"),
     ("metrics-port", -1, "an integer >= 0 and <= 65535"),
+    ("metrics-linger", -1.0, "a finite number >= 0 and <= 86400"),
 ]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 
 import numpy as np
 import pytest
@@ -249,3 +250,32 @@ def test_reconcile_takes_least_private_values():
     assert mismatches(planned, echoes[0]) == ["sigma: planned 1.0, applied 0.8"]
     worst_pb, _ = reconcile(planned, echoes, "stage", per_sample=False)
     assert worst_pb.batch_size == 16  # per-batch clipping: B does not enter the bounds
+
+
+def test_metrics_endpoint_serves_final_values_while_lingering(tmp_path):
+    """metrics-port + metrics-linger: after the last round the endpoint still serves the final report."""
+    import socket
+    import threading
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = _config(tmp_path, **{"num-server-rounds": 1, "metrics-port": port, "metrics-linger": 5.0})
+    outcome: dict = {}
+    thread = threading.Thread(target=lambda: outcome.update(result=_run(config)[0]), daemon=True)
+    thread.start()
+    summary = tmp_path / "run" / SUMMARY
+    deadline = time.time() + 120
+    while not summary.exists() and time.time() < deadline:
+        time.sleep(0.1)
+    assert summary.exists(), "the run did not finish"
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    values = {s.name: s.value for fam in text_string_to_metric_families(body) for s in fam.samples}
+    final = json.loads(summary.read_text())["final_report"]
+    assert values["fl_dp_rounds_completed"] == 1
+    assert values["fl_dp_certified_mu"] == pytest.approx(final["certified"]["mu"])
+    thread.join(timeout=60)
+    assert not thread.is_alive() and "result" in outcome

@@ -45,6 +45,7 @@ from fl_dp_flower.strategies import NoisyStrategyMixin, make_strategy
 from fl_dp_flower.training.data import DEFAULT_DATA_SEED, load_dataset
 from fl_dp_flower.training.local_update import evaluate_model
 from fl_dp_flower.training.models import build_model
+from fl_dp_flower.reporting.durable import fsync_dir as _fsync_dir
 
 log = logging.getLogger("flwr").getChild(__name__)  # Flower's handlers: shows in `flwr log`
 
@@ -70,14 +71,6 @@ def main(grid: Grid, context: Context) -> None:
 
 
 # ------------------------------------------------------------------ files
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def atomic_torch_save(obj: Any, path: Path) -> None:
     """Write ``obj`` to ``path`` via a temp file, fsync and ``os.replace`` (never half-written)."""
     tmp = path.with_name(path.name + ".tmp")
@@ -219,6 +212,10 @@ def run_server(grid: Grid, config: AppConfig, *, fraction_evaluate: float = 0.0)
         summary = _finish(config, run_dir, ledger, accountant, strategy, result, time.time() - t0)
         ledger.append_event("end", {"rounds_accounted": accountant.num_releases,
                                     "stopped_by_budget": strategy.stop_reason is not None})
+        if exporter is not None and config.metrics_linger > 0:
+            log.info("serving the final metrics on port %d for %.0f s (metrics-linger)",
+                     exporter.port, config.metrics_linger)
+            time.sleep(config.metrics_linger)
     finally:
         ledger.close()
         if exporter is not None:

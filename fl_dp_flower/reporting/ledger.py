@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from fl_dp_flower.privacy.records import RoundRecord
+from .durable import fsync_dir as _fsync_dir
 
 SCHEMA = 1
 TORN_TAIL_EVENT = "torn-tail"
@@ -91,14 +92,6 @@ def _same(a: Any, b: Any) -> bool:
     if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
         return True
     return a == b
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @dataclass(frozen=True)
