@@ -6,10 +6,12 @@
    (b) per-batch clipping + Gaussian noise on the upload (the paper's client),
    (c) per-sample clipping (torch.func) + noise.
    Prints (b)/(a) (target >= 0.85) and (c)/(a).
-2. One simulated round with 20 clients: the real NoisyFedAvg strategy, accountant, ledger and
-   reports driven through an in-process Grid that calls the real ClientApp; the round's wall
-   time is split into time inside the ClientApp (training + noise) and everything else
-   (Flower message handling, strategy, aggregation, accountant, ledger, evaluation).
+2. One round with 20 clients, split into client training time vs everything else (Flower
+   message handling, strategy, aggregation, accountant, ledger, evaluation):
+   (a) the real strategy, accountant, ledger and ClientApp through an in-process Grid (no Ray);
+   (b) Flower's simulation engine (Ray, 20 SuperNodes, 2 CPUs, 1 CPU per ClientApp): the round
+       time is the gap between two consecutive ledger lines, client compute is the sum of the
+       clients' reported `train-seconds` (two clients train at once on two cores).
 
 Run: .venv/bin/python bench/overhead.py [--quick]
 """
@@ -21,6 +23,7 @@ import statistics
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 
 import torch
@@ -48,8 +51,7 @@ def _plain_gd(model, x, y, gen) -> None:
         loss = F.cross_entropy(model(x[idx]), y[idx])
         grads = torch.autograd.grad(loss, params)
         with torch.no_grad():
-            for p, g in zip(params, grads):
-                p.sub_(LR * g)
+            torch._foreach_add_(params, grads, alpha=-LR)  # the client's update, minus clipping
 
 
 def _dp_client(model, x, y, gen, clipping: str) -> None:
@@ -114,9 +116,47 @@ def simulated_round(clients: int, rounds: int) -> tuple[float, float]:
     return wall / rounds, timed.seconds / rounds
 
 
+def simulation_engine_round(clients: int) -> tuple[float, float]:
+    """(round wall time, summed client training seconds) of round 2 in Flower's simulation engine."""
+    import warnings
+
+    from flwr.serverapp import ServerApp
+    from flwr.simulation import run_simulation
+
+    from fl_dp_flower.apps.client import app as client_app
+    from fl_dp_flower.apps.server import LEDGER, run_server
+    from fl_dp_flower.config import AppConfig
+    from fl_dp_flower.reporting import read_ledger
+
+    with tempfile.TemporaryDirectory() as out:
+        config = AppConfig.from_run_config({
+            "num-server-rounds": 2, "clients-per-round": clients, "num-partitions": clients,
+            "output-dir": out, "run-name": "sim",
+        })
+        server = ServerApp()
+
+        @server.main()
+        def _main(grid, context) -> None:  # noqa: ANN001 - Flower's signature
+            run_server(grid, config)
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            run_simulation(
+                server_app=server, client_app=client_app, num_supernodes=clients,
+                backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                                "init_args": {"num_cpus": 2, "num_gpus": 0, "include_dashboard": False}},
+            )
+        rounds = read_ledger(Path(out) / "sim" / LEDGER).rounds
+    stamps = [datetime.fromisoformat(r["time"]) for r in rounds]
+    wall = (stamps[1] - stamps[0]).total_seconds()
+    compute = rounds[1]["metrics"]["train-seconds"] * clients  # uniform weights: mean x clients
+    return wall, compute
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions and rounds")
+    parser.add_argument("--no-engine", action="store_true", help="skip the simulation-engine round")
     args = parser.parse_args()
     torch.set_num_threads(1)
 
@@ -134,6 +174,16 @@ def main() -> None:
     print(f"  inside the ClientApp        {in_client:8.2f} s  ({in_client / per_round:.0%}: training + noise)")
     print(f"  Flower + server overhead    {per_round - in_client:8.2f} s  ({(per_round - in_client) / per_round:.0%}:"
           " messages, aggregation, accountant, ledger, evaluation)")
+    if args.no_engine:
+        return
+    wall, compute = simulation_engine_round(clients=20)
+    parallel = compute / 2  # two ClientApps train at once (one CPU each, two cores)
+    print("one round with 20 clients in Flower's simulation engine (Ray, 2 CPUs)")
+    print(f"  wall time of round 2         {wall:8.2f} s")
+    print(f"  client training (sum)        {compute:8.2f} s  -> {parallel:.2f} s on 2 cores "
+          f"({parallel / wall:.0%} of the round)")
+    print(f"  Flower + server overhead      {wall - parallel:8.2f} s  ({(wall - parallel) / wall:.0%}: "
+          "ClientApp start-up and messaging in Ray, aggregation, accountant, ledger, evaluation)")
 
 
 if __name__ == "__main__":

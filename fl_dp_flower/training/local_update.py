@@ -49,10 +49,10 @@ def _clip_factor(norm: torch.Tensor, clip_norm: float) -> torch.Tensor:
 def _per_batch_grad(model, names, params, xb, yb, loss_fn, clip_norm):
     """Clipped mean gradient of the batch. Returns (grads, loss, number_clipped)."""
     loss = loss_fn(model(xb), yb)
-    grads = torch.autograd.grad(loss, params)
-    norm = torch.sqrt(sum(g.pow(2).sum() for g in grads))
-    factor = _clip_factor(norm, clip_norm)
-    return [g * factor for g in grads], float(loss.detach()), int(norm > clip_norm)
+    grads = list(torch.autograd.grad(loss, params))
+    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))  # L2 over all parameters
+    torch._foreach_mul_(grads, _clip_factor(norm, clip_norm))  # fresh tensors: scale in place
+    return grads, float(loss.detach()), int(norm > clip_norm)
 
 
 def _per_sample_grad(model, names, params, xb, yb, loss_fn, clip_norm, chunk):
@@ -139,10 +139,9 @@ def local_update(
         clipped += c
         losses.append(loss)
         with torch.no_grad():
-            for i, (p, g) in enumerate(zip(params, grads)):
-                if anchor is not None:
-                    g = g + prox_alpha * (p - anchor[i])  # after clipping (Eq. 4)
-                p.sub_(eta * g)
+            if anchor is not None:  # proximal term added after clipping (Eq. 4)
+                grads = [g + prox_alpha * (p - a) for g, p, a in zip(grads, params, anchor)]
+            torch._foreach_add_(params, grads, alpha=-eta)
     return LocalUpdateStats(
         loss=sum(losses) / len(losses),
         clipped_fraction=clipped / counted,
