@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 from .privacy.planning import BOUND_CHOICES, calibrate, plan
 from .privacy.records import ALGORITHMS, CLIPPING_MODES, THREAT_MODELS, AccountantConfig
 from .privacy.schedules import SCHEDULES
+from .reporting.durable import json_safe
 
 # AccountantConfig field -> CLI flag, for translating validation messages.
 _FIELD_FLAGS = {
@@ -150,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as exc:
             parser.error(_flagged(str(exc)))
         if args.json:
-            print(json.dumps(result, indent=2))
+            print(json.dumps(json_safe(result), indent=2, allow_nan=False))
         else:
             _print_plan(result)
         return 0
@@ -160,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(_flagged(str(exc)))
     if args.json:
-        print(json.dumps(result, indent=2))
+        print(json.dumps(json_safe(result), indent=2, allow_nan=False))
     else:
         status = "" if result["sound"] else "  (paper's stated bound - NOT a guarantee)"
         print(f"sigma = {result['sigma']:.6g} gives {result['bound']}: mu = {_fmt(result['mu'])}, "

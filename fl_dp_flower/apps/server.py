@@ -46,6 +46,7 @@ from fl_dp_flower.training.data import DEFAULT_DATA_SEED, load_dataset
 from fl_dp_flower.training.local_update import evaluate_model
 from fl_dp_flower.training.models import build_model
 from fl_dp_flower.reporting.durable import fsync_dir as _fsync_dir
+from fl_dp_flower.reporting.durable import json_safe as _json_safe
 
 log = logging.getLogger("flwr").getChild(__name__)  # Flower's handlers: shows in `flwr log`
 
@@ -80,16 +81,6 @@ def atomic_torch_save(obj: Any, path: Path) -> None:
         os.fsync(f.fileno())
     os.replace(tmp, path)
     _fsync_dir(path.parent)
-
-
-def _json_safe(obj: Any) -> Any:
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
-    if isinstance(obj, dict):
-        return {str(k): _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
-    return obj
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

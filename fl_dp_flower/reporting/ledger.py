@@ -38,6 +38,7 @@ from typing import Any
 
 from fl_dp_flower.privacy.records import RoundRecord
 from .durable import fsync_dir as _fsync_dir
+from .durable import json_safe as _encode
 
 SCHEMA = 1
 TORN_TAIL_EVENT = "torn-tail"
@@ -47,25 +48,6 @@ _NONFINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
 def utc_now() -> str:
     """Current UTC time as ISO 8601 (millisecond precision)."""
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
-
-
-def _encode(obj: Any) -> Any:
-    """Map non-finite floats to strings and containers to JSON types (recursively)."""
-    if isinstance(obj, bool) or obj is None or isinstance(obj, (str, int)):
-        return obj
-    if isinstance(obj, float):
-        if math.isnan(obj):
-            return "nan"
-        if math.isinf(obj):
-            return "inf" if obj > 0 else "-inf"
-        return obj
-    if isinstance(obj, dict):
-        return {str(k): _encode(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_encode(v) for v in obj]
-    if hasattr(obj, "tolist"):  # numpy scalars and arrays, without importing numpy
-        return _encode(obj.tolist())
-    raise TypeError(f"cannot write {type(obj).__name__} value {obj!r} to the privacy ledger")
 
 
 def _decode(obj: Any) -> Any:
