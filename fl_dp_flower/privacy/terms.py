@@ -129,36 +129,32 @@ def default_iterative_z(local_steps: int) -> float:
     return harmonic(k) / math.log(2.0)
 
 
-def resolve_cyclic_c(config: AccountantConfig) -> float:
-    """c used for the CD terms: ``config.cyclic_c`` or c_K; raises ValueError if c < c_K.
+def _constant_or_minimum(name: str, value: float | None, minimum: float, formula: str, local_steps: int) -> float:
+    """``value`` if given and >= ``minimum``, ``minimum`` if None; ValueError below the minimum.
 
-    A c below c_K underestimates the per-round sensitivity, so the resulting numbers
-    would not be upper bounds (SPEC §4).
+    A constant below its minimum underestimates the per-round sensitivity, so the
+    resulting numbers would not be upper bounds (SPEC §4).
     """
-    c_min = default_cyclic_c(config.local_steps)
-    if config.cyclic_c is None:
-        return c_min
-    c = float(config.cyclic_c)
-    if c < c_min:
+    if value is None:
+        return minimum
+    if float(value) < minimum:
         raise ValueError(
-            f"cyclic_c = {config.cyclic_c!r} is below the minimum c_K = H_K/ln(K+1) = {c_min!r} "
-            f"for local_steps K = {config.local_steps}; a smaller c gives no valid bound (SPEC §4)"
+            f"{name} = {value!r} is below the minimum {formula} = {minimum!r} "
+            f"for local_steps K = {local_steps}; a smaller value gives no valid bound (SPEC §4)"
         )
-    return c
+    return float(value)
+
+
+def resolve_cyclic_c(config: AccountantConfig) -> float:
+    """c used for the CD terms: ``config.cyclic_c`` or c_K; raises ValueError if c < c_K."""
+    return _constant_or_minimum("cyclic_c", config.cyclic_c, default_cyclic_c(config.local_steps),
+                                "c_K = H_K/ln(K+1)", config.local_steps)
 
 
 def resolve_iterative_z(config: AccountantConfig) -> float:
     """z used for the ID terms: ``config.iterative_z`` or z_K; raises ValueError if z < z_K."""
-    z_min = default_iterative_z(config.local_steps)
-    if config.iterative_z is None:
-        return z_min
-    z = float(config.iterative_z)
-    if z < z_min:
-        raise ValueError(
-            f"iterative_z = {config.iterative_z!r} is below the minimum z_K = H_K/ln 2 = {z_min!r} "
-            f"for local_steps K = {config.local_steps}; a smaller z gives no valid bound (SPEC §4)"
-        )
-    return z
+    return _constant_or_minimum("iterative_z", config.iterative_z, default_iterative_z(config.local_steps),
+                                "z_K = H_K/ln 2", config.local_steps)
 
 
 # ---------------------------------------------------------------- per-sample drift factor
