@@ -122,6 +122,14 @@ def _flagged(message: str) -> str:
     return message
 
 
+_ADVERSARY = {
+    "paper": "final model",
+    "composition": "every global model",
+    "final_model": "final model (L-smooth losses)",
+    "local_dp": "every client upload",
+}
+
+
 def _fmt(x: float) -> str:
     return "inf" if math.isinf(x) else f"{x:.6g}"
 
@@ -131,14 +139,15 @@ def _print_plan(result: dict[str, Any]) -> None:
     from rich.table import Table
 
     table = Table(title=f"Privacy after {result['rounds']} rounds (delta = {result['delta']:g})")
-    for col in ("bound", "mu (GDP)", "epsilon", "status"):
+    for col in ("bound", "adversary sees", "mu (GDP)", "epsilon", "status"):
         table.add_column(col)
     for name, value in result["bounds"].items():
         status = "sound" if value["sound"] else "paper's stated bound - NOT a guarantee"
-        table.add_row(name, _fmt(value["mu"]), _fmt(value["epsilon"]), status)
+        table.add_row(name, _ADVERSARY[name], _fmt(value["mu"]), _fmt(value["epsilon"]), status)
     cert = result["certified"]
-    Console().print(table)
-    Console().print(f"certified ({cert['bound']}): mu = {_fmt(cert['mu'])}, epsilon = {_fmt(cert['epsilon'])}")
+    console = Console(width=None if sys.stdout.isatty() else 160)  # no wrapping when piped
+    console.print(table)
+    console.print(f"certified ({cert['bound']}): mu = {_fmt(cert['mu'])}, epsilon = {_fmt(cert['epsilon'])}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
