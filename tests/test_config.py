@@ -75,11 +75,20 @@ BAD = [
     ("metrics-port", 70000, "an integer >= 0 and <= 65535"),
     ("metrics-port", -1, "an integer >= 0 and <= 65535"),
     ("metrics-linger", -1.0, "a finite number >= 0 and <= 86400"),
+    ("max-node-refusals", 0, "an integer >= 1"),
+    ("resume-unfinished-round", "ignore", "one of 'refuse', 'account'"),
+    ("metrics-host", "", "a non-empty string"),
 ]
+ANY_STRING = {"data-dir", "metrics-certfile", "metrics-keyfile", "metrics-auth-file"}
 
 
 def test_every_key_has_a_bad_value_case():
-    assert {k for k, _, _ in BAD} == set(_run_config()) - {"data-dir"}  # any string is a valid data-dir
+    assert {k for k, _, _ in BAD} == set(_run_config()) - ANY_STRING  # any string is a valid path
+
+
+def test_metrics_tls_needs_both_files():
+    with pytest.raises(ConfigError, match="'metrics-certfile'.*'metrics-keyfile'.*give both"):
+        AppConfig.from_run_config({**_run_config(), "metrics-certfile": "/x/server.pem"})
 
 
 @pytest.mark.parametrize("key,value,allowed", BAD, ids=[f"{k}={v!r}" for k, v, _ in BAD])

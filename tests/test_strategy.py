@@ -13,7 +13,7 @@ import torch
 from flwr.app import Message, RecordDict
 
 from fl_dp_flower.apps.client import app as client_app
-from fl_dp_flower.apps.server import CHECKPOINT, FINAL_MODEL, LEDGER, PLOT, SUMMARY, run_server
+from fl_dp_flower.apps.server import CHECKPOINT, FINAL_MODEL, LEDGER, PLOT, SUMMARY, RunFailed, run_server
 from fl_dp_flower.config import AppConfig
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.privacy.schedules import step_sizes
@@ -103,9 +103,14 @@ def test_one_failing_node_gives_one_fewer_client(tmp_path):
 
 
 def test_no_usable_reply_is_not_accounted_and_keeps_schedule_position(tmp_path):
-    out, grid = _run(_config(tmp_path), failing={1, 2, 3})
-    assert out.accountant.num_releases == 0
-    assert read_ledger(out.run_dir / LEDGER).rounds == []
+    cfg = _config(tmp_path)
+    grid = LocalGrid(client_app, NODES, cfg.to_run_config(), failing={1, 2, 3})
+    with pytest.raises(RunFailed, match="accounted no round"):  # a run that trained nothing fails
+        run_server(grid, cfg)
+    ledger = read_ledger(tmp_path / "run" / LEDGER)
+    assert ledger.rounds == [] and ledger.open_round is None
+    assert [(e["event"], e["data"].get("round")) for e in ledger.events] == [
+        ("round-open", 1), ("round-void", 1), ("round-open", 1), ("round-void", 1), ("end", None)]
     assert [c["dp.round-index"] for c in _train_configs(grid)] == [0] * 2 * NODES
 
 
@@ -180,18 +185,68 @@ def test_budget_stop_before_exceeding_round(tmp_path):
     assert out.strategy.stop_reason and "round 3" in out.strategy.stop_reason
     ledger = read_ledger(out.run_dir / LEDGER)
     assert [r["round"] for r in ledger.rounds] == [1, 2]
-    assert [e["event"] for e in ledger.events] == ["budget-stop", "end"]
+    assert [e["event"] for e in ledger.events if e["event"] != "round-open"] == ["budget-stop", "end"]
     summary = json.loads((out.run_dir / SUMMARY).read_text())
     assert summary["stopped_by_budget"] and summary["rounds_accounted"] == 2
     assert summary["final_report"]["certified"]["epsilon"] == pytest.approx(ledger.rounds[-1]["report"]["certified"]["epsilon"])
     assert (out.run_dir / FINAL_MODEL).exists() and (out.run_dir / PLOT).exists()
 
 
-def test_budget_too_small_for_one_round(tmp_path):
-    out, grid = _run(_config(tmp_path, **{"target-epsilon": 1e-6}))
-    assert out.accountant.num_releases == 0 and grid.sent == []
-    assert json.loads((out.run_dir / SUMMARY).read_text())["stopped_by_budget"]
-    assert (out.run_dir / FINAL_MODEL).exists()
+def test_budget_too_small_for_one_round_fails_the_run(tmp_path):
+    cfg = _config(tmp_path, **{"target-epsilon": 1e-6})
+    grid = LocalGrid(client_app, NODES, cfg.to_run_config())
+    with pytest.raises(RunFailed, match="accounted no round.*privacy budget: round 1"):
+        run_server(grid, cfg)
+    assert grid.sent == []
+    summary = json.loads((tmp_path / "run" / SUMMARY).read_text())
+    assert summary["stopped_by_budget"] and summary["rounds_accounted"] == 0
+    assert read_ledger(tmp_path / "run" / LEDGER).events[-1]["data"]["rounds_this_run"] == 0
+
+
+def _planned_epsilons(cfg: AppConfig, clients: list[int]) -> list[float]:
+    acct = PrivacyAccountant(cfg.accountant_config())
+    return [acct.step(cfg.accountant_config().planned_round(t, clients=m)).certified.epsilon
+            for t, m in enumerate(clients, start=1)]
+
+
+def test_budget_decided_with_the_replies_that_arrived(tmp_path):
+    """all-rounds: round 3 fits if all 3 clients reply, not with the 2 that do. It is broadcast
+    (the pre-check cannot know), its replies are discarded unaggregated and unaccounted."""
+    base = _config(tmp_path, **{"num-server-rounds": 5})
+    fits_if_all = _planned_epsilons(base, [2, 2, 3])[-1]
+    exceeds = _planned_epsilons(base, [2, 2, 2])[-1]
+    assert fits_if_all < exceeds
+    cfg = _config(tmp_path, **{"num-server-rounds": 5, "target-epsilon": (fits_if_all + exceeds) / 2})
+    out, grid = _run(cfg, failing={1})
+    assert [r.clients for r in out.accountant.records] == [2, 2]
+    assert len(_train_configs(grid)) == 3 * NODES  # round 3 was broadcast ...
+    assert "round 3 with the 2 replies that arrived" in out.strategy.stop_reason
+    ledger = read_ledger(out.run_dir / LEDGER)
+    void = [e["data"] for e in ledger.events if e["event"] == "round-void"]
+    assert void == [{"round": 3, "reason": "budget", "replies": 2}] and ledger.open_round is None
+    # ... and the released model is round 2's: the discarded replies never reached it
+    final, latest = _state(out.run_dir / FINAL_MODEL), _state(out.run_dir / CHECKPOINT)
+    assert latest["round"] == 2 and all(torch.equal(final[k], v) for k, v in latest["state_dict"].items())
+
+
+def test_budget_with_min_replies_one_trains_when_all_clients_reply(tmp_path):
+    """The old dry run assumed min-replies (1) clients: this target stopped before round 1."""
+    base = _config(tmp_path, **{"num-server-rounds": 2})
+    one_client = _planned_epsilons(base, [1])[0]
+    all_clients = _planned_epsilons(base, [NODES, NODES])[-1]
+    assert all_clients < one_client
+    out, _ = _run(_config(tmp_path, **{"num-server-rounds": 2, "target-epsilon": all_clients * 1.01}))
+    assert out.accountant.num_releases == 2 and out.strategy.stop_reason is None
+
+
+def test_curious_server_budget_is_checked_before_broadcast(tmp_path):
+    base = _config(tmp_path, **{"threat-model": "curious-server", "num-server-rounds": 4})
+    eps = _planned_epsilons(base, [NODES] * 3)
+    cfg = _config(tmp_path, **{"threat-model": "curious-server", "num-server-rounds": 4,
+                               "target-epsilon": (eps[1] + eps[2]) / 2})
+    out, grid = _run(cfg, failing={1})  # local DP does not depend on who replies
+    assert out.accountant.num_releases == 2 and len(_train_configs(grid)) == 2 * NODES
+    assert "stopping before this round is broadcast" in out.strategy.stop_reason
 
 
 def test_resume_matches_uninterrupted_run(tmp_path):

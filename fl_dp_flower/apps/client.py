@@ -12,6 +12,17 @@ non-finite numbers, unknown schedule/clipping/algorithm, FedProx with eta*alpha 
 clipping with a batch larger than the local data) is refused with an ``Error`` reply: the node never
 releases a less-private update than its operator allows.
 
+Node policy (the node's decision, never the server's; docs/deployment.md §2.5):
+
+- ``allow-fixed-seed`` (default false): a train instruction with ``dp.seed >= 0`` asks for noise
+  that anyone who knows the seed can regenerate and subtract. The node refuses it unless its node
+  config sets ``allow-fixed-seed=true`` or its environment sets ``FL_DP_ALLOW_FIXED_SEED=1``
+  (the only way in Flower's simulation engine, whose node config holds just the partition).
+- ``share-metrics`` (default false): ``train-loss`` and ``clipped-fraction`` are computed on the
+  local data and are neither noised nor accounted, so they are only sent when the node config
+  sets ``share-metrics=true``; evaluate instructions (loss/accuracy on the local test split, also
+  un-noised) are refused unless it does.
+
 Data: ``partition-id`` / ``num-partitions`` from the node config (num-partitions falls back to the
 run config), dataset settings from the run config (``data-dir`` in the node config wins).
 """
@@ -20,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import secrets
 import time
 from collections.abc import Mapping
@@ -29,9 +41,9 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
-from flwr.common.constant import ErrorCode
 
 from fl_dp_flower.privacy.schedules import SCHEDULES, step_sizes
+from fl_dp_flower.protocol import REFUSAL_CODE, REFUSAL_PREFIX
 from fl_dp_flower.training.data import DEFAULT_DATA_SEED, Partition, load_partition
 from fl_dp_flower.training.local_update import CLIPPING_MODES, evaluate_model, local_update
 from fl_dp_flower.training.models import build_model
@@ -39,7 +51,7 @@ from fl_dp_flower.training.noise import add_gaussian_noise_, make_generator
 
 log = logging.getLogger(__name__)
 
-REFUSED = ErrorCode.MOD_FAILED_PRECONDITION  # Error code of a refused train instruction
+REFUSED = REFUSAL_CODE  # Error code of a refused train instruction
 ALGORITHMS = ("fedavg", "fedprox")
 NODE_LIMITS = {  # node-config key -> (setting, comparison that must hold)
     "min-sigma": ("dp.sigma", ">="),
@@ -47,6 +59,9 @@ NODE_LIMITS = {  # node-config key -> (setting, comparison that must hold)
     "max-local-steps": ("dp.local-steps", "<="),
     "max-lr": ("dp.lr", "<="),
 }
+ALLOW_FIXED_SEED = "allow-fixed-seed"  # node-config key (bool)
+ALLOW_FIXED_SEED_ENV = "FL_DP_ALLOW_FIXED_SEED"  # node environment: "1" allows, like the key
+SHARE_METRICS = "share-metrics"  # node-config key (bool): send un-noised train/eval statistics
 
 app = ClientApp()
 
@@ -145,6 +160,30 @@ def check_node_limits(s: TrainSettings, node_config: Mapping) -> None:
             raise Refused(f"{setting}={value!r} violates this node's limit {key}={limit!r}")
 
 
+def node_flag(node_config: Mapping, key: str) -> bool:
+    """A boolean node-config switch (absent = false); anything but true/false is refused."""
+    value = node_config.get(key, False)
+    if not isinstance(value, bool):
+        raise Refused(f"node config {key}={value!r} must be true or false")
+    return value
+
+
+def fixed_seed_allowed(node_config: Mapping, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this node accepts reproducible (seeded) noise: node config or node environment."""
+    env = os.environ if environ is None else environ
+    return node_flag(node_config, ALLOW_FIXED_SEED) or env.get(ALLOW_FIXED_SEED_ENV, "") == "1"
+
+
+def check_node_policy(s: TrainSettings, node_config: Mapping, environ: Mapping[str, str] | None = None) -> None:
+    """Raise Refused if ``s`` asks for a fixed noise seed this node has not allowed."""
+    if s.seed >= 0 and not fixed_seed_allowed(node_config, environ):
+        raise Refused(
+            f"dp.seed={s.seed} asks for reproducible noise, which whoever knows the seed can subtract; "
+            f"this node allows it only with node config {ALLOW_FIXED_SEED}=true or "
+            f"{ALLOW_FIXED_SEED_ENV}=1 in its environment"
+        )
+
+
 def _device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -179,7 +218,7 @@ def _derived_seed(seed: int, *parts: int) -> int:
 
 def _refuse(msg: Message, err: Refused) -> Message:
     log.warning("Refusing train instruction: %s", err)
-    return Message(Error(code=REFUSED, reason=f"refused by node: {err}"), reply_to=msg)
+    return Message(Error(code=REFUSED, reason=f"{REFUSAL_PREFIX}{err}"), reply_to=msg)
 
 
 @app.train()
@@ -189,6 +228,8 @@ def train(msg: Message, context: Context) -> Message:
     try:
         s = parse_train_config(msg.content["config"])
         check_node_limits(s, context.node_config)
+        check_node_policy(s, context.node_config)
+        share = node_flag(context.node_config, SHARE_METRICS)
         part = _partition(context)
         if s.clipping == "per-sample" and s.batch_size > len(part.y_train):
             raise Refused(
@@ -216,10 +257,9 @@ def train(msg: Message, context: Context) -> Message:
     train_seconds = time.perf_counter() - started
 
     metrics = MetricRecord({
-        "num-examples": len(part.y_train),
+        "num-examples": len(part.y_train),  # public under replace-one adjacency (docs/deployment.md)
         "train-seconds": train_seconds,
-        "train-loss": stats.loss,
-        "clipped-fraction": stats.clipped_fraction,
+        **({"train-loss": stats.loss, "clipped-fraction": stats.clipped_fraction} if share else {}),
         "dp.sigma": s.sigma,
         "dp.clip-norm": s.clip_norm,
         "dp.local-steps": stats.steps,
@@ -234,9 +274,13 @@ def train(msg: Message, context: Context) -> Message:
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
-    """Loss/accuracy of the received model on this node's local test split."""
+    """Loss/accuracy of the received model on this node's local test split (un-noised: only
+    with node config ``share-metrics=true``)."""
     torch.set_num_threads(1)
     try:
+        if not node_flag(context.node_config, SHARE_METRICS):
+            raise Refused(f"evaluate replies are un-noised statistics of local data; this node sends "
+                          f"them only with node config {SHARE_METRICS}=true")
         part = _partition(context)
     except Refused as err:
         return _refuse(msg, err)

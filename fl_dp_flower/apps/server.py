@@ -4,20 +4,33 @@ Outputs under ``<output-dir>/<run-name>/`` (a relative output-dir is resolved ag
 ServerApp's working directory, which for ``flwr run`` is where the SuperLink was started;
 the absolute path is logged):
 
-- ``ledger.jsonl``: header + one fsynced line per accounted round (append-only);
+- ``ledger.jsonl``: header, then per round a write-ahead ``round-open`` event and one fsynced
+  round line (append-only), plus events (resume, budget-stop, node-excluded, end);
 - ``model-latest.pt``: ``{"round": t, "state_dict": ...}`` after every round (temp file +
   ``os.replace``), so a crashed run can resume;
 - at the end: ``final_model.pt`` (state_dict), ``privacy.png``, ``summary.json`` and the
   summary table in the log.
 
-Order per round: aggregate -> accountant.step -> central evaluation -> ledger append (fsync)
--> save model -> log line / Prometheus -> next round's broadcast. A crash between the ledger
-line and the checkpoint leaves a ledger one round ahead of the model: on resume the round is
-still accounted (conservative) and training continues from the older model.
+Every file is written owner-only (0600) in an owner-only (0700) run folder.
 
-Resume (``resume = true``): the ledger's header must match the accountant config; the
-accountant is rebuilt from the ledger's round records; the remaining rounds are
-``num-server-rounds`` minus the rounds accounted.
+Order per round: ledger ``round-open`` (fsync) -> broadcast -> replies -> budget check ->
+aggregate -> accountant.step -> central evaluation -> ledger round line (fsync) -> save model
+-> log line / Prometheus -> next round. A crash between the ledger line and the checkpoint
+leaves a ledger one round ahead of the model: on resume the round is still accounted
+(conservative) and training continues from the older model.
+
+Resume (``resume = true``): the ledger must exist (a missing ledger fails the run, naming the
+path it looked for: never a silent fresh start), its header must match the accountant config,
+and the accountant is rebuilt from its round records; the remaining rounds are
+``num-server-rounds`` minus the rounds accounted. A round that was broadcast but has no
+complete round line (a crash before the line, or a torn line) may have been spent:
+``resume-unfinished-round = "refuse"`` (default) refuses to resume, naming the ledger line,
+and writes nothing; ``"account"`` accounts it as the planned round aggregated from a single
+client (the least private aggregation the server performs: largest weight 1, no noise
+averaging), records that in the ledger, and continues. Any refused resume writes nothing.
+
+A run that accounts no round (budget too small for any round, nothing left to resume) fails
+(:class:`RunFailed`) after writing its summary: it never ends as a success.
 """
 
 from __future__ import annotations
@@ -41,12 +54,12 @@ from fl_dp_flower.config import AppConfig, ConfigError
 from fl_dp_flower.privacy.accountant import PrivacyAccountant, PrivacyReport
 from fl_dp_flower.privacy.records import RoundRecord
 from fl_dp_flower.reporting import PrivacyLedger, PrivacyMetricsExporter, format_round_line, plot_privacy_curve, render_summary
-from fl_dp_flower.strategies import NoisyStrategyMixin, make_strategy
+from fl_dp_flower.reporting.durable import atomic_write, write_json
+from fl_dp_flower.reporting.ledger import LedgerContents
+from fl_dp_flower.strategies import NoisyStrategyMixin, NotEnoughNodes, make_strategy
 from fl_dp_flower.training.data import DEFAULT_DATA_SEED, load_dataset
 from fl_dp_flower.training.local_update import evaluate_model
 from fl_dp_flower.training.models import build_model
-from fl_dp_flower.reporting.durable import fsync_dir as _fsync_dir
-from fl_dp_flower.reporting.durable import json_safe as _json_safe
 
 log = logging.getLogger("flwr").getChild(__name__)  # Flower's handlers: shows in `flwr log`
 
@@ -58,6 +71,10 @@ SUMMARY = "summary.json"
 _LEDGER_DP_KEYS = ("dp-aggregated", "dp-dropped", "dp-echo-mismatch")
 
 app = ServerApp()
+
+
+class RunFailed(RuntimeError):
+    """The run did nothing it was asked to (no round accounted) or cannot safely continue."""
 
 
 @app.main()
@@ -73,21 +90,8 @@ def main(grid: Grid, context: Context) -> None:
 
 # ------------------------------------------------------------------ files
 def atomic_torch_save(obj: Any, path: Path) -> None:
-    """Write ``obj`` to ``path`` via a temp file, fsync and ``os.replace`` (never half-written)."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    """Strict JSON (non-finite floats as strings), written atomically."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(_json_safe(data), indent=2, allow_nan=False) + "\n")
-    os.replace(tmp, path)
+    """``torch.save`` to ``path``, atomically and owner-only (never half-written)."""
+    atomic_write(path, lambda f: torch.save(obj, f))
 
 
 # ------------------------------------------------------------------ evaluation
@@ -140,34 +144,99 @@ class ServerOutcome:
 
 
 def _open_ledger(config: AppConfig, run_dir: Path) -> tuple[PrivacyLedger, PrivacyAccountant, ArrayRecord | None]:
-    """Create a ledger, or resume one: (ledger, rebuilt accountant, saved model or None)."""
+    """Create a ledger, or resume one: (ledger, rebuilt accountant, saved model or None).
+
+    Every check of a resume runs before anything is written: a refused resume leaves the
+    ledger byte for byte as it was.
+    """
     acct_cfg = config.accountant_config()
     path = run_dir / LEDGER
-    if not config.resume or not path.exists():
-        if config.resume:
-            log.warning("resume = true but %s does not exist: starting a new run", path)
+    if not config.resume:
         ledger = PrivacyLedger.create(path, accountant_config=acct_cfg.to_dict(), app_config=config.to_run_config())
         return ledger, PrivacyAccountant(acct_cfg), None
-    ledger = PrivacyLedger.resume(path, accountant_config=acct_cfg.to_dict())
-    records = [RoundRecord.from_dict(entry["record"]) for entry in ledger.rounds]
+    _require_ledger(path)
+    contents = PrivacyLedger.check_resumable(path, accountant_config=acct_cfg.to_dict())
+    records = [RoundRecord.from_dict(entry["record"]) for entry in contents.rounds]
+    ckpt_round, arrays = _checkpoint(run_dir, contents)
+    unfinished = _unfinished_round(config, path, contents, ckpt_round)
+
+    ledger = PrivacyLedger.resume(path, accountant_config=acct_cfg.to_dict())  # first write
     accountant = PrivacyAccountant.from_records(acct_cfg, records)
-    arrays = None
-    ckpt_path = run_dir / CHECKPOINT
-    if records:
-        if not ckpt_path.exists():
-            raise FileNotFoundError(f"cannot resume: {ckpt_path} is missing but the ledger has {len(records)} rounds")
-        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-        if ckpt["round"] > records[-1].round:
-            raise ValueError(f"cannot resume: checkpoint round {ckpt['round']} is ahead of the ledger "
-                             f"(last round {records[-1].round})")
-        if ckpt["round"] < records[-1].round:
-            log.warning("checkpoint is from round %d, ledger has round %d: continuing from the older model "
-                        "(the later round stays accounted)", ckpt["round"], records[-1].round)
-        arrays = ArrayRecord(ckpt["state_dict"])
-    ledger.append_event("resume", {"rounds_accounted": len(records),
-                                   "checkpoint_round": ckpt["round"] if records else 0})
-    log.info("resuming %s: %d rounds accounted", path, len(records))
+    if unfinished is not None:
+        record = acct_cfg.planned_round(unfinished, clients=1)
+        report = accountant.step(record)
+        ledger.append_round(round=unfinished, record=record.to_dict(), report=report.to_dict(),
+                            metrics={"dp-unfinished-accounted": 1})
+        ledger.append_event("unfinished-round-accounted", {
+            "round": unfinished, "line": contents.open_round_line, "torn": contents.torn_round == unfinished,
+            "accounted_as": "planned round, one client (weight 1)"})
+        log.warning("round %d had no complete ledger line (line %s): accounted as the planned round from a "
+                    "single client (resume-unfinished-round = 'account'); certified epsilon now %.6g",
+                    unfinished, contents.open_round_line, report.certified.epsilon)
+    ledger.append_event("resume", {"rounds_accounted": accountant.num_releases, "checkpoint_round": ckpt_round})
+    log.info("resuming %s: %d rounds accounted", path, accountant.num_releases)
     return ledger, accountant, arrays
+
+
+def _require_ledger(path: Path) -> None:
+    """``resume = true`` needs the ledger: raise RunFailed naming the path it looked for."""
+    if not path.exists():
+        message = (
+            f"resume = true but there is no privacy ledger at {path}; refusing to start a fresh run that "
+            "would forget the privacy already spent. Check 'run-name' and 'output-dir' (a relative "
+            "output-dir resolves against the ServerApp's working directory); set resume = false to start "
+            "a new run."
+        )
+        log.error("%s", message)
+        raise RunFailed(message)
+
+
+def _checkpoint(run_dir: Path, contents: LedgerContents) -> tuple[int, ArrayRecord | None]:
+    """(round, model) of ``model-latest.pt``; (0, None) before any round. Reads only."""
+    if not contents.rounds and contents.open_round is None:
+        return 0, None
+    path = run_dir / CHECKPOINT
+    if not path.exists():
+        if not contents.rounds:
+            return 0, None
+        raise FileNotFoundError(f"cannot resume: {path} is missing but the ledger has {len(contents.rounds)} rounds")
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    return int(ckpt["round"]), ArrayRecord(ckpt["state_dict"])
+
+
+def _unfinished_round(config: AppConfig, path: Path, contents: LedgerContents, ckpt_round: int) -> int | None:
+    """The open round to account (policy ``account``), None if there is none; raise RunFailed
+    naming the real cause (policy ``refuse``, or an inconsistency). Reads only."""
+    last = contents.last_round
+    open_round = contents.open_round
+    if open_round is None:
+        if ckpt_round > last:
+            raise RunFailed(f"cannot resume {path}: checkpoint round {ckpt_round} is ahead of the ledger's "
+                            f"last round {last}, and no round is open in the ledger; the ledger is not the "
+                            "one this model was trained under")
+        if ckpt_round < last:
+            log.warning("checkpoint is from round %d, ledger has round %d: continuing from the older model "
+                        "(the later round stays accounted)", ckpt_round, last)
+        return None
+    how = (f"its round line is torn (line {contents.line_count} was cut mid-write)"
+           if contents.torn_tail and contents.torn_round == open_round
+           else f"has no round line (opened at line {contents.open_round_line}; the server stopped before "
+                "recording it)")
+    where = (f"; the saved model is from round {ckpt_round}" if ckpt_round else "")
+    if config.resume_unfinished_round == "refuse":
+        message = (
+            f"cannot resume {path}: round {open_round} was broadcast but {how}{where}. Its uploads may have "
+            "reached the server, so its privacy may be spent. Nothing was written. To continue, resume "
+            "with resume-unfinished-round = 'account' (the round is accounted as planned from a single "
+            "client, the least private aggregation); do not edit the ledger or the checkpoint."
+        )
+        log.error("%s", message)
+        raise RunFailed(message)
+    log.warning("round %d was broadcast but %s%s", open_round, how, where)
+    if ckpt_round > open_round:
+        raise RunFailed(f"cannot resume {path}: checkpoint round {ckpt_round} is ahead of the open round "
+                        f"{open_round}")
+    return open_round
 
 
 def run_server(grid: Grid, config: AppConfig, *, fraction_evaluate: float = 0.0) -> ServerOutcome:
@@ -178,31 +247,46 @@ def run_server(grid: Grid, config: AppConfig, *, fraction_evaluate: float = 0.0)
         random.seed(config.seed)
         torch.manual_seed(config.seed)
     run_dir = (Path(config.output_dir).expanduser() / config.run_name).resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
+    if config.resume:
+        _require_ledger(run_dir / LEDGER)  # before any folder is made
+    run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     log.info("run directory: %s", run_dir)
 
     ledger, accountant, arrays = _open_ledger(config, run_dir)
+    accounted_before = accountant.num_releases
     exporter = None
     try:
         if config.metrics_port > 0:
-            exporter = PrivacyMetricsExporter(config.metrics_port)
-            log.info("Prometheus metrics on port %d", config.metrics_port)
+            exporter = _start_exporter(config)
         if arrays is None:
             arrays = ArrayRecord(build_model(config.dataset).state_dict())
         sink = RoundSink(config, run_dir, ledger, exporter)
         strategy = make_strategy(config, accountant, reporters=[sink], fraction_evaluate=fraction_evaluate)
         sink.strategy = strategy
+        strategy.on_event = ledger.append_event
         remaining = max(config.num_server_rounds - accountant.num_releases, 0)
         log.info("%s: %d rounds to run (%d already accounted)", type(strategy).__name__, remaining,
                  accountant.num_releases)
-        result = strategy.start(grid=grid, initial_arrays=arrays, num_rounds=remaining,
-                                evaluate_fn=make_evaluate_fn(config))
+        try:
+            result = strategy.start(grid=grid, initial_arrays=arrays, num_rounds=remaining,
+                                    evaluate_fn=make_evaluate_fn(config))
+        except NotEnoughNodes as exc:
+            log.error("%s", exc)
+            ledger.append_event("failed", {"reason": str(exc), "rounds_accounted": accountant.num_releases})
+            _finish(config, run_dir, ledger, accountant, strategy, strategy.partial_result(), time.time() - t0,
+                    failure=str(exc))
+            raise RunFailed(str(exc)) from None
         if strategy.stop_reason is not None:
             ledger.append_event("budget-stop", {"reason": strategy.stop_reason,
                                                 "rounds_accounted": accountant.num_releases})
         summary = _finish(config, run_dir, ledger, accountant, strategy, result, time.time() - t0)
-        ledger.append_event("end", {"rounds_accounted": accountant.num_releases,
+        trained = accountant.num_releases - accounted_before
+        ledger.append_event("end", {"rounds_accounted": accountant.num_releases, "rounds_this_run": trained,
                                     "stopped_by_budget": strategy.stop_reason is not None})
+        if trained == 0:
+            why = strategy.stop_reason or (f"all {config.num_server_rounds} rounds were already accounted"
+                                           if remaining == 0 else "no round could be accounted")
+            raise RunFailed(f"the run accounted no round, so nothing was trained: {why}")
         if exporter is not None and config.metrics_linger > 0:
             log.info("serving the final metrics on port %d for %.0f s (metrics-linger)",
                      exporter.port, config.metrics_linger)
@@ -214,8 +298,22 @@ def run_server(grid: Grid, config: AppConfig, *, fraction_evaluate: float = 0.0)
     return ServerOutcome(run_dir, accountant, strategy, result, summary)
 
 
+def _start_exporter(config: AppConfig) -> PrivacyMetricsExporter:
+    exporter = PrivacyMetricsExporter(config.metrics_port, config.metrics_host, certfile=config.metrics_certfile,
+                                      keyfile=config.metrics_keyfile, auth_file=config.metrics_auth_file)
+    scheme = "https" if exporter.tls else "http"
+    log.info("Prometheus metrics at %s://%s:%d/metrics%s", scheme, config.metrics_host, exporter.port,
+             " (basic auth)" if exporter.authenticated else "")
+    if config.metrics_host not in ("127.0.0.1", "localhost", "::1") and not (exporter.tls and exporter.authenticated):
+        log.warning("the metrics endpoint listens on %s without %s: anyone who can reach the port reads the "
+                    "run's privacy numbers%s", config.metrics_host,
+                    " and ".join(x for x, on in (("TLS", exporter.tls), ("basic auth", exporter.authenticated)) if not on),
+                    "" if exporter.tls else " in clear text")
+    return exporter
+
+
 def _finish(config: AppConfig, run_dir: Path, ledger: PrivacyLedger, accountant: PrivacyAccountant,
-            strategy: NoisyStrategyMixin, result: Result, seconds: float) -> dict[str, Any]:
+            strategy: NoisyStrategyMixin, result: Result, seconds: float, failure: str | None = None) -> dict[str, Any]:
     """Final model, summary table, plot and summary.json."""
     final = strategy.global_arrays if strategy.global_arrays is not None else result.arrays
     atomic_torch_save(final.to_torch_state_dict(), run_dir / FINAL_MODEL)
@@ -231,11 +329,14 @@ def _finish(config: AppConfig, run_dir: Path, ledger: PrivacyLedger, accountant:
         "num_server_rounds": config.num_server_rounds,
         "stopped_by_budget": strategy.stop_reason is not None,
         "stop_reason": strategy.stop_reason,
+        "failure": failure,
         "target_epsilon": config.target_epsilon,
         "final_report": accountant.report().to_dict(),
         "final_accuracy": last_metrics.get("accuracy"),
         "final_loss": last_metrics.get("loss"),
         "echo_mismatches": strategy.echo_mismatches,
+        "node_refusals": {str(n): r.to_dict() for n, r in sorted(strategy.refusals.items())},
+        "excluded_nodes": {str(n): why for n, why in sorted(strategy.excluded_nodes.items())},
         "wall_seconds": seconds,
         "files": {"ledger": str(run_dir / LEDGER), "final_model": str(run_dir / FINAL_MODEL), "plot": plot},
         "app_config": config.to_run_config(),
@@ -246,4 +347,7 @@ def _finish(config: AppConfig, run_dir: Path, ledger: PrivacyLedger, accountant:
     log.info("finished: %d rounds accounted, certified epsilon %s (mu %s, %s) at delta %g%s",
              accountant.num_releases, cert["epsilon"], cert["mu"], cert["bound"], config.delta,
              f"; stopped: {strategy.stop_reason}" if strategy.stop_reason else "")
+    if strategy.excluded_nodes:
+        log.error("nodes no longer sampled after %d consecutive refusals: %s", config.max_node_refusals,
+                  "; ".join(f"node {n} ({why})" for n, why in sorted(strategy.excluded_nodes.items())))
     return summary

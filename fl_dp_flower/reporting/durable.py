@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 
 def fsync_dir(directory: Path) -> None:
@@ -34,3 +37,26 @@ def json_safe(obj: Any) -> Any:
     if hasattr(obj, "tolist"):  # numpy scalars and arrays, without importing numpy
         return json_safe(obj.tolist())
     raise TypeError(f"cannot write {type(obj).__name__} value {obj!r} as strict JSON")
+
+
+def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    """Write ``path`` whole or not at all: ``write`` fills an owner-only (0600) temp file in the
+    same folder, which is fsynced, renamed over ``path`` and the folder fsynced."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # mode 0600
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Strict JSON (non-finite floats as strings, see :func:`json_safe`), written atomically."""
+    text = json.dumps(json_safe(data), indent=2, allow_nan=False) + "\n"
+    atomic_write(path, lambda f: f.write(text.encode()))

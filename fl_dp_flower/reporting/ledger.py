@@ -18,11 +18,23 @@ Line format (one JSON object per line, ``"schema": 1`` and UTC ISO-8601 ``"time"
 Non-finite floats are stored as the strings ``"inf"``, ``"-inf"`` and ``"nan"`` (strict JSON)
 and mapped back to floats when reading.
 
+Write-ahead: before a round is broadcast the server appends a ``round-open`` event (round
+number, sampled nodes); the round is closed by its ``round`` line, or by a ``round-void`` event
+when it released nothing (no usable reply, or replies discarded by the budget before
+aggregation). A round that is open at the end of the ledger (:attr:`LedgerContents.open_round`)
+was broadcast, so its uploads may have reached the server, but its accounting never became
+durable: a crash, or a torn write of its round line. Resuming must not silently drop it (the
+ServerApp refuses, or accounts it conservatively on the operator's explicit choice).
+
 Crash tolerance: a final line without a trailing newline that is not valid JSON is a torn
-write (``torn_tail=True``) and is ignored. :meth:`PrivacyLedger.resume` then appends a
-newline and a ``torn-tail`` event naming the fragment's line number, so the fragment stays
-on its own line and later reads accept it. Any other invalid line is corruption and raises
-``ValueError`` with its line number.
+write (``torn_tail=True``; its kind, as far as the fragment shows, in ``torn_kind``) and is
+ignored. :meth:`PrivacyLedger.resume` then appends a newline and a ``torn-tail`` event naming
+the fragment's line number, so the fragment stays on its own line and later reads accept it.
+Any other invalid line is corruption and raises ``ValueError`` with its line number. A torn
+line that is (or may be) a round line leaves that round open, also in ledgers written before
+``round-open`` events existed.
+
+Files are created owner-only (mode 0600).
 """
 
 from __future__ import annotations
@@ -30,6 +42,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -42,6 +55,11 @@ from .durable import json_safe as _encode
 
 SCHEMA = 1
 TORN_TAIL_EVENT = "torn-tail"
+ROUND_OPEN_EVENT = "round-open"
+ROUND_VOID_EVENT = "round-void"
+FILE_MODE = 0o600  # ledger and run outputs: owner-only
+_KIND_PREFIX = re.compile(rb'^\{"kind":"(header|round|event)"')
+_ROUND_IN_FRAGMENT = re.compile(rb'"round":(\d+)')
 _NONFINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
 
 
@@ -86,6 +104,15 @@ class LedgerContents:
     torn_tail: bool = False
     ends_with_newline: bool = True
     line_count: int = 0
+    torn_kind: str | None = None  # "header" | "round" | "event" | "unknown" (fragment too short)
+    open_round: int | None = None  # a broadcast round with no durable round line (see module doc)
+    open_round_line: int | None = None  # the line that opened it (round-open event or torn line)
+    torn_round: int | None = None  # the round a torn tail is (or may be) the line of
+
+    @property
+    def last_round(self) -> int:
+        """Round number of the last complete round line (0 when none)."""
+        return self.rounds[-1]["round"] if self.rounds else 0
 
 
 def _parse_line(raw: bytes) -> dict[str, Any] | None:
@@ -112,10 +139,22 @@ def read_ledger(path: str | os.PathLike[str]) -> LedgerContents:
     header: dict[str, Any] | None = None
     rounds: list[dict[str, Any]] = []
     events: list[dict[str, Any]] = []
+    open_round: int | None = None
+    open_line: int | None = None
+    torn_kind: str | None = None
+    torn_round: int | None = None
     for i, entry in enumerate(parsed):
         lineno = i + 1
         if entry is None:
             if i == len(parsed) - 1 and torn_tail:
+                kind_match = _KIND_PREFIX.match(lines[i])
+                torn_kind = kind_match.group(1).decode() if kind_match else "unknown"
+                if torn_kind in ("round", "unknown") and header is not None:
+                    found = _ROUND_IN_FRAGMENT.search(lines[i])
+                    last = rounds[-1]["round"] if rounds else 0
+                    torn_round = int(found.group(1)) if found and torn_kind == "round" else last + 1
+                    if open_round is None or torn_round > open_round:
+                        open_round, open_line = torn_round, lineno
                 break
             nxt = parsed[i + 1] if i + 1 < len(parsed) else None
             if not (
@@ -146,13 +185,21 @@ def read_ledger(path: str | os.PathLike[str]) -> LedgerContents:
                     f"round {rounds[-1]['round']} (rounds must be strictly increasing)"
                 )
             rounds.append(entry)
+            if open_round is not None and entry["round"] >= open_round:
+                open_round = open_line = None
         elif kind == "event":
             events.append(entry)
+            data = entry.get("data") if isinstance(entry.get("data"), dict) else {}
+            if entry.get("event") == ROUND_OPEN_EVENT and isinstance(data.get("round"), int):
+                open_round, open_line = data["round"], lineno
+            elif entry.get("event") == ROUND_VOID_EVENT and data.get("round") == open_round:
+                open_round = open_line = None
         else:
             raise ValueError(f"privacy ledger {path}: line {lineno} has unknown kind {kind!r}")
     if header is None:
         raise ValueError(f"privacy ledger {path} has no header (its creation was interrupted)")
-    return LedgerContents(header, rounds, events, torn_tail, ends_with_newline, len(lines))
+    return LedgerContents(header, rounds, events, torn_tail, ends_with_newline, len(lines), torn_kind,
+                          open_round, open_line, torn_round)
 
 
 def load_round_records(path: str | os.PathLike[str]) -> list[RoundRecord]:
@@ -184,7 +231,7 @@ class PrivacyLedger:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, FILE_MODE)
         except FileExistsError:
             raise FileExistsError(
                 f"privacy ledger {path} already exists; a ledger is never overwritten. "
@@ -198,14 +245,12 @@ class PrivacyLedger:
         _fsync_dir(path.parent)
         return ledger
 
-    @classmethod
-    def resume(cls, path: str | os.PathLike[str], *,
-               accountant_config: dict[str, Any]) -> "PrivacyLedger":
-        """Re-open an existing ledger for appending after checking its accountant config.
+    @staticmethod
+    def check_resumable(path: str | os.PathLike[str], *, accountant_config: dict[str, Any]) -> LedgerContents:
+        """Read a ledger to resume and check its accountant config; writes nothing.
 
-        Raises FileNotFoundError if the ledger does not exist and ValueError if the header's
-        accountant config differs (the message lists the differing keys). After a torn tail
-        a newline and a ``torn-tail`` event are appended (the fragment is kept as it is).
+        Raises FileNotFoundError if the ledger does not exist and ValueError if it is corrupt
+        or the header's accountant config differs (the message lists the differing keys).
         """
         path = Path(path)
         if not path.exists():
@@ -219,12 +264,25 @@ class PrivacyLedger:
             raise ValueError(
                 f"cannot resume {path}: accountant config differs in key(s) {diff} ({detail})"
             )
+        return contents
+
+    @classmethod
+    def resume(cls, path: str | os.PathLike[str], *,
+               accountant_config: dict[str, Any]) -> "PrivacyLedger":
+        """Re-open an existing ledger for appending (checks as :meth:`check_resumable`).
+
+        After a torn tail a newline and a ``torn-tail`` event are appended (the fragment is
+        kept as it is). Callers that must refuse without writing call
+        :meth:`check_resumable` first.
+        """
+        path = Path(path)
+        contents = cls.check_resumable(path, accountant_config=accountant_config)
         fd = os.open(path, os.O_WRONLY | os.O_APPEND)
         ledger = cls(path, fd, contents.header, list(contents.rounds), contents.torn_tail)
         if not contents.ends_with_newline:
             ledger._write_raw(b"\n")
             if contents.torn_tail:
-                ledger.append_event(TORN_TAIL_EVENT, {"line": contents.line_count})
+                ledger.append_event(TORN_TAIL_EVENT, {"line": contents.line_count, "kind": contents.torn_kind})
         return ledger
 
     def append_round(self, *, round: int, record: dict[str, Any], report: dict[str, Any],

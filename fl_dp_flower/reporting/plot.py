@@ -1,21 +1,21 @@
 """End-of-run plot: epsilon per round (certified, composition, the paper's bound) and accuracy.
 
 Uses matplotlib's Agg canvas directly (no pyplot, no display, no global backend switch).
-The PNG is written atomically: a temporary file in the target directory, fsynced, then
-``os.replace``. Infinite epsilons are not drawn (the legend says how many were skipped).
+The PNG is written atomically and owner-only (:func:`~.durable.atomic_write`). Infinite epsilons are not drawn (the legend says how many were skipped).
 """
 
 from __future__ import annotations
 
 import math
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
+
+from .durable import atomic_write
 
 
 def _series(values: list[float]) -> tuple[list[float], int]:
@@ -95,14 +95,5 @@ def plot_privacy_curve(history: list[dict[str, Any]], path: str | os.PathLike[st
     fig.tight_layout()
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format="png", bbox_inches="tight")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, lambda f: fig.savefig(f, format="png", bbox_inches="tight"))
     return path

@@ -12,25 +12,104 @@ the port. Exported metrics (all gauges, prefix ``fl_dp_``):
 - ``fl_dp_budget_epsilon`` and ``fl_dp_budget_remaining_epsilon`` (only once a budget is given)
 
 An infinite epsilon or mu is exported as ``+Inf``; values not yet known are ``NaN``.
+
+Exposure: the endpoint binds ``127.0.0.1`` unless told otherwise. ``certfile``/``keyfile``
+serve it over HTTPS (TLS 1.2+), and ``auth_file`` (lines ``user:password``, owner-only)
+requires HTTP basic auth; a scrape without valid credentials gets 401 and no numbers.
 """
 
 from __future__ import annotations
 
+import base64
+import hmac
 import json
+import os
+import ssl
+import threading
+from pathlib import Path
+from socketserver import ThreadingMixIn
 from typing import Any, Iterable
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Gauge, Info, start_http_server
+from prometheus_client import CollectorRegistry, Gauge, Info, make_wsgi_app
 
 _NAN = float("nan")
 
 
-class PrivacyMetricsExporter:
-    """Serve the accountant's numbers at ``http://<addr>:<port>/metrics``.
+def read_basic_auth_file(path: str | os.PathLike[str]) -> dict[str, str]:
+    """``user:password`` lines (blank lines and ``#`` comments skipped) -> {user: password}.
 
-    ``port=0`` binds a free port; the bound port is :attr:`port`.
+    Raises ValueError naming the file and line for a malformed line or an empty file, and
+    PermissionError when the file is readable by group or others (it holds secrets).
+    """
+    path = Path(path)
+    if path.stat().st_mode & 0o077:
+        raise PermissionError(f"metrics auth file {path} is readable by others: chmod 600 it")
+    users: dict[str, str] = {}
+    for n, line in enumerate(path.read_text().splitlines(), start=1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        user, sep, password = line.partition(":")
+        if not sep or not user or not password:
+            raise ValueError(f"metrics auth file {path} line {n}: expected 'user:password'")
+        users[user] = password
+    if not users:
+        raise ValueError(f"metrics auth file {path} holds no 'user:password' line")
+    return users
+
+
+def _basic_auth(app, users: dict[str, str]):
+    """WSGI middleware: 401 unless the request carries one of ``users``' credentials."""
+    def check(header: str) -> bool:
+        scheme, _, value = header.partition(" ")
+        if scheme.lower() != "basic":
+            return False
+        try:
+            user, _, password = base64.b64decode(value, validate=True).decode().partition(":")
+        except (ValueError, UnicodeDecodeError):
+            return False
+        expected = users.get(user, "")
+        return hmac.compare_digest(password.encode(), expected.encode()) and bool(expected)
+
+    def wrapped(environ, start_response):
+        if not check(environ.get("HTTP_AUTHORIZATION", "")):
+            start_response("401 Unauthorized", [("WWW-Authenticate", 'Basic realm="fl-dp-flower"'),
+                                                ("Content-Type", "text/plain")])
+            return [b"authentication required\n"]
+        return app(environ, start_response)
+    return wrapped
+
+
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a failed TLS handshake or a dropped scraper is not the run's business
+
+
+class _QuietHandler(WSGIRequestHandler):
+    timeout = 10  # seconds a connection may stall (also bounds the TLS handshake)
+
+    def setup(self) -> None:
+        if isinstance(self.request, ssl.SSLSocket):  # handshake in this connection's thread, not in
+            self.request.settimeout(self.timeout)    # the accept loop: a stalled client blocks no one
+            self.request.do_handshake()
+        super().setup()
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (stdlib signature)
+        pass
+
+
+class PrivacyMetricsExporter:
+    """Serve the accountant's numbers at ``http(s)://<addr>:<port>/metrics``.
+
+    ``port=0`` binds a free port; the bound port is :attr:`port`. ``certfile`` and ``keyfile``
+    (PEM) turn on TLS; ``auth_file`` turns on HTTP basic auth (see the module docstring).
     """
 
-    def __init__(self, port: int, addr: str = "0.0.0.0") -> None:
+    def __init__(self, port: int, addr: str = "127.0.0.1", *, certfile: str = "", keyfile: str = "",
+                 auth_file: str = "") -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self._rounds = Gauge("fl_dp_rounds_completed", "Rounds accounted so far", registry=r)
@@ -55,9 +134,22 @@ class PrivacyMetricsExporter:
         for g in (self._delta, self._cert_mu, self._cert_eps, self._paper_mu, self._paper_eps,
                   self._accuracy):
             g.set(_NAN)
-        self._server, self._thread = start_http_server(port, addr, registry=self.registry)
+        app = make_wsgi_app(self.registry)
+        if auth_file:
+            app = _basic_auth(app, read_basic_auth_file(auth_file))
+        server = make_server(addr, port, app, _ThreadingServer, handler_class=_QuietHandler)
+        if certfile or keyfile:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+            ctx.load_cert_chain(certfile, keyfile)
+            server.socket = ctx.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
+        self._server = server
+        self._thread = threading.Thread(target=server.serve_forever, daemon=True)
+        self._thread.start()
         self.addr = addr
-        self.port: int = self._server.server_port
+        self.tls = bool(certfile)
+        self.authenticated = bool(auth_file)
+        self.port: int = server.server_port
 
     def update(self, report: dict[str, Any], *, clients: int, accuracy: float | None,
                budget_epsilon: float | None) -> None:

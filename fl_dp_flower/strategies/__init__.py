@@ -1,15 +1,18 @@
 """Flower strategies: Noisy-FedAvg and Noisy-FedProx with the server-side accountant."""
 
-from .budget import BudgetExhausted, check_budget, dry_run_record
-from .noisy import NoisyFedAvg, NoisyFedProx, NoisyStrategyMixin, dp_metrics, make_strategy
+from .budget import BudgetExhausted, check_before_broadcast, check_replies, pre_broadcast_record
+from .noisy import NodeRefusals, NoisyFedAvg, NoisyFedProx, NoisyStrategyMixin, NotEnoughNodes, dp_metrics, make_strategy
 
 __all__ = [
     "BudgetExhausted",
+    "NodeRefusals",
     "NoisyFedAvg",
     "NoisyFedProx",
     "NoisyStrategyMixin",
-    "check_budget",
+    "NotEnoughNodes",
+    "check_before_broadcast",
+    "check_replies",
     "dp_metrics",
-    "dry_run_record",
     "make_strategy",
+    "pre_broadcast_record",
 ]

@@ -1,19 +1,28 @@
-"""Privacy-budget stop rule: a dry run of the next round before it is broadcast.
+"""Privacy-budget stop rule: when is a round's release checked against ``target-epsilon``?
 
-Before round t+1 is configured the strategy asks the accountant whether accounting that
-round could push the certified epsilon past ``target-epsilon``. The dry-run record is the
-planned round under the worst aggregation the strategy can still perform:
+A budget is sound when no release the adversary of the configured threat model can see pushes
+the certified epsilon past the target. *When* a release happens depends on that adversary:
 
-- ``weighting = "uniform"``: ``min-replies`` clients with weights 1/m (a round aggregates
-  at least ``min-replies`` replies; fewer clients = larger max weight and less noise
-  averaging, so the smallest m is the worst case);
-- ``weighting = "examples"``: one client with weight 1 (sample counts can make one client
-  dominate; max_i p_i / sqrt(sum_i p_i^2) <= 1 with equality for a single client).
+- ``all-rounds`` and ``final-model``: the adversary sees global models, never an individual
+  upload. Nothing of a round is released until its aggregate is broadcast (or saved as the final
+  model). So the exact decision is taken **after the replies have arrived and before
+  aggregation**, with the round record of the replies that really arrived
+  (:func:`check_replies`). A round that would exceed the target is discarded: not aggregated,
+  not accounted, never broadcast, and the run stops with the last global model that fits.
+  Before the broadcast only a cheap pre-check runs (:func:`check_before_broadcast`): if even the
+  most private aggregation the strategy can perform (all ``clients-per-round`` clients, uniform
+  weights: the smallest max-weight and the smallest sum of squared weights) would exceed the
+  target, no set of replies can fit, and the clients are not asked to train at all.
+- ``curious-server``: the adversary is the server itself and sees every upload the moment it
+  arrives, so a round is spent as soon as it is broadcast. The check therefore runs before the
+  broadcast. The certified bound (``local_dp``) depends only on one client's sensitivity and
+  sigma, not on how many clients reply or how they are weighted, so the planned round gives the
+  exact value (clients that echo less private settings are still accounted as they ran, which
+  can end a curious-server run above the target: a client that ignores its instructions cannot
+  be stopped by the server).
 
-An under-quorum round (fewer than ``min-replies`` usable replies, none aggregated) is still
-accounted with the clients that replied (their uploads were seen). Such a round can be
-accounted with fewer clients than the dry run assumed, so the certified epsilon may then
-end above the target; the next dry run stops the run.
+An under-quorum round (fewer than ``min-replies`` usable replies: no aggregate) is still
+accounted with the clients that replied (conservative); :func:`check_replies` applies to it too.
 """
 
 from __future__ import annotations
@@ -23,37 +32,67 @@ from flwr.serverapp.exception import PrivacyBudgetExhausted
 from fl_dp_flower.privacy.accountant import Budget, PrivacyAccountant
 from fl_dp_flower.privacy.records import RoundRecord
 
+#: Threat models whose adversary sees each upload on arrival (budget checked before broadcast).
+UPLOAD_OBSERVING = ("curious-server",)
+
 
 class BudgetExhausted(PrivacyBudgetExhausted):
-    """Raised by ``configure_train`` before a round that could exceed the budget."""
+    """Raised before a round is broadcast, or after its replies arrived and before aggregation,
+    when accounting it could exceed the budget. ``discarded_replies`` is the number of replies
+    thrown away unused (0 when the round was never broadcast)."""
 
-    def __init__(self, reason: str, *, round_index: int, budget: Budget):
+    def __init__(self, reason: str, *, round_index: int, budget: Budget, discarded_replies: int = 0):
         super().__init__(reason)
         self.reason = reason
         self.round_index = round_index
         self.budget = budget
+        self.discarded_replies = discarded_replies
 
 
-def dry_run_clients(weighting: str, min_replies: int) -> int:
-    """Number of (uniformly weighted) clients of the worst-case dry-run record."""
-    return min_replies if weighting == "uniform" else 1
+def pre_broadcast_record(accountant: PrivacyAccountant) -> RoundRecord:
+    """The next round as planned, with all ``clients`` uniformly weighted.
+
+    For ``curious-server`` this is exact (local DP does not depend on the aggregation); for the
+    other threat models it is the most private aggregation possible (a lower bound on the
+    round's cost), so exceeding with it means no set of replies can fit.
+    """
+    return accountant.config.planned_round(accountant.num_releases + 1)
 
 
-def dry_run_record(accountant: PrivacyAccountant, weighting: str, min_replies: int) -> RoundRecord:
-    """The next round (``accountant.num_releases + 1``) as planned, with worst-case weights."""
-    return accountant.config.planned_round(
-        accountant.num_releases + 1, clients=dry_run_clients(weighting, min_replies)
-    )
+def _spent_text(accountant: PrivacyAccountant, budget: Budget) -> str:
+    spent = accountant.get_privacy_spent(budget.delta)
+    return (f"certified epsilon after {accountant.num_releases} rounds: {spent.epsilon:.6g}, "
+            f"bound {spent.bound}")
 
 
-def check_budget(accountant: PrivacyAccountant, budget: Budget, weighting: str, min_replies: int) -> None:
-    """Raise :class:`BudgetExhausted` if the next round could exceed ``budget``."""
-    record = dry_run_record(accountant, weighting, min_replies)
+def check_before_broadcast(accountant: PrivacyAccountant, budget: Budget) -> None:
+    """Raise :class:`BudgetExhausted` if the next round cannot fit whatever replies arrive."""
+    record = pre_broadcast_record(accountant)
     if accountant.would_exceed(record, budget):
-        spent = accountant.get_privacy_spent(budget.delta)
+        exact = accountant.config.threat_model in UPLOAD_OBSERVING
+        how = "" if exact else f" even with all {record.clients} clients replying"
         reason = (
-            f"privacy budget: round {record.round} could exceed target epsilon {budget.epsilon:g} "
-            f"at delta {budget.delta:g} (certified epsilon after {accountant.num_releases} rounds: "
-            f"{spent.epsilon:.6g}, bound {spent.bound}); stopping before this round is broadcast"
+            f"privacy budget: round {record.round} would exceed target epsilon {budget.epsilon:g} "
+            f"at delta {budget.delta:g}{how} ({_spent_text(accountant, budget)}); "
+            "stopping before this round is broadcast"
         )
         raise BudgetExhausted(reason, round_index=record.round - 1, budget=budget)
+
+
+def check_replies(accountant: PrivacyAccountant, budget: Budget, record: RoundRecord) -> None:
+    """Raise :class:`BudgetExhausted` if accounting ``record`` (the replies that arrived) would
+    exceed the budget; the caller then discards the round unaggregated and unaccounted.
+
+    Not used for upload-observing threat models (their rounds are spent on arrival).
+    """
+    if accountant.config.threat_model in UPLOAD_OBSERVING:
+        return
+    if accountant.would_exceed(record, budget):
+        reason = (
+            f"privacy budget: round {record.round} with the {record.clients} replies that arrived would "
+            f"exceed target epsilon {budget.epsilon:g} at delta {budget.delta:g} "
+            f"({_spent_text(accountant, budget)}); its replies were discarded (not aggregated, not "
+            "accounted, nothing released) and the run stops with the last global model"
+        )
+        raise BudgetExhausted(reason, round_index=record.round - 1, budget=budget,
+                              discarded_replies=record.clients)

@@ -2,16 +2,18 @@
 
 Per round (``Strategy.start`` drives it):
 
-1. ``configure_train``: budget dry run (may raise :class:`BudgetExhausted` before anything
-   is sent), sample exactly ``clients-per-round`` nodes, add the ``dp.*`` keys (and
-   FedProx's ``proximal-mu``) to the train ConfigRecord.
-2. ``aggregate_train``: screen replies (errors and malformed replies are dropped and
-   logged), aggregate the usable ones with uniform weights (or by ``num-examples``), build
-   the :class:`RoundRecord` of what *arrived* (node ids, weights, least private of planned
-   vs echoed settings), ``accountant.step(record)``, merge ``dp-*`` numbers into the metrics.
+1. ``configure_train``: budget pre-check (:mod:`.budget`; may raise :class:`BudgetExhausted`
+   before anything is sent), sample exactly ``clients-per-round`` eligible nodes, add the
+   ``dp.*`` keys (and FedProx's ``proximal-mu``) to the train ConfigRecord.
+2. ``aggregate_train``: screen replies (errors and malformed replies are dropped and logged
+   with the real node id), track node refusals, build the :class:`RoundRecord` of what
+   *arrived* (node ids, weights, least private of planned vs echoed settings), the exact
+   budget check on that record (threat models that see only global models), then aggregate
+   with uniform weights (or by ``num-examples``), ``accountant.step(record)``, and merge
+   ``dp-*`` numbers into the metrics.
 3. after central evaluation (the wrapped ``evaluate_fn``): call the reporters
    ``on_round(round, record, report, metrics)`` in order (the ServerApp wires ledger ->
-   console -> Prometheus -> model checkpoint), then the next round is broadcast.
+   checkpoint -> log line -> Prometheus), then the next round is broadcast.
 
 Round numbering: the schedule index t (``dp.round-index``, 0-based) is the number of rounds
 accounted so far, so after a resume it continues from the ledger; the record's ``round`` is
@@ -21,6 +23,12 @@ does not advance t (the next round retries the same schedule position).
 Under-quorum rounds (1 <= usable replies < ``min-replies``): the uploads were seen by the
 server, so the round is accounted with the clients that replied (conservative), but the
 global model is not updated.
+
+Refusing nodes: a node that refuses (``Error`` reply from its guardrails or policy)
+``max-node-refusals`` rounds in a row is no longer sampled (logged at ERROR, reported in
+the summary and as a ``node-excluded`` ledger event). When fewer eligible nodes than
+``clients-per-round`` remain, every eligible node is sampled; when fewer than
+``min-replies`` remain, the run fails with :class:`NotEnoughNodes`.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from dataclasses import dataclass
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -40,8 +49,9 @@ from fl_dp_flower.config import AppConfig
 from fl_dp_flower.privacy.accountant import Budget, PrivacyAccountant, PrivacyReport
 from fl_dp_flower.privacy.records import RoundRecord
 
-from .budget import BudgetExhausted, check_budget
-from .replies import Applied, average_arrays, average_metrics, mismatches, reconcile, screen, weights_for
+from .budget import BudgetExhausted, check_before_broadcast, check_replies
+from .replies import (Applied, average_arrays, average_metrics, is_refusal, mismatches, reconcile, screen,
+                      weights_for)
 
 log = logging.getLogger("flwr").getChild(__name__)  # Flower's handlers: shows in `flwr log`
 
@@ -71,6 +81,24 @@ def dp_metrics(report: PrivacyReport) -> dict[str, float | int]:
     }
 
 
+class NotEnoughNodes(RuntimeError):
+    """Fewer eligible nodes than ``min-replies`` remain after excluding refusing nodes."""
+
+
+@dataclass
+class NodeRefusals:
+    """Refusals of one node: ``consecutive`` since its last usable reply, ``total`` overall."""
+
+    consecutive: int = 0
+    total: int = 0
+    last_reason: str = ""
+    excluded_at_round: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"consecutive": self.consecutive, "total": self.total, "last_reason": self.last_reason,
+                "excluded_at_round": self.excluded_at_round}
+
+
 class NoisyStrategyMixin:
     """Shared per-round logic; must precede FedAvg/FedProx in the MRO."""
 
@@ -91,7 +119,9 @@ class NoisyStrategyMixin:
         self.stop_reason: str | None = None
         self.echo_mismatches = 0
         self._last_mismatch = 0
-        self._broadcast: dict[int, tuple[set[int], ArrayRecord, Applied]] = {}
+        self.refusals: dict[int, NodeRefusals] = {}
+        self.on_event: Callable[[str, dict[str, Any]], None] | None = None  # ledger events (ServerApp)
+        self._broadcast: dict[int, tuple[list[Message], ArrayRecord, Applied]] = {}
         self._pending: dict[int, tuple[RoundRecord, PrivacyReport, dict[str, Any]]] = {}
         self._train_metrics: dict[int, MetricRecord] = {}
         self._eval_metrics: dict[int, MetricRecord] = {}
@@ -132,52 +162,106 @@ class NoisyStrategyMixin:
     ) -> Iterable[Message]:
         """Budget check, then exactly ``clients-per-round`` train instructions."""
         if self.budget is not None:
-            check_budget(self.accountant, self.budget, self.dp_config.weighting, self.dp_config.min_replies)
+            check_before_broadcast(self.accountant, self.budget)
         t = self.round_index
         node_ids, available = self._sample(grid, t)
         log.info("round %d (t=%d): sampled %d of %d nodes", server_round, t, len(node_ids), len(available))
+        self._event("round-open", {"round": t + 1, "node_ids": sorted(node_ids)})  # write-ahead
         config = ConfigRecord(dict(config))  # start() reuses one record for all rounds: never alias it
         config["server-round"] = server_round
         for key, value in self.train_settings(t).items():
             config[key] = value
         if isinstance(self, FedProx):
             config["proximal-mu"] = float(self.proximal_mu)
-        self._broadcast[server_round] = (set(node_ids), arrays, self.planned(t))
         record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
-        return [Message(content=record, dst_node_id=n, message_type=MessageType.TRAIN) for n in node_ids]
+        messages = [Message(content=record, dst_node_id=n, message_type=MessageType.TRAIN) for n in node_ids]
+        # the Grid sets each message's id when it pushes it: kept to name the node of an error reply
+        self._broadcast[server_round] = (messages, arrays, self.planned(t))
+        return messages
+
+    @property
+    def excluded_nodes(self) -> dict[int, str]:
+        """Nodes no longer sampled, with their last refusal reason."""
+        return {n: r.last_reason for n, r in self.refusals.items() if r.excluded_at_round is not None}
 
     def _sample(self, grid: Grid, t: int) -> tuple[list[int], list[int]]:
-        """Exactly ``clients-per-round`` distinct nodes (waits until enough are connected).
+        """``clients-per-round`` distinct eligible nodes (waits until enough are connected).
 
-        With ``seed`` >= 0 the sample is a function of (seed, t) only, so a resumed run
-        samples like an uninterrupted one; otherwise it uses OS entropy.
+        Eligible: connected and not excluded for refusing. With ``seed`` >= 0 the sample is a
+        function of (seed, t, exclusions) only, so a resumed run samples like an uninterrupted
+        one; otherwise it uses OS entropy.
         """
-        k = self.dp_config.clients_per_round
-        _, available = sample_nodes(grid, self.min_available_nodes, k)  # waits for >= k nodes
-        seed = self.dp_config.seed
-        rng = random.Random(f"{seed}:{t}") if seed >= 0 else random.SystemRandom()
-        return rng.sample(sorted(available), k), available
+        c = self.dp_config
+        _, available = sample_nodes(grid, self.min_available_nodes, c.clients_per_round)  # waits for >= k
+        excluded = self.excluded_nodes
+        eligible = sorted(n for n in available if n not in excluded)
+        if len(eligible) < c.min_replies:
+            raise NotEnoughNodes(
+                f"only {len(eligible)} eligible node(s) left, fewer than min-replies = {c.min_replies}: "
+                f"{len(excluded)} node(s) excluded after {c.max_node_refusals} consecutive refusals ("
+                + "; ".join(f"node {n}: {why}" for n, why in sorted(excluded.items())) + ")"
+            )
+        k = min(c.clients_per_round, len(eligible))
+        if k < c.clients_per_round:
+            log.warning("round t=%d: only %d eligible nodes (%d excluded for refusing): sampling all of them",
+                        t, len(eligible), len(excluded))
+        rng = random.Random(f"{c.seed}:{t}") if c.seed >= 0 else random.SystemRandom()
+        return rng.sample(eligible, k), available
+
+    def _event(self, kind: str, data: dict[str, Any]) -> None:
+        if self.on_event is not None:
+            self.on_event(kind, data)
+
+    def _track_refusals(self, server_round: int, usable: list, dropped: list[tuple[int, str, bool]]) -> None:
+        """Count consecutive refusals per node; exclude a node after ``max-node-refusals``."""
+        for u in usable:
+            if u.node_id in self.refusals:
+                self.refusals[u.node_id].consecutive = 0
+        limit = self.dp_config.max_node_refusals
+        for node, reason, refused in dropped:
+            if not refused:
+                continue
+            state = self.refusals.setdefault(node, NodeRefusals())
+            state.consecutive += 1
+            state.total += 1
+            state.last_reason = reason
+            if state.excluded_at_round is None and state.consecutive >= limit:
+                state.excluded_at_round = server_round
+                log.error("round %d: node %d refused %d rounds in a row; it is no longer sampled "
+                          "(last refusal: %s)", server_round, node, state.consecutive, reason)
+                self._event("node-excluded", {"node_id": node, "round": server_round,
+                                              "consecutive_refusals": state.consecutive, "reason": reason})
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Aggregate usable replies, account the round, merge ``dp-*`` metrics."""
-        asked, reference, planned = self._broadcast.pop(server_round)
+        sent, reference, planned = self._broadcast.pop(server_round)
+        asked = {m.metadata.dst_node_id: m.metadata.message_id for m in sent}
         usable, dropped = screen(
             list(replies), asked=asked, reference=reference, arrays_key=self.arrayrecord_key,
             fedprox=self.dp_config.algorithm == "fedprox",
         )
-        for node, reason in dropped:
-            log.warning("round %d: dropped reply of node %d: %s", server_round, node, reason)
+        for node, reason, refused in dropped:
+            log.warning("round %d: dropped reply of node %d: %s%s", server_round, node, reason,
+                        " (refusal)" if refused else "")
+        self._track_refusals(server_round, usable, dropped)
         missing = len(asked) - len(usable) - len(dropped)
         if missing > 0:
             log.warning("round %d: %d of %d sampled nodes did not reply in time", server_round, missing, len(asked))
         if not usable:
             log.warning("round %d: no usable reply; nothing aggregated or accounted", server_round)
+            self._event("round-void", {"round": planned.round_index + 1, "reason": "no usable reply"})
             return None, None
 
         weights = weights_for(usable, self.dp_config.weighting)
         record = self._record(server_round, planned, usable, weights)
+        if self.budget is not None:
+            try:
+                check_replies(self.accountant, self.budget, record)
+            except BudgetExhausted as exc:  # the round is discarded unaggregated; the run stops
+                self._event("round-void", {"round": record.round, "reason": "budget", "replies": record.clients})
+                raise
         report = self.accountant.step(record)
         aggregated = len(usable) >= self.dp_config.min_replies
         arrays = average_arrays(usable, weights, reference) if aggregated else None
@@ -256,10 +340,14 @@ class NoisyStrategyMixin:
         except BudgetExhausted as exc:
             self.stop_reason = exc.reason
             log.warning("%s (after %.1fs)", exc.reason, time.time() - t0)
-            return Result(
-                arrays=self.global_arrays, train_metrics_clientapp=dict(self._train_metrics),
-                evaluate_metrics_serverapp=dict(self._eval_metrics),
-            )
+            return self.partial_result()
+
+    def partial_result(self) -> Result:
+        """The :class:`Result` so far (last global model, metrics of the rounds that ran)."""
+        return Result(
+            arrays=self.global_arrays, train_metrics_clientapp=dict(self._train_metrics),
+            evaluate_metrics_serverapp=dict(self._eval_metrics),
+        )
 
 
 class NoisyFedAvg(NoisyStrategyMixin, FedAvg):

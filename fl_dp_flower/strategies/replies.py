@@ -16,6 +16,7 @@ monotone in these directions, so the accounted round dominates what actually ran
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from itertools import zip_longest
 
@@ -23,6 +24,9 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Message, MetricRecord
 
 from fl_dp_flower.privacy.schedules import step_sizes
+from fl_dp_flower.protocol import REFUSAL_CODE, REFUSAL_PREFIX
+
+SUPERLINK_NODE_ID = 1  # src_node_id of error replies the SuperLink makes (timeouts, dead nodes)
 
 ECHO_KEYS = ("dp.sigma", "dp.clip-norm", "dp.local-steps", "dp.lr", "dp.round-index")
 
@@ -87,21 +91,43 @@ def _signature(arrays: ArrayRecord) -> dict[str, tuple[tuple[int, ...], str]]:
     return {k: (tuple(a.shape), str(a.dtype)) for k, a in arrays.items()}
 
 
+def is_refusal(msg: Message) -> bool:
+    """Whether an error reply is a node's refusal (its guardrails or policy), not a failure."""
+    return msg.has_error() and msg.error.code == REFUSAL_CODE and msg.error.reason.startswith(REFUSAL_PREFIX)
+
+
+def addressee(msg: Message, by_message_id: Mapping[str, int]) -> int:
+    """The node a reply answers for: the addressee of the instruction it replies to.
+
+    Error replies made by the SuperLink (node gone, message expired) carry the SuperLink's
+    own id as source, so the source alone would name the wrong node.
+    """
+    node = by_message_id.get(msg.metadata.reply_to_message_id)
+    return int(msg.metadata.src_node_id) if node is None else node
+
+
 def screen(
-    replies: list[Message], *, asked: set[int], reference: ArrayRecord, arrays_key: str, fedprox: bool
-) -> tuple[list[Usable], list[tuple[int, str]]]:
-    """Split replies into usable ones and ``(node_id, reason)`` of dropped ones."""
+    replies: list[Message], *, asked: Mapping[int, str], reference: ArrayRecord, arrays_key: str, fedprox: bool
+) -> tuple[list[Usable], list[tuple[int, str, bool]]]:
+    """Split replies into usable ones and ``(node_id, reason, is_refusal)`` of dropped ones.
+
+    ``asked`` maps each node asked this round to the id of its instruction message (the Grid
+    sets it when pushing; empty for in-process grids, where the reply's source is used).
+    """
     usable: list[Usable] = []
-    dropped: list[tuple[int, str]] = []
+    dropped: list[tuple[int, str, bool]] = []
     seen: set[int] = set()
     ref_sig = _signature(reference)
+    by_message_id = {mid: node for node, mid in asked.items() if mid}
     for msg in replies:
-        node = int(msg.metadata.src_node_id)
+        node = addressee(msg, by_message_id)
         try:
             if msg.has_error():
                 raise ValueError(f"error reply (code {msg.error.code}): {msg.error.reason}")
             if node not in asked:
                 raise ValueError("reply from a node that was not asked this round")
+            if int(msg.metadata.src_node_id) != node:
+                raise ValueError(f"reply sent by node {msg.metadata.src_node_id} for the instruction of node {node}")
             if node in seen:
                 raise ValueError("duplicate reply")
             content = msg.content
@@ -118,7 +144,7 @@ def screen(
             n = _number(metrics, "num-examples", integer=True, minimum=1, strict=False)
             applied = parse_applied(metrics, fedprox=fedprox)
         except ValueError as err:
-            dropped.append((node, str(err)))
+            dropped.append((node, str(err), is_refusal(msg)))
             continue
         seen.add(node)
         usable.append(Usable(node, arrays, metrics, applied, int(n)))

@@ -1,0 +1,219 @@
+"""The ServerApp never under-counts privacy or hides a failure (real ``run_server`` on the
+in-process :class:`LocalGrid`, real ClientApp):
+
+- ``resume = true`` without a ledger fails, naming the path (no fresh run, nothing created);
+- a round that was broadcast but whose round line is torn or missing is refused on resume,
+  naming the real cause and writing nothing, or accounted conservatively when the operator
+  says so (``resume-unfinished-round = 'account'``);
+- a node that refuses every round stops being sampled, and the run fails when too few remain;
+- a SuperLink-made error reply is logged under the node it was meant for;
+- every output is owner-only; the metrics endpoint can require TLS and basic auth.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import ssl
+import stat
+import urllib.error
+import urllib.request
+
+import pytest
+import torch
+
+from deploy_harness import generate_certs
+from fl_dp_flower.apps.client import app as client_app
+from fl_dp_flower.apps.server import CHECKPOINT, LEDGER, SUMMARY, RunFailed, run_server
+from fl_dp_flower.config import AppConfig
+from fl_dp_flower.privacy.accountant import PrivacyAccountant
+from fl_dp_flower.reporting import PrivacyLedger, PrivacyMetricsExporter, read_ledger
+from local_grid import LocalGrid
+
+NODES = 3
+
+
+def _config(tmp_path, **overrides) -> AppConfig:
+    rc = {
+        "local-steps": 2, "batch-size": 16, "lr": 0.05, "sigma": 0.5, "clip-norm": 1.0,
+        "num-server-rounds": 4, "clients-per-round": NODES, "min-replies": 1, "num-partitions": NODES,
+        "seed": 0, "output-dir": str(tmp_path), "run-name": "run", "round-timeout": 30.0,
+    }
+    rc.update(overrides)
+    return AppConfig.from_run_config(rc)
+
+
+def _run(config: AppConfig, **grid_kw):
+    grid = LocalGrid(client_app, grid_kw.pop("nodes", NODES), config.to_run_config(), **grid_kw)
+    return run_server(grid, config), grid
+
+
+class Crash(BaseException):
+    """Stands for the process dying (not an Exception: nothing may catch and handle it)."""
+
+
+def _crash_while_writing_round(monkeypatch, round_: int, *, fraction: float) -> None:
+    """Make the ledger die while appending round ``round_``'s line, after writing ``fraction`` of it."""
+    real_write = PrivacyLedger._write_raw
+
+    def write(self, line: bytes) -> None:
+        if line.startswith(b'{"kind":"round"') and f'"round":{round_},'.encode() in line:
+            if fraction > 0:
+                real_write(self, line[: int(len(line) * fraction)])
+            raise Crash(f"killed while appending round {round_}")
+        real_write(self, line)
+
+    monkeypatch.setattr(PrivacyLedger, "_write_raw", write)
+
+
+# ------------------------------------------------------------------ 2. resume without a ledger
+def test_resume_without_ledger_fails_naming_the_path(tmp_path):
+    cfg = _config(tmp_path, **{"run-name": "typo", "resume": True})
+    with pytest.raises(RunFailed) as info:
+        _run(cfg)
+    assert str(tmp_path / "typo" / LEDGER) in str(info.value) and "run-name" in str(info.value)
+    assert not (tmp_path / "typo").exists()  # no fresh run, not even its folder
+
+
+# ------------------------------------------------------------------ 3./4. unfinished rounds
+def _crashed_run(tmp_path, monkeypatch, *, fraction: float):
+    with monkeypatch.context() as m:
+        _crash_while_writing_round(m, 3, fraction=fraction)
+        with pytest.raises(Crash):
+            _run(_config(tmp_path))
+    return tmp_path / "run" / LEDGER
+
+
+@pytest.mark.parametrize("fraction", [0.5, 0.0], ids=["torn-line", "no-line"])
+def test_unfinished_round_is_refused_by_default_and_nothing_is_written(tmp_path, monkeypatch, fraction):
+    """Case 3: round 3's uploads arrived, its line is torn (or never written), the checkpoint is
+    from round 2. Resuming must not account one round fewer."""
+    ledger = _crashed_run(tmp_path, monkeypatch, fraction=fraction)
+    assert torch.load(tmp_path / "run" / CHECKPOINT, weights_only=True)["round"] == 2
+    contents = read_ledger(ledger)
+    assert contents.last_round == 2 and contents.open_round == 3 and contents.torn_tail == (fraction > 0)
+    before = ledger.read_bytes()
+    with pytest.raises(RunFailed) as info:
+        _run(_config(tmp_path, resume=True))
+    msg = str(info.value)
+    line = contents.line_count if fraction > 0 else contents.open_round_line
+    assert f"round 3 was broadcast but" in msg and f"line {line}" in msg
+    assert ("torn" in msg) == (fraction > 0)
+    assert "resume-unfinished-round = 'account'" in msg and "saved model is from round 2" in msg
+    assert ledger.read_bytes() == before  # a refused resume writes nothing
+
+
+def test_torn_line_with_up_to_date_checkpoint_names_the_torn_line(tmp_path):
+    """Case 4: the checkpoint is from round 3 and round 3's line is cut. The refusal names the torn
+    line, not the checkpoint, and writes nothing."""
+    _run(_config(tmp_path, **{"num-server-rounds": 3}))
+    ledger = tmp_path / "run" / LEDGER
+    lines = ledger.read_bytes().split(b"\n")
+    idx = max(i for i, line in enumerate(lines) if line.startswith(b'{"kind":"round"'))
+    torn = b"\n".join(lines[:idx]) + b"\n" + lines[idx][: len(lines[idx]) // 3]
+    ledger.write_bytes(torn)
+    with pytest.raises(RunFailed) as info:
+        _run(_config(tmp_path, **{"num-server-rounds": 4, "resume": True}))
+    msg = str(info.value)
+    assert f"round 3 was broadcast but its round line is torn (line {idx + 1}" in msg
+    assert "saved model is from round 3" in msg and "ahead" not in msg
+    assert ledger.read_bytes() == torn
+
+
+def test_unfinished_round_accounted_conservatively_on_request(tmp_path, monkeypatch, caplog):
+    ledger = _crashed_run(tmp_path, monkeypatch, fraction=0.5)
+    caplog.set_level(logging.WARNING)
+    out, grid = _run(_config(tmp_path, **{"resume": True, "resume-unfinished-round": "account"}))
+    contents = read_ledger(ledger)
+    assert [r["round"] for r in contents.rounds] == [1, 2, 3, 4]
+    assert [r.clients for r in out.accountant.records] == [NODES, NODES, 1, NODES]
+    assert contents.rounds[2]["metrics"] == {"dp-unfinished-accounted": 1}
+    events = [e["event"] for e in contents.events]
+    assert events.index("torn-tail") < events.index("unfinished-round-accounted") < events.index("resume")
+    # never fewer rounds, and never less than the round as it really ran (3 clients)
+    cfg = _config(tmp_path)
+    ran = PrivacyAccountant(cfg.accountant_config())
+    for t in range(1, 5):
+        ran.step(cfg.accountant_config().planned_round(t))
+    assert out.accountant.report().certified.mu > ran.report().certified.mu
+    assert any(r.levelno == logging.WARNING and "round 3 had no complete ledger line" in r.getMessage()
+               for r in caplog.records)
+    assert [c["dp.round-index"] for c in (dict(m.content["config"]) for m in grid.sent)] == [3] * NODES
+
+
+# ------------------------------------------------------------------ 6. refusing nodes
+def test_node_refusing_every_round_is_excluded_and_reported(tmp_path, caplog):
+    caplog.set_level(logging.ERROR)
+    cfg = _config(tmp_path, **{"max-node-refusals": 2})
+    out, grid = _run(cfg, node_config={2: {"min-sigma": 5.0}})
+    sampled = [sorted(m.metadata.dst_node_id for m in grid.sent[i:i + NODES]) for i in (0, NODES)]
+    assert sampled == [[1, 2, 3]] * 2
+    assert sorted(m.metadata.dst_node_id for m in grid.sent[2 * NODES:]) == [1, 1, 3, 3]  # rounds 3, 4
+    assert [sorted(r.node_ids) for r in out.accountant.records] == [[1, 3]] * 4
+    summary = json.loads((out.run_dir / SUMMARY).read_text())
+    assert list(summary["excluded_nodes"]) == ["2"] and "min-sigma" in summary["excluded_nodes"]["2"]
+    assert summary["node_refusals"]["2"]["total"] == 2 and summary["node_refusals"]["2"]["excluded_at_round"] == 2
+    excluded = [e["data"] for e in read_ledger(out.run_dir / LEDGER).events if e["event"] == "node-excluded"]
+    assert [(e["node_id"], e["round"]) for e in excluded] == [(2, 2)]
+    assert any("node 2 refused 2 rounds in a row" in r.getMessage() for r in caplog.records)
+
+
+def test_run_fails_when_too_few_nodes_are_left(tmp_path):
+    cfg = _config(tmp_path, **{"max-node-refusals": 1, "min-replies": 3})
+    with pytest.raises(RunFailed, match=r"only 2 eligible node\(s\) left, fewer than min-replies = 3.*node 2"):
+        _run(cfg, node_config={2: {"allow-fixed-seed": False}})
+    summary = json.loads((tmp_path / "run" / SUMMARY).read_text())
+    assert "dp.seed=0" in summary["excluded_nodes"]["2"] and summary["failure"]
+
+
+# ------------------------------------------------------------------ 7. node ids of error replies
+def test_superlink_error_reply_names_the_real_node(tmp_path, caplog):
+    caplog.set_level(logging.WARNING)
+    cfg = _config(tmp_path, **{"num-server-rounds": 1})
+    out, _ = _run(cfg, first_node_id=5000, unavailable={5001})
+    dropped = [r.getMessage() for r in caplog.records if "dropped reply" in r.getMessage()]
+    assert dropped == ["round 1: dropped reply of node 5001: error reply (code 5): Error: Node Unavailable"]
+    assert sorted(out.accountant.records[0].node_ids) == [5000, 5002]
+
+
+# ------------------------------------------------------------------ 8. exposure
+def test_outputs_are_owner_only(tmp_path):
+    out, _ = _run(_config(tmp_path, **{"num-server-rounds": 1}))
+    assert stat.S_IMODE(out.run_dir.stat().st_mode) == 0o700
+    files = sorted(p.name for p in out.run_dir.iterdir())
+    assert files == ["final_model.pt", "ledger.jsonl", "model-latest.pt", "privacy.png", "summary.json"]
+    for p in out.run_dir.iterdir():
+        assert stat.S_IMODE(p.stat().st_mode) == 0o600, p.name
+
+
+def test_metrics_endpoint_with_tls_and_basic_auth(tmp_path):
+    certs = generate_certs(tmp_path / "certs", supernodes=1)
+    auth = tmp_path / "metrics-auth"
+    auth.write_text("prometheus:s3cret\n")
+    auth.chmod(0o644)
+    with pytest.raises(PermissionError, match="chmod 600"):
+        PrivacyMetricsExporter(0, certfile=str(certs / "superlink" / "server.pem"),
+                               keyfile=str(certs / "superlink" / "server.key"), auth_file=str(auth))
+    auth.chmod(0o600)
+    ctx = ssl.create_default_context(cafile=str(certs / "ca.crt"))
+    with PrivacyMetricsExporter(0, certfile=str(certs / "superlink" / "server.pem"),
+                                keyfile=str(certs / "superlink" / "server.key"), auth_file=str(auth)) as exp:
+        url = f"https://127.0.0.1:{exp.port}/metrics"
+
+        def get(user_password: str | None):
+            req = urllib.request.Request(url)
+            if user_password:
+                req.add_header("Authorization", "Basic " + base64.b64encode(user_password.encode()).decode())
+            with urllib.request.urlopen(req, context=ctx, timeout=10) as r:
+                return r.status, r.read().decode()
+
+        for creds in (None, "prometheus:wrong", "other:s3cret"):
+            with pytest.raises(urllib.error.HTTPError) as info:
+                get(creds)
+            assert info.value.code == 401
+        status, body = get("prometheus:s3cret")
+        assert status == 200 and "fl_dp_certified_epsilon" in body
+        with pytest.raises((urllib.error.URLError, ConnectionError)):  # no plain HTTP
+            urllib.request.urlopen(f"http://127.0.0.1:{exp.port}/metrics", timeout=10)
+        assert get("prometheus:s3cret")[0] == 200  # and the endpoint still serves afterwards
