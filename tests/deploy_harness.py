@@ -17,6 +17,7 @@ SuperLink/SuperNode spawn ``flower-superexec`` by name).
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -124,17 +125,31 @@ def kill_tree(pid: int, sig: int = signal.SIGKILL) -> list[int]:
 
 
 def wait_until(cond: Callable[[], object], timeout: float, what: str, *, interval: float = 0.25,
-               check: Callable[[], None] | None = None):
-    """Poll ``cond`` until truthy (returned) or raise TimeoutError naming ``what``."""
-    deadline = time.monotonic() + timeout
+               check: Callable[[], None] | None = None, progress: Callable[[], object] | None = None,
+               hard_limit: float = 1200.0):
+    """Poll ``cond`` until truthy (returned) or raise TimeoutError naming ``what``.
+
+    Without ``progress``, ``timeout`` is a plain deadline. With it, ``timeout`` is the longest
+    time allowed *without progress* (``progress()`` returning a new value): a loaded machine that
+    is still working gets more time, a stuck one fails after ``timeout`` quiet seconds, and
+    ``hard_limit`` bounds the whole wait.
+    """
+    start = last_change = time.monotonic()
+    seen = progress() if progress is not None else None
     while True:
         if check is not None:
             check()
         value = cond()
         if value:
             return value
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        now = time.monotonic()
+        if progress is not None:
+            current = progress()
+            if current != seen:
+                seen, last_change = current, now
+        if now - last_change >= timeout or now - start >= hard_limit:
+            quiet = "" if progress is None else f" ({now - last_change:.0f}s without progress)"
+            raise TimeoutError(f"timed out after {now - start:.0f}s waiting for {what}{quiet}")
         time.sleep(interval)
 
 
@@ -307,20 +322,35 @@ class Federation:
         except (ValueError, KeyError, IndexError):
             return ""
 
-    def wait_finished(self, run_id: int, timeout: float, *, on_poll: Callable[[], None] | None = None,
-                      interval: float = 1.0) -> dict:
-        """Poll ``flwr ls`` until the run's status is ``finished:*``; ``flwr stop`` on timeout."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if on_poll is not None:
-                on_poll()
-            info = self.run_info(run_id)
-            if info["status"].startswith("finished"):
-                return info
-            time.sleep(interval)
-        self.cli("stop", str(run_id), self.conn)
-        raise TimeoutError(f"run {run_id} not finished after {timeout:.0f}s\n{self.logs(run_id)[-4000:]}\n"
-                           + "\n".join(self.tail(p) for p in self.procs))
+    def progress(self, *extra: Path) -> tuple[int, ...]:
+        """Bytes written so far to every process log (and to ``extra`` files, e.g. a ledger): it
+        changes while the federation works, however slowly a loaded machine runs it."""
+        sizes = []
+        for path in [p.log for p in self.procs] + list(extra):
+            try:
+                sizes.append(path.stat().st_size)
+            except OSError:
+                sizes.append(-1)
+        return tuple(sizes)
+
+    def wait_finished(self, run_id: int, quiet: float, *, extra: tuple[Path, ...] = (),
+                      interval: float = 2.0) -> dict:
+        """Poll ``flwr ls`` until the run's status is ``finished:*``. Fails (and ``flwr stop`` s the
+        run) only after ``quiet`` seconds without progress (see :meth:`progress`)."""
+        state: dict = {}
+
+        def finished():
+            state["info"] = self.run_info(run_id)
+            return state["info"]["status"].startswith("finished")
+
+        try:
+            wait_until(finished, quiet, f"run {run_id} to finish", interval=interval,
+                       progress=lambda: self.progress(*extra))
+        except TimeoutError as err:
+            self.cli("stop", str(run_id), self.conn)
+            raise TimeoutError(f"{err}\n{self.logs(run_id)[-4000:]}\n"
+                               + "\n".join(self.tail(p) for p in self.procs)) from None
+        return state["info"]
 
     def logs(self, run_id: int) -> str:
         """``flwr log ID --show`` (the default ``--stream`` blocks until the run ends)."""
@@ -375,10 +405,17 @@ class Federation:
         return f"--- {p.name} (rc={p.popen.poll()}) ---\n" + p.text()[-n:]
 
 
-def scrape(port: int, timeout: float = 1.0) -> dict[str, float] | None:
-    """Prometheus text exposition at http://127.0.0.1:port/metrics as {series: value}; None if down."""
+def scrape(port: int, timeout: float = 1.0, *, cafile: Path | None = None,
+           basic_auth: str | None = None) -> dict[str, float] | None:
+    """Prometheus text exposition at http(s)://127.0.0.1:port/metrics as {series: value}; None if
+    down. ``cafile``: HTTPS verified against that CA; ``basic_auth``: ``"user:password"``."""
+    scheme = "https" if cafile else "http"
+    req = urllib.request.Request(f"{scheme}://127.0.0.1:{port}/metrics")
+    if basic_auth:
+        req.add_header("Authorization", "Basic " + base64.b64encode(basic_auth.encode()).decode())
+    ctx = ssl.create_default_context(cafile=str(cafile)) if cafile else None
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout) as r:
+        with urllib.request.urlopen(req, timeout=timeout, context=ctx) as r:
             text = r.read().decode()
     except (urllib.error.URLError, ConnectionError, OSError):
         return None

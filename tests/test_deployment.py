@@ -2,15 +2,22 @@
 processes on loopback with TLS and SuperNode authentication, the app submitted with
 ``flwr run <app dir> <connection>`` (see tests/deploy_harness.py and docs/deployment.md).
 
-a. 2 registered SuperNodes, 2 rounds: Prometheus endpoint scraped during the run, ledger (2 round
-   lines, 2 clients each), ``flwr ls`` status; a third SuperNode with an unregistered key is refused.
-b. One SuperNode SIGKILLed while round 2's ClientApp is in flight: round 2 is closed by
-   ``round-timeout`` and accounted with the one client that replied (``min-replies=1``).
+a. The README's deployment run config (paths and ports made local, 2 rounds): 2 registered
+   SuperNodes, the Prometheus endpoint scraped over HTTPS with basic auth during the run, ledger (2
+   round lines, 2 clients each), ``flwr ls`` status; a third SuperNode with an unregistered key is
+   refused.
+b. One SuperNode SIGKILLed while round 2's ClientApp is in flight: the SuperLink's
+   ``Node Unavailable`` reply closes round 2, logged under the victim's real node id, and the round
+   is accounted with the one client that replied (``min-replies=1``).
 c. The ServerApp SIGKILLed after round 1; resubmitted with ``resume=true`` and the same
    run-name/output-dir: the ledger's per-round certified mu and the rebuilt accountant equal an
    accountant that stepped through the planned rounds without a crash.
+d. ``seed=0`` with one node that allows fixed seeds and one that does not: the second refuses every
+   round, is excluded after ``max-node-refusals``, and never contributes.
 
 Slow (each ~1-2 min on 2 busy cores: every ClientApp message spawns a fresh process importing torch).
+Waits fail only after minutes *without progress* (log and ledger growth), so a loaded machine
+passes: see ``deploy_harness.wait_until``.
 """
 
 from __future__ import annotations
@@ -25,13 +32,15 @@ from pathlib import Path
 import pytest
 
 from deploy_harness import ROOT, Federation, free_port, kill_tree, pids_with_marker, scrape, wait_until
+from doc_commands import documented_run_configs, parse_overrides
 from fl_dp_flower.config import AppConfig
 from fl_dp_flower.privacy import PrivacyAccountant
 from fl_dp_flower.reporting import load_round_records, read_ledger
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 NODE_LIMITS = "min-sigma=0.1 max-clip-norm=5.0 max-local-steps=1000 max-lr=0.5"
+QUIET = 240.0  # seconds a wait tolerates without any log or ledger growth
 
 
 def node_config(partition: int, partitions: int, data_dir: Path) -> str:
@@ -58,8 +67,8 @@ def app_config(overrides: dict) -> AppConfig:
 class Scraper:
     """Scrape the Prometheus endpoint every ``interval`` s in a thread; keep every distinct snapshot."""
 
-    def __init__(self, port: int, interval: float = 0.15) -> None:
-        self.port, self.interval = port, interval
+    def __init__(self, port: int, interval: float = 0.15, **scrape_kw) -> None:
+        self.port, self.interval, self.scrape_kw = port, interval, scrape_kw
         self.snapshots: list[dict[str, float]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -67,7 +76,7 @@ class Scraper:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            snap = scrape(self.port, timeout=0.5)
+            snap = scrape(self.port, timeout=2.0, **self.scrape_kw)
             if snap is not None and (not self.snapshots or snap != self.snapshots[-1]):
                 self.snapshots.append(snap)
             self._stop.wait(self.interval)
@@ -96,6 +105,15 @@ def ledger_rounds(path: Path) -> list[dict]:
 
 
 # --------------------------------------------------------------------------- a
+def readme_deployment_config(**local) -> dict:
+    """The README's deployment ``--run-config``, with host-specific values replaced by ``local``."""
+    docs = [d for d in documented_run_configs() if d.source.startswith("README") and d.command == "flwr run"]
+    assert len(docs) == 1, docs
+    cfg = parse_overrides(docs[0].text)
+    assert set(local) - {"num-server-rounds"} <= set(cfg), sorted(set(local) - set(cfg))
+    return {**cfg, **local}
+
+
 def test_tls_auth_two_supernodes_two_rounds(fed, tmp_path):
     t0 = time.monotonic()
     ids = fed.start_nodes([node_config(0, 2, tmp_path), node_config(1, 2, tmp_path)])
@@ -105,13 +123,19 @@ def test_tls_auth_two_supernodes_two_rounds(fed, tmp_path):
 
     port = free_port()
     out = tmp_path / "out"
-    cfg = {"num-server-rounds": 2, "clients-per-round": 2, "num-partitions": 2, "local-steps": 10,
-           "batch-size": 32, "sigma": 0.5, "seed": 0, "round-timeout": 300.0, "metrics-port": port,
-           "run-name": "tls-auth", "output-dir": str(out)}
+    auth = tmp_path / "metrics-auth"
+    auth.write_text("prometheus:metrics-secret\n")
+    auth.chmod(0o600)
+    cfg = readme_deployment_config(**{
+        "num-server-rounds": 2, "output-dir": str(out), "run-name": "tls-auth", "metrics-port": port,
+        "metrics-host": "127.0.0.1", "metrics-certfile": str(fed.certs / "superlink" / "server.pem"),
+        "metrics-keyfile": str(fed.certs / "superlink" / "server.key"), "metrics-auth-file": str(auth)})
+    assert cfg["target-epsilon"] > 0 and cfg["min-replies"] == 2  # the README's budget, as written
+    ledger = out / "tls-auth" / "ledger.jsonl"
     run_id = fed.submit(run_config_str(cfg))
-    scraper = Scraper(port)
+    scraper = Scraper(port, cafile=fed.ca, basic_auth="prometheus:metrics-secret")
     try:
-        info = fed.wait_finished(run_id, 240, interval=3)
+        info = fed.wait_finished(run_id, QUIET, extra=(ledger,))
     finally:
         scraper.stop()
     t_total = time.monotonic() - t0
@@ -120,7 +144,7 @@ def test_tls_auth_two_supernodes_two_rounds(fed, tmp_path):
     assert info["status"] == "finished:completed", f"{info}\n{logs[-4000:]}"
 
     # ledger: 2 round lines, both registered nodes in each
-    rounds = read_ledger(out / "tls-auth" / "ledger.jsonl").rounds
+    rounds = read_ledger(ledger).rounds
     assert [r["round"] for r in rounds] == [1, 2]
     for r in rounds:
         assert sorted(r["record"]["node_ids"]) == sorted(ids)
@@ -154,10 +178,12 @@ def test_tls_auth_two_supernodes_two_rounds(fed, tmp_path):
 def test_supernode_killed_mid_round(fed, tmp_path):
     ids = fed.start_nodes([node_config(0, 2, tmp_path), node_config(1, 2, tmp_path)])
     victim, survivor = fed.nodes[1], ids[0]
+    victim_id = ids[1]
     out = tmp_path / "out"
-    timeout = 45.0
-    cfg = {"num-server-rounds": 2, "clients-per-round": 2, "min-replies": 1, "round-timeout": timeout,
-           "num-partitions": 2, "local-steps": 200, "batch-size": 64, "sigma": 0.5, "seed": 0,
+    # round-timeout far above the SuperLink's 37-60 s heartbeat expiry: the round is closed by the
+    # SuperLink's Node Unavailable reply, however slowly a loaded machine runs the survivor's round
+    cfg = {"num-server-rounds": 2, "clients-per-round": 2, "min-replies": 1, "round-timeout": 600.0,
+           "num-partitions": 2, "local-steps": 200, "batch-size": 64, "sigma": 0.5,
            "run-name": "kill-node", "output-dir": str(out)}
     ledger = out / "kill-node" / "ledger.jsonl"
     t0 = time.monotonic()
@@ -169,10 +195,10 @@ def test_supernode_killed_mid_round(fed, tmp_path):
         seen.update(fed.clientapp_pids(victim))  # round-1 ClientApps of the victim
         return len(ledger_rounds(ledger)) >= 1
 
-    wait_until(round1_done, 180, "round 1 in the ledger", interval=0.3)
+    wait_until(round1_done, QUIET, "round 1 in the ledger", interval=0.3, progress=lambda: fed.progress(ledger))
     # round 2 is in flight once the victim's SuperNode has started a new ClientApp process for it
-    in_flight = wait_until(lambda: [p for p in fed.clientapp_pids(victim) if p not in seen], 60,
-                           "the victim's round-2 ClientApp", interval=0.1)
+    in_flight = wait_until(lambda: [p for p in fed.clientapp_pids(victim) if p not in seen], QUIET,
+                           "the victim's round-2 ClientApp", interval=0.1, progress=fed.progress)
     assert len(ledger_rounds(ledger)) == 1
     killed = kill_tree(victim.pid)
     t_kill = time.monotonic()
@@ -181,10 +207,8 @@ def test_supernode_killed_mid_round(fed, tmp_path):
           f"(round-2 ClientApp {in_flight}) at {t_kill - t0:.1f}s")
     victim.popen.wait(10)
 
-    info = fed.wait_finished(run_id, timeout + 90, interval=3)
-    t_round2 = time.monotonic() - t_kill
-    print(f"run finished {t_round2:.1f}s after the kill "
-          f"(round-timeout {timeout}s); run {info['elapsed']:.1f}s")
+    info = fed.wait_finished(run_id, QUIET, extra=(ledger,))
+    print(f"run finished {time.monotonic() - t_kill:.1f}s after the kill; run {info['elapsed']:.1f}s")
     logs = fed.logs(run_id)
     assert info["status"] == "finished:completed", f"{info}\n{logs[-4000:]}"
     rounds = read_ledger(ledger).rounds
@@ -194,7 +218,9 @@ def test_supernode_killed_mid_round(fed, tmp_path):
     assert rounds[1]["record"]["weights"] == [1.0]
     assert rounds[1]["report"]["clients"] == 1
     assert rounds[1]["metrics"]["dp-aggregated"] == 1        # 1 reply >= min-replies = 1
-    assert "round 2: 1 of 2 sampled nodes did not reply in time" in logs
+    # the SuperLink writes the dead node's error reply in its own name (node 1): we name the victim
+    assert f"round 2: dropped reply of node {victim_id}: error reply (code 5)" in logs, logs[-4000:]
+    assert "dropped reply of node 1:" not in logs
     # fewer clients => less privacy amplification by averaging: round 2 costs more than round 1
     mu1 = rounds[0]["report"]["certified"]["mu"]
     mu2 = rounds[1]["report"]["certified"]["mu"]
@@ -203,47 +229,67 @@ def test_supernode_killed_mid_round(fed, tmp_path):
 
 # --------------------------------------------------------------------------- c
 def test_serverapp_killed_and_resumed(fed, tmp_path):
+    """Killed mid-round 2 (its round-open line is durable, its round line is not): the plain resume
+    is refused without writing; the operator's explicit choice accounts round 2 from one client."""
     ids = fed.start_nodes([node_config(0, 2, tmp_path), node_config(1, 2, tmp_path)])
     out = tmp_path / "out"
     cfg = {"num-server-rounds": 3, "clients-per-round": 2, "num-partitions": 2, "local-steps": 5,
-           "batch-size": 32, "sigma": 0.7, "clip-norm": 2.0, "schedule": "cyclic", "seed": 0,
+           "batch-size": 32, "sigma": 0.7, "clip-norm": 2.0, "schedule": "cyclic",
            "round-timeout": 300.0, "run-name": "crash", "output-dir": str(out)}
     run_dir = out / "crash"
     ledger = run_dir / "ledger.jsonl"
     t0 = time.monotonic()
     first = fed.submit(run_config_str(cfg))
 
-    wait_until(lambda: len(ledger_rounds(ledger)) >= 1, 180, "round 1 in the ledger", interval=0.2)
+    def round2_open():
+        try:
+            contents = read_ledger(ledger)
+        except (OSError, ValueError):
+            return False
+        return contents.last_round == 1 and contents.open_round == 2
+
+    wait_until(round2_open, QUIET, "round 2 broadcast", interval=0.1, progress=lambda: fed.progress(ledger))
     victims = wait_until(fed.serverapp_pids, 10, "the flwr-serverapp process")
     for pid in victims:
         kill_tree(pid)
     wait_until(lambda: not fed.serverapp_pids(), 10, "the ServerApp to die")
     t_kill = time.monotonic() - t0
     assert [r["round"] for r in ledger_rounds(ledger)] == [1]
-    header_before = ledger.read_bytes().split(b"\n")[0]
+    before = ledger.read_bytes()
     fed.cli("stop", str(first), fed.conn)  # what an operator does with the dead run
-    wait_until(lambda: fed.status(first).startswith("finished"), 60, "the crashed run to be finished")
+    wait_until(lambda: fed.status(first).startswith("finished"), QUIET, "the crashed run to be finished")
 
-    second = fed.submit(run_config_str({**cfg, "resume": True}))
-    info = fed.wait_finished(second, 240, interval=3)
+    refused = fed.submit(run_config_str({**cfg, "resume": True}))
+    info = fed.wait_finished(refused, QUIET, extra=(ledger,))
+    assert info["status"] == "finished:failed"
+    assert "round 2 was broadcast but has no round line" in info["status-details"], info
+    assert "resume-unfinished-round = 'account'" in info["status-details"]
+    assert ledger.read_bytes() == before  # a refused resume writes nothing
+
+    second = fed.submit(run_config_str({**cfg, "resume": True, "resume-unfinished-round": "account"}))
+    info = fed.wait_finished(second, QUIET, extra=(ledger,))
     logs = fed.logs(second)
     print(f"\nServerApp killed at {t_kill:.1f}s; first run {fed.status(first)}; resumed run "
           f"{info['elapsed']:.1f}s; total {time.monotonic() - t0:.1f}s")
     assert info["status"] == "finished:completed", f"{info}\n{logs[-4000:]}"
 
     contents = read_ledger(ledger)
-    assert ledger.read_bytes().split(b"\n")[0] == header_before     # never rewritten
+    assert ledger.read_bytes().startswith(before)     # never rewritten
     assert [r["round"] for r in contents.rounds] == [1, 2, 3]
+    assert [r["report"]["clients"] for r in contents.rounds] == [2, 1, 2]
     resumes = [e for e in contents.events if e.get("event") == "resume"]
-    assert len(resumes) == 1 and resumes[0]["data"]["rounds_accounted"] == 1
-    assert all(sorted(r["record"]["node_ids"]) == sorted(ids) for r in contents.rounds)
+    assert len(resumes) == 1 and resumes[0]["data"]["rounds_accounted"] == 2
+    unfinished = [e["data"] for e in contents.events if e["event"] == "unfinished-round-accounted"]
+    assert [(u["round"], u["torn"]) for u in unfinished] == [(2, False)]
+    assert sorted(contents.rounds[0]["record"]["node_ids"]) == sorted(ids)
+    assert sorted(contents.rounds[2]["record"]["node_ids"]) == sorted(ids)
 
-    # reference: an accountant that ran the 3 planned rounds without a crash
+    # reference: round 2 as the single-client planned round, rounds 1 and 3 as they ran
     acct_cfg = app_config({k: v for k, v in cfg.items()}).accountant_config()
     assert contents.header["accountant_config"] == acct_cfg.to_dict()
     reference = PrivacyAccountant(acct_cfg)
     for t, entry in enumerate(contents.rounds, start=1):
-        planned = acct_cfg.planned_round(t)
+        planned = acct_cfg.planned_round(t, clients=1 if t == 2 else None)
         expected = reference.step(planned).to_dict()
         got = entry["report"]
         assert math.isclose(got["certified"]["mu"], expected["certified"]["mu"], rel_tol=1e-12), (t, got, expected)
@@ -255,12 +301,35 @@ def test_serverapp_killed_and_resumed(fed, tmp_path):
 
     rebuilt = PrivacyAccountant.from_records(acct_cfg, load_round_records(ledger))
     state, ref_state = rebuilt.state_dict(), reference.state_dict()
-    for rec in state["records"]:
-        assert sorted(rec.pop("node_ids")) == sorted(ids)
-    for rec in ref_state["records"]:
+    for rec in state["records"] + ref_state["records"]:
         rec.pop("node_ids")
     assert state == ref_state
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["rounds_accounted"] == 3
     assert math.isclose(summary["final_report"]["certified"]["mu"], reference.report().certified.mu, rel_tol=1e-12)
-    assert "resuming" in logs and "1 rounds accounted" in logs
+    assert "resuming" in logs and "2 rounds accounted" in logs
+
+
+# --------------------------------------------------------------------------- d
+def test_fixed_seed_refused_by_a_node_that_does_not_allow_it(fed, tmp_path):
+    ids = fed.start_nodes([node_config(0, 2, tmp_path) + " allow-fixed-seed=true", node_config(1, 2, tmp_path)])
+    allowing, refusing = ids
+    out = tmp_path / "out"
+    cfg = {"num-server-rounds": 3, "clients-per-round": 2, "min-replies": 1, "max-node-refusals": 2,
+           "num-partitions": 2, "local-steps": 5, "batch-size": 32, "sigma": 0.5, "seed": 0,
+           "round-timeout": 300.0, "run-name": "seeded", "output-dir": str(out)}
+    ledger = out / "seeded" / "ledger.jsonl"
+    run_id = fed.submit(run_config_str(cfg))
+    info = fed.wait_finished(run_id, QUIET, extra=(ledger,))
+    logs = fed.logs(run_id)
+    assert info["status"] == "finished:completed", f"{info}\n{logs[-4000:]}"
+    contents = read_ledger(ledger)
+    assert [r["record"]["node_ids"] for r in contents.rounds] == [[allowing]] * 3  # never the refusing node
+    opened = [e["data"]["node_ids"] for e in contents.events if e["event"] == "round-open"]
+    assert opened == [sorted(ids), sorted(ids), [allowing]]  # excluded after 2 refusals
+    excluded = [e["data"] for e in contents.events if e["event"] == "node-excluded"]
+    assert [(e["node_id"], e["round"]) for e in excluded] == [(refusing, 2)]
+    assert "dp.seed=0" in excluded[0]["reason"] and "allow-fixed-seed=true" in excluded[0]["reason"]
+    assert f"round 1: dropped reply of node {refusing}: error reply (code 6): refused by node: dp.seed=0" in logs
+    summary = json.loads((out / "seeded" / "summary.json").read_text())
+    assert list(summary["excluded_nodes"]) == [str(refusing)]
