@@ -1,9 +1,11 @@
-"""Command line: ``fl-dp-flower privacy`` and ``fl-dp-flower calibrate``.
+"""Command line: ``fl-dp-flower run``, ``fl-dp-flower privacy`` and ``fl-dp-flower calibrate``.
 
+``run`` runs the main job in Flower's simulation engine (:mod:`fl_dp_flower.launcher`);
 ``privacy`` prints every bound for a planned run of T identical rounds;
 ``calibrate`` finds the sigma that meets a target epsilon under a chosen bound.
 Output is a table (rich) or JSON (``--json``). Bad input exits with status 2 and
-a message naming the flag and the allowed range.
+a message naming the flag and the allowed range. Defaults are shown in ``--help`` and
+in the table's title. The math (numpy, scipy) is imported only once a command runs.
 """
 
 from __future__ import annotations
@@ -15,10 +17,8 @@ import re
 import sys
 from typing import Any, Callable, Sequence
 
-from .privacy.planning import BOUND_CHOICES, calibrate, plan
-from .privacy.records import ALGORITHMS, CLIPPING_MODES, THREAT_MODELS, AccountantConfig
+from .privacy.records import ALGORITHMS, BOUND_CHOICES, THREAT_MODELS, AccountantConfig
 from .privacy.schedules import SCHEDULES
-from .reporting.durable import json_safe
 
 # AccountantConfig field -> CLI flag, for translating validation messages.
 _FIELD_FLAGS = {
@@ -87,12 +87,18 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .launcher import add_arguments as add_run_arguments
+
+    formatter = argparse.ArgumentDefaultsHelpFormatter
     parser = argparse.ArgumentParser(prog="fl-dp-flower", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    privacy = commands.add_parser("privacy", help="all privacy bounds of a planned run")
+    run = commands.add_parser("run", help="the main job: a simulation with the privacy report",
+                              formatter_class=formatter)
+    add_run_arguments(run)
+    privacy = commands.add_parser("privacy", help="all privacy bounds of a planned run", formatter_class=formatter)
     _add_common(privacy)
     privacy.add_argument("--sigma", type=_POSITIVE, required=True, help="per-client noise std (> 0)")
-    calib = commands.add_parser("calibrate", help="the sigma that meets a target epsilon")
+    calib = commands.add_parser("calibrate", help="the sigma that meets a target epsilon", formatter_class=formatter)
     _add_common(calib)
     calib.add_argument("--target-epsilon", type=_POSITIVE, required=True, help="target epsilon (> 0)")
     calib.add_argument("--bound", choices=BOUND_CHOICES, default="certified")
@@ -134,11 +140,27 @@ def _fmt(x: float) -> str:
     return "inf" if math.isinf(x) else f"{x:.6g}"
 
 
-def _print_plan(result: dict[str, Any]) -> None:
+def _settings(args: argparse.Namespace) -> str:
+    """The planned run in one line, defaults included (what ``privacy --sigma 1`` really means)."""
+    extra = f", alpha {args.prox_alpha:g}" if args.prox_alpha is not None else ""
+    return (f"{args.algorithm}{extra}, {args.schedule} schedule, lr {args.lr:g}, K {args.local_steps}, "
+            f"V {args.clip_norm:g}, m {args.clients} clients/round, T {args.rounds} rounds, L {args.smoothness:g}, "
+            f"{'per-sample (B ' + str(args.batch_size) + ')' if args.per_sample_clipping else 'per-batch'} clipping")
+
+
+_THREAT_RULE = {
+    "all-rounds": "composition (the adversary sees every global model)",
+    "final-model": "the smallest sound final-model bound",
+    "curious-server": "local_dp (the server sees every upload)",
+}
+
+
+def _print_plan(result: dict[str, Any], args: argparse.Namespace) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"Privacy after {result['rounds']} rounds (delta = {result['delta']:g})")
+    table = Table(title=f"Privacy after {result['rounds']} rounds (delta = {result['delta']:g}, "
+                        f"sigma = {args.sigma:g})\n{_settings(args)}")
     for col in ("bound", "adversary sees", "mu (GDP)", "epsilon", "status"):
         table.add_column(col)
     for name, value in result["bounds"].items():
@@ -147,12 +169,19 @@ def _print_plan(result: dict[str, Any]) -> None:
     cert = result["certified"]
     console = Console(width=None if sys.stdout.isatty() else 160)  # no wrapping when piped
     console.print(table)
-    console.print(f"certified ({cert['bound']}): mu = {_fmt(cert['mu'])}, epsilon = {_fmt(cert['epsilon'])}")
+    console.print(f"certified ({cert['bound']}, chosen by threat model {args.threat_model}: "
+                  f"{_THREAT_RULE[args.threat_model]}): mu = {_fmt(cert['mu'])}, epsilon = {_fmt(cert['epsilon'])}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "run":
+        from .launcher import main as run_main
+        return run_main(args)
+    from .privacy.planning import calibrate, plan  # numpy/scipy: only now
+    from .reporting.durable import json_safe
+
     if args.command == "privacy":
         config = _config(args, parser, args.sigma)
         try:
@@ -162,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.json:
             print(json.dumps(json_safe(result), indent=2, allow_nan=False))
         else:
-            _print_plan(result)
+            _print_plan(result, args)
         return 0
     config = _config(args, parser, 1.0)
     try:
@@ -173,6 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(json_safe(result), indent=2, allow_nan=False))
     else:
         status = "" if result["sound"] else "  (paper's stated bound - NOT a guarantee)"
+        print(f"{_settings(args)}, threat model {args.threat_model}")
         print(f"sigma = {result['sigma']:.6g} gives {result['bound']}: mu = {_fmt(result['mu'])}, "
               f"epsilon = {_fmt(result['epsilon'])} at delta = {args.delta:g}{status}")
     return 0

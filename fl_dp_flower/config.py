@@ -15,6 +15,7 @@ key in dash form together with its allowed range, e.g.::
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from typing import Any, Literal, Mapping, get_args, get_origin
@@ -25,7 +26,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from .privacy.records import AccountantConfig
 from .privacy.terms import default_cyclic_c, default_iterative_z
 
-__all__ = ["AppConfig", "ConfigError", "default_cyclic_c", "default_iterative_z", "describe_range"]
+__all__ = ["AppConfig", "ConfigError", "default_cyclic_c", "default_iterative_z", "describe_range",
+           "unknown_key_message"]
 
 
 class ConfigError(ValueError):
@@ -110,26 +112,26 @@ class AppConfig(BaseModel):
             if not self.prox_alpha > self.smoothness:
                 problems.append(
                     f"'prox-alpha' = {self.prox_alpha!r}: must be > 'smoothness' = {self.smoothness!r} "
-                    "for algorithm 'fedprox' (SPEC §3)"
+                    "for algorithm 'fedprox' (its sensitivity bound needs alpha > L)"
                 )
             elif self.lr > 1.0 / self.prox_alpha:
                 problems.append(
                     f"'lr' = {self.lr!r}: must be <= 1/'prox-alpha' = {1.0 / self.prox_alpha!r} "
-                    "for algorithm 'fedprox' (SPEC §3: eta <= 1/alpha)"
+                    "for algorithm 'fedprox' (its sensitivity bound needs every step size eta <= 1/alpha)"
                 )
         if self.schedule == "cyclic" and self.cyclic_c != 0.0:
             c_k = default_cyclic_c(self.local_steps)
             if self.cyclic_c < c_k:
                 problems.append(
                     f"'cyclic-c' = {self.cyclic_c!r}: must be 0 (use c_K) or >= c_K = H_K/ln(K+1) = "
-                    f"{c_k:.6g} for 'local-steps' = {self.local_steps} (SPEC §4)"
+                    f"{c_k:.6g} for 'local-steps' = {self.local_steps} (smaller constants give no valid bound)"
                 )
         if self.schedule == "iterative" and self.iterative_z != 0.0:
             z_k = default_iterative_z(self.local_steps)
             if self.iterative_z < z_k:
                 problems.append(
                     f"'iterative-z' = {self.iterative_z!r}: must be 0 (use z_K) or >= z_K = H_K/ln 2 = "
-                    f"{z_k:.6g} for 'local-steps' = {self.local_steps} (SPEC §4)"
+                    f"{z_k:.6g} for 'local-steps' = {self.local_steps} (smaller constants give no valid bound)"
                 )
         if self.min_replies > self.clients_per_round:
             problems.append(
@@ -204,8 +206,16 @@ def describe_range(field_name: str) -> str:
     return f"{kind} {' and '.join(bounds)}".strip()
 
 
-def _format_errors(exc: ValidationError) -> str:
+def unknown_key_message(key: str) -> str:
+    """"unknown run-config key 'lr2'; did you mean 'lr'?" (or the list of known keys)."""
     known = sorted(_dash(n) for n in AppConfig.model_fields)
+    close = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
+    if close:
+        return f"unknown run-config key '{key}'; did you mean " + " or ".join(f"'{c}'" for c in close) + "?"
+    return f"unknown run-config key '{key}' (known keys: {', '.join(known)})"
+
+
+def _format_errors(exc: ValidationError) -> str:
     lines: list[str] = []
     for err in exc.errors(include_url=False):
         loc = err.get("loc") or ()
@@ -217,7 +227,7 @@ def _format_errors(exc: ValidationError) -> str:
         key = _dash(str(loc[0]))
         field = key.replace("-", "_")
         if err.get("type") == "extra_forbidden":
-            lines.append(f"unknown run-config key '{key}' (known keys: {', '.join(known)})")
+            lines.append(unknown_key_message(key))
         elif field in AppConfig.model_fields:
             got = err.get("input")
             lines.append(f"'{key}' = {got!r}: must be {describe_range(field)} ({err.get('msg')})")

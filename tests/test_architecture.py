@@ -10,7 +10,8 @@ import pytest
 
 PRIVACY = [f"fl_dp_flower.privacy.{m}" for m in
            ("schedules", "records", "gdp", "terms", "bounds", "accountant", "planning")]
-REPORTING = [f"fl_dp_flower.reporting.{m}" for m in ("ledger", "console", "prometheus", "plot", "durable")]
+REPORTING = [f"fl_dp_flower.reporting.{m}" for m in ("ledger", "console", "prometheus", "plot", "durable",
+                                                                "logfilter")]
 
 
 def _loaded_after_import(modules: list[str]) -> set[str]:
@@ -27,7 +28,8 @@ def _loaded_after_import(modules: list[str]) -> set[str]:
     "modules, forbidden",
     [
         (PRIVACY, {"torch", "flwr", "pydantic", "torchvision"}),
-        (["fl_dp_flower.cli"], {"torch", "flwr", "pydantic", "torchvision"}),
+        (["fl_dp_flower.cli"], {"torch", "flwr", "pydantic", "torchvision", "numpy", "scipy", "matplotlib"}),
+        (["fl_dp_flower.launcher"], {"torch", "flwr", "torchvision", "numpy", "scipy", "matplotlib"}),
         (REPORTING, {"torch", "flwr", "torchvision"}),
     ],
 )

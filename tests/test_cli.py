@@ -91,3 +91,23 @@ def test_console_script_is_installed():
     bad = subprocess.run([exe, "calibrate", *BASE, "--rounds", "10", "--target-epsilon", "-1"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "--target-epsilon" in bad.stderr
+
+
+def test_table_states_the_defaults_and_which_threat_model_chose_the_bound(capsys):
+    assert main(["privacy", "--sigma", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "m 10 clients/round, T 100 rounds" in out and "constant schedule, lr 0.1, K 5, V 1" in out
+    assert "certified (composition, chosen by threat model all-rounds" in out
+    assert main(["privacy", "--sigma", "1", "--threat-model", "curious-server"]) == 0
+    assert "certified (local_dp, chosen by threat model curious-server" in capsys.readouterr().out
+
+
+def test_help_shows_defaults_and_cites_no_document_a_user_cannot_open(capsys):
+    with pytest.raises(SystemExit):
+        main(["privacy", "--help"])
+    text = capsys.readouterr().out
+    assert "(default: 100)" in text and "(default: 10)" in text
+    with pytest.raises(SystemExit):
+        main(["privacy", "--sigma", "1", "--algorithm", "fedprox", "--prox-alpha", "100"])
+    err = capsys.readouterr().err
+    assert "--prox-alpha" in err and "SPEC" not in err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import urllib.request
@@ -315,3 +316,64 @@ def test_plot_writes_png(tmp_path, eps):
 def test_plot_rejects_empty_history(tmp_path):
     with pytest.raises(ValueError):
         plot_privacy_curve([], tmp_path / "x.png", delta=1e-5)
+
+
+# ------------------------------------------------------------------ Flower's log dumps
+def _record(pathname: str, level: int, msg: str, exc: BaseException | None = None) -> logging.LogRecord:
+    exc_info = (type(exc), exc, None) if exc is not None else None
+    return logging.LogRecord("flwr", level, pathname, 1, msg, (), exc_info)
+
+
+def test_flower_dumps_go_to_a_file_and_clean_errors_lose_their_traceback(tmp_path):
+    from fl_dp_flower.reporting.logfilter import FlowerDumps
+
+    class Clean(RuntimeError):
+        pass
+
+    f = FlowerDumps(clean_errors=(Clean,))
+    strategy = os.path.join("site-packages", "flwr", "serverapp", "strategy", "strategy.py")
+    dump = _record(strategy, logging.INFO, "\t└──> Aggregated MetricRecord: {...}")
+    assert f.filter(dump) is False  # dropped, nowhere to write yet
+    f.attach_file(tmp_path / "dumps.log")
+    assert f.filter(dump) is False and f.filter(_record(strategy, logging.WARNING, "fraction_evaluate")) is False
+    assert f.filter(_record(strategy, logging.ERROR, "a real strategy error")) is True
+    ours = _record(os.path.join("fl_dp_flower", "apps", "server.py"), logging.INFO, "round 1 | ...")
+    assert f.filter(ours) is True
+    clean = _record("run_serverapp.py", logging.ERROR, "ServerApp raised an exception", Clean("named key"))
+    assert f.filter(clean) is True and clean.exc_info is None
+    other = _record("run_serverapp.py", logging.ERROR, "ServerApp raised an exception", KeyError("bug"))
+    assert f.filter(other) is True and other.exc_info is not None  # real bugs keep their traceback
+    name = f"{Clean.__module__}.{Clean.__qualname__}"
+    assert f.filter(_record("run_simulation.py", logging.ERROR, f"Traceback (most recent call last):\n...\n{name}: x")) is False
+    f.detach_file()
+    text = (tmp_path / "dumps.log").read_text()
+    assert "Aggregated MetricRecord" in text and "fraction_evaluate" in text and "round 1" not in text
+    assert oct((tmp_path / "dumps.log").stat().st_mode & 0o777) == "0o600"
+
+
+def test_torn_round_line_leaves_that_round_open_also_without_round_open_events(tmp_path):
+    """A ledger written before round-open events existed: a torn round line still opens its round."""
+    path = tmp_path / "ledger.jsonl"
+    with PrivacyLedger.create(path, accountant_config=ACCT, app_config={}) as ledger:
+        ledger.append_round(round=1, record=AccountantConfig(clients=3).planned_round(1).to_dict(), report=make_report(1, 1.0), metrics={})
+    line = b'{"kind":"round","schema":1,"round":2,"record":{"round":2,"algo'
+    with open(path, "ab") as f:
+        f.write(line)
+    contents = read_ledger(path)
+    assert contents.torn_tail and contents.torn_kind == "round"
+    assert (contents.open_round, contents.torn_round, contents.last_round) == (2, 2, 1)
+    # a torn *event* line opens nothing
+    path2 = tmp_path / "ledger2.jsonl"
+    with PrivacyLedger.create(path2, accountant_config=ACCT, app_config={}):
+        pass
+    with open(path2, "ab") as f:
+        f.write(b'{"kind":"event","schema":1,"event":"en')
+    c2 = read_ledger(path2)
+    assert c2.torn_kind == "event" and c2.open_round is None
+    # too short to tell: assumed to be the next round line (conservative)
+    path3 = tmp_path / "ledger3.jsonl"
+    with PrivacyLedger.create(path3, accountant_config=ACCT, app_config={}):
+        pass
+    with open(path3, "ab") as f:
+        f.write(b'{"ki')
+    assert read_ledger(path3).open_round == 1

@@ -43,7 +43,7 @@ import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from flwr.app import ArrayRecord, Context, MetricRecord
@@ -56,6 +56,7 @@ from fl_dp_flower.privacy.records import RoundRecord
 from fl_dp_flower.reporting import PrivacyLedger, PrivacyMetricsExporter, format_round_line, plot_privacy_curve, render_summary
 from fl_dp_flower.reporting.durable import atomic_write, write_json
 from fl_dp_flower.reporting.ledger import LedgerContents
+from fl_dp_flower.reporting.logfilter import FlowerDumps
 from fl_dp_flower.strategies import NoisyStrategyMixin, NotEnoughNodes, make_strategy
 from fl_dp_flower.training.data import DEFAULT_DATA_SEED, load_dataset
 from fl_dp_flower.training.local_update import evaluate_model
@@ -68,6 +69,7 @@ CHECKPOINT = "model-latest.pt"
 FINAL_MODEL = "final_model.pt"
 PLOT = "privacy.png"
 SUMMARY = "summary.json"
+STRATEGY_LOG = "flower-strategy.log"  # Flower's per-round MetricRecord dumps and final results
 _LEDGER_DP_KEYS = ("dp-aggregated", "dp-dropped", "dp-echo-mismatch")
 
 app = ServerApp()
@@ -79,13 +81,22 @@ class RunFailed(RuntimeError):
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """Flower entry point: validate the run config (fails the run naming the key), then run."""
+    """Flower entry point: validate the run config (fails the run naming the key), then run.
+
+    Flower's strategy dumps go to ``<run dir>/flower-strategy.log`` instead of the log stream,
+    and this package's own clean errors are logged without a traceback (:class:`FlowerDumps`).
+    """
+    flwr_logger = logging.getLogger("flwr")
+    dumps = FlowerDumps(clean_errors=(ConfigError, RunFailed, FileExistsError)).install(flwr_logger)
     try:
-        config = AppConfig.from_run_config(context.run_config)
-    except ConfigError as err:
-        log.error("%s", err)
-        raise
-    run_server(grid, config)
+        try:
+            config = AppConfig.from_run_config(context.run_config)
+        except ConfigError as err:
+            log.error("%s", err)
+            raise
+        run_server(grid, config, on_run_dir=lambda d: dumps.attach_file(d / STRATEGY_LOG))
+    finally:
+        dumps.detach_file()
 
 
 # ------------------------------------------------------------------ files
@@ -239,7 +250,8 @@ def _unfinished_round(config: AppConfig, path: Path, contents: LedgerContents, c
     return open_round
 
 
-def run_server(grid: Grid, config: AppConfig, *, fraction_evaluate: float = 0.0) -> ServerOutcome:
+def run_server(grid: Grid, config: AppConfig, *, fraction_evaluate: float = 0.0,
+               on_run_dir: Callable[[Path], None] | None = None) -> ServerOutcome:
     """Run the whole server side on ``grid``; returns the outcome after writing every output."""
     t0 = time.time()
     torch.set_num_threads(1)
@@ -251,6 +263,8 @@ def run_server(grid: Grid, config: AppConfig, *, fraction_evaluate: float = 0.0)
         _require_ledger(run_dir / LEDGER)  # before any folder is made
     run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     log.info("run directory: %s", run_dir)
+    if on_run_dir is not None:
+        on_run_dir(run_dir)
 
     ledger, accountant, arrays = _open_ledger(config, run_dir)
     accounted_before = accountant.num_releases

@@ -28,12 +28,11 @@ from typing import Any, Iterable
 
 from . import gdp
 from .bounds import OnlineFinalModel, paper_is_sound, paper_mu
-from .records import AccountantConfig, RoundRecord
+from .records import BOUND_NAMES, AccountantConfig, RoundRecord
 from .terms import RoundTerms, round_terms
 
 SCHEMA_VERSION = 1
 ACCOUNTING_METHOD = "gaussian-dp"
-BOUND_NAMES: tuple[str, ...] = ("paper", "composition", "final_model", "local_dp")
 REPORT_RDP_ORDERS: tuple[float, ...] = (1.5, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 
 

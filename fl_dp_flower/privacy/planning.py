@@ -13,14 +13,10 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Literal, get_args
 
 from . import gdp
 from .bounds import paper_is_sound, planned_bounds
-from .records import AccountantConfig
-
-BoundChoice = Literal["certified", "composition", "final_model", "local_dp", "paper"]
-BOUND_CHOICES: tuple[str, ...] = get_args(BoundChoice)
+from .records import BOUND_CHOICES, AccountantConfig, BoundChoice
 
 
 @dataclass(frozen=True)

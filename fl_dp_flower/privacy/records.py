@@ -26,7 +26,12 @@ Algorithm = Literal["fedavg", "fedprox"]
 Clipping = Literal["per-batch", "per-sample"]
 ThreatModel = Literal["all-rounds", "final-model", "curious-server"]
 
+BoundName = Literal["paper", "composition", "final_model", "local_dp"]
+BoundChoice = Literal["certified", "paper", "composition", "final_model", "local_dp"]
+
 ALGORITHMS: tuple[str, ...] = get_args(Algorithm)
+BOUND_NAMES: tuple[str, ...] = get_args(BoundName)  # every bound the accountant reports, in report order
+BOUND_CHOICES: tuple[str, ...] = get_args(BoundChoice)  # what a budget or calibration can target
 CLIPPING_MODES: tuple[str, ...] = get_args(Clipping)
 THREAT_MODELS: tuple[str, ...] = get_args(ThreatModel)
 
@@ -68,7 +73,7 @@ def _check_prox(algorithm: str, prox_alpha: float | None, smoothness: float, max
     if max_step > 1.0 / prox_alpha:
         raise ValueError(
             f"lr (largest step size {max_step!r}) must be <= 1/prox_alpha = {1.0 / prox_alpha!r} "
-            "for fedprox (SPEC §3: the proofs need eta <= 1/alpha)"
+            "for fedprox (its sensitivity bound needs every step size eta <= 1/alpha)"
         )
 
 

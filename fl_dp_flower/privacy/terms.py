@@ -140,7 +140,7 @@ def _constant_or_minimum(name: str, value: float | None, minimum: float, formula
     if float(value) < minimum:
         raise ValueError(
             f"{name} = {value!r} is below the minimum {formula} = {minimum!r} "
-            f"for local_steps K = {local_steps}; a smaller value gives no valid bound (SPEC §4)"
+            f"for local_steps K = {local_steps}; a smaller value gives no valid bound"
         )
     return float(value)
 
@@ -281,7 +281,7 @@ def round_terms(record: RoundRecord, smoothness: float) -> RoundTerms:
         if max_eta > 1.0 / alpha:
             raise ValueError(
                 f"step_sizes must all be <= 1/prox_alpha = {1.0 / alpha!r} for fedprox "
-                f"(SPEC §3), got a step size {max_eta!r}"
+                f"(the FedProx sensitivity bound needs it), got a step size {max_eta!r}"
             )
         gap = alpha - L
         frac_alpha, frac_gap = _fedprox_parts(etas, alpha, L)

@@ -15,7 +15,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-BOUND_NAMES = ("composition", "final_model", "local_dp", "paper")
+from fl_dp_flower.privacy.records import BOUND_NAMES as _REPORTED
+
+# the sound bounds first, the paper's stated bound (often not a guarantee) last
+BOUND_NAMES = tuple(n for n in _REPORTED if n != "paper") + ("paper",)
 
 
 def fmt_num(x: Any, digits: int = 4) -> str:

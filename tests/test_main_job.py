@@ -1,0 +1,178 @@
+"""The README's quick start and the first hour after it, through the real script
+``bash scripts/main-job.sh`` (Flower's simulation engine via ``flwr run``; slow ones ~1 min each):
+
+- the quick start, word for word: trains, ends ``finished:completed``, and its whole output is
+  a round line per round plus the summary (no Flower dumps, warnings or tracebacks);
+- Ctrl-C (SIGINT) stops the training for good, stops every process the script started, and
+  says what was spent, read from the ledger; the run can then be resumed by name;
+- bad overrides end in about a second with one message naming the key, before anything starts.
+
+Waits are bounded by progress (new output, ledger growth), not by a quiet machine's timings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from deploy_harness import wait_until
+from fl_dp_flower.launcher import processes_of
+from fl_dp_flower.reporting import read_ledger
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ["bash", str(ROOT / "scripts" / "main-job.sh")]
+QUIET = 240.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(flwr_home: Path | None) -> dict[str, str]:
+    env = {**os.environ, "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(_free_port()),
+           "FLWR_LOCAL_CONTROL_API_PORT": str(_free_port())}
+    if flwr_home is not None:
+        env["FL_DP_FLWR_HOME"] = str(flwr_home)
+    return env
+
+
+class Job:
+    """``main-job.sh`` as a child process whose output lines are collected as they come."""
+
+    def __init__(self, args: list[str], flwr_home: Path | None) -> None:
+        self.lines: list[str] = []
+        self.proc = subprocess.Popen(SCRIPT + args, cwd=ROOT, env=_env(flwr_home), stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait(self, what: str = "main-job.sh to exit") -> int:
+        wait_until(lambda: self.proc.poll() is not None, QUIET, what, interval=0.5, progress=lambda: len(self.lines))
+        self._reader.join(10)
+        return self.proc.returncode
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
+def _no_leftovers(flwr_home: Path) -> None:
+    wait_until(lambda: not processes_of(flwr_home), 30, "the job's processes to be gone")
+
+
+# ------------------------------------------------------------------ quick start
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_quick_start_word_for_word():
+    before = set((ROOT / "outputs").iterdir()) if (ROOT / "outputs").exists() else set()
+    job = Job([], None)  # `bash scripts/main-job.sh`, exactly as the README says
+    rc = job.wait()
+    made = sorted(set((ROOT / "outputs").iterdir()) - before)
+    try:
+        assert rc == 0, job.text[-4000:]
+        print(f"\n{len(job.lines)} lines of output:\n{job.text}")
+        rounds = [line for line in job.lines if re.match(r"round +\d+/10 \|", line)]
+        assert len(rounds) == 10 and "ETA" in rounds[-1] and "certified eps" in rounds[-1]
+        table_start = next(i for i, line in enumerate(job.lines) if "Privacy summary" in line)
+        assert table_start <= 16, job.text  # what comes before the summary fits well on one screen
+        assert len(job.lines) <= table_start + 20
+        for noise in ("Traceback", "WARNING", "Aggregated MetricRecord", "Final results", "setuptools",
+                      "FutureWarning", "simulated SuperNodes changed"):
+            assert noise not in job.text, noise
+        assert len(made) == 1
+        run_dir = made[0]
+        listed = re.search(r"outputs: (\S+) \((.*)\)", job.text)
+        assert listed and Path(listed.group(1)) == run_dir
+        files = listed.group(2).split(", ")
+        assert files == sorted(p.name for p in run_dir.iterdir()) and "model-latest.pt" in files
+        assert "privacy.png" in files and "flower.log" in files and "flower-strategy.log" in files
+        assert "Aggregated MetricRecord" in (run_dir / "flower-strategy.log").read_text()  # Flower's dumps ...
+        flower_log = (run_dir / "flower.log").read_text()
+        assert "Aggregated MetricRecord" not in flower_log and "round 10 |" in flower_log  # ... not in `flwr log`
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["rounds_accounted"] == 10 and summary["final_accuracy"] > 0.5
+        assert f"finished:completed; privacy spent: 10 rounds accounted" in job.text
+        _no_leftovers((ROOT / ".flwr-home").resolve())
+    finally:
+        for d in made:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+# ------------------------------------------------------------------ Ctrl-C, then resume
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_ctrl_c_stops_training_and_the_run_resumes_by_name(tmp_path):
+    home, out = tmp_path / "flwr-home", tmp_path / "out"
+    job = Job(["--run-name", "long", "--output-dir", str(out), "num-server-rounds=40"], home)
+    ledger = out / "long" / "ledger.jsonl"
+
+    def two_rounds_shown():
+        return sum(1 for line in job.lines if re.match(r"round +\d+/40 \|", line)) >= 2
+
+    wait_until(two_rounds_shown, QUIET, "round 2 on the terminal", interval=0.2, progress=lambda: len(job.lines))
+    os.kill(job.proc.pid, signal.SIGINT)  # bash exec'd the launcher: this is what Ctrl-C reaches
+    rc = job.wait("the interrupted job to exit")
+    assert rc == 130, job.text[-3000:]
+    _no_leftovers(home)
+    contents = read_ledger(ledger)
+    done = len(contents.rounds)
+    assert 2 <= done < 40
+    cert = contents.rounds[-1]["report"]["certified"]["epsilon"]
+    assert "SIGINT received: stopping the run" in job.text
+    spent = re.search(r"privacy spent: (\d+) rounds accounted, certified eps (\S+) ", job.text)
+    assert spent and int(spent.group(1)) == done and float(spent.group(2)) == pytest.approx(cert, rel=1e-3)
+    size = ledger.stat().st_size
+    time.sleep(10)
+    assert ledger.stat().st_size == size and not processes_of(home)  # nothing keeps training
+
+    resumed = Job(["--run-name", "long", "--output-dir", str(out), "--resume",
+                   f"num-server-rounds={done + 2} resume-unfinished-round='account'"], home)
+    assert resumed.wait() == 0, resumed.text[-3000:]
+    contents = read_ledger(ledger)
+    assert [r["round"] for r in contents.rounds] == list(range(1, done + 3))
+    assert contents.rounds[-1]["report"]["certified"]["epsilon"] > cert
+    assert "resume" in [e["event"] for e in contents.events]
+    _no_leftovers(home)
+
+
+# ------------------------------------------------------------------ config errors
+@pytest.mark.parametrize("override,words", [
+    ("sigma=-1", ["'sigma' = -1", "a finite number > 0"]),
+    ("lr2=0.1", ["unknown run-config key 'lr2'; did you mean 'lr'"]),
+    ("lr=abc", ["'lr' = abc: not a valid value", "lr='abc'"]),
+    ("run-name='a' run-name='b'", ["'run-name' is given twice"]),
+    ("seed=3", ["'seed' = 3", "--allow-fixed-seed"]),
+])
+def test_bad_overrides_fail_fast_naming_the_key(tmp_path, override, words):
+    home = tmp_path / "flwr-home"
+    r = subprocess.run(SCRIPT + ["--output-dir", str(tmp_path / "out"), override], cwd=ROOT, env=_env(home),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stdout + r.stderr
+    message = r.stderr.strip()
+    for w in words:
+        assert w in message, message
+    assert "Traceback" not in r.stdout + r.stderr and r.stdout == ""
+    assert len(message.splitlines()) <= 3
+    assert not home.exists() and not (tmp_path / "out").exists()  # nothing started
+
+
+def test_resume_of_an_unknown_run_names_the_ledger(tmp_path):
+    r = subprocess.run(SCRIPT + ["--run-name", "nope", "--output-dir", str(tmp_path), "--resume"], cwd=ROOT,
+                       env=_env(tmp_path / "home"), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and f"no ledger at {tmp_path / 'nope' / 'ledger.jsonl'}" in r.stderr
