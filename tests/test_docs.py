@@ -9,9 +9,11 @@ drives a real deployment run (tests/test_deployment.py).
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
-from doc_commands import DocRunConfig, documented_run_configs, parse_overrides, pyproject_defaults
+from doc_commands import ROOT, DocRunConfig, documented_run_configs, parse_overrides, pyproject_defaults
 from fl_dp_flower.config import AppConfig
 from fl_dp_flower.privacy.accountant import Budget, PrivacyAccountant
 from fl_dp_flower.strategies.budget import check_before_broadcast, check_replies, BudgetExhausted
@@ -53,3 +55,10 @@ def test_a_budget_that_cuts_a_run_short_is_detected():
     old = "clients-per-round=2 num-partitions=2 num-server-rounds=10 sigma=0.5 target-epsilon=8.0 min-replies=2"
     config = AppConfig.from_run_config({**pyproject_defaults(), **parse_overrides(old)})
     assert rounds_that_train(config) == 0
+
+
+def test_every_run_config_key_is_in_the_readme_table():
+    readme = (ROOT / "README.md").read_text()
+    documented = set(re.findall(r"^\| `([a-z-]+)`", readme, re.M))
+    documented |= set(re.findall(r"^\| `[a-z-]+`, `([a-z-]+)`", readme, re.M))
+    assert set(pyproject_defaults()) <= documented, sorted(set(pyproject_defaults()) - documented)
