@@ -4,7 +4,7 @@ Flower hands the ServerApp/ClientApp ``context.run_config``: the
 ``[tool.flwr.app.config]`` table of ``pyproject.toml`` fused with
 ``--run-config`` overrides, keys in dash form (``local-steps``). :class:`AppConfig`
 mirrors that table field by field (underscored names, dash aliases), validates
-types and ranges, and runs the cross-field checks of SPEC §3/§4/§13.
+types and ranges, and runs the cross-field checks of docs/MATH.md §3/§4/§13.
 
 Any problem raises :class:`ConfigError` whose message names the offending run-config
 key in dash form together with its allowed range, e.g.::

@@ -1,4 +1,4 @@
-"""The stateful accountant against closed forms, SPEC §14.4's worked examples and dp-accounting."""
+"""The stateful accountant against closed forms, docs/MATH.md §14.3's worked examples and dp-accounting."""
 
 from __future__ import annotations
 
@@ -34,9 +34,9 @@ def test_homogeneous_constant_composition_matches_closed_form():
     expected = math.sqrt(1000) * math.sqrt(20) * gamma / 1.0
     report = acct.report()
     assert report.bounds["composition"].mu == pytest.approx(expected, rel=1e-12)
-    # Constant schedule: the feasible final-model optimum is exactly composition (SPEC §7.2).
+    # Constant schedule: the feasible final-model optimum is exactly composition (docs/MATH.md §7.2).
     assert report.bounds["final_model"].mu == pytest.approx(expected, rel=1e-9)
-    # SPEC §8.2 example: mu_comp 7.07 -> epsilon 54.4 at delta 1e-5; paper 0.462 (unsound).
+    # docs/MATH.md §8.2 example: mu_comp 7.07 -> epsilon 54.4 at delta 1e-5; paper 0.462 (unsound).
     assert report.bounds["composition"].epsilon == pytest.approx(54.4, rel=2e-3)
     assert report.bounds["paper"].mu == pytest.approx(0.4624, abs=1e-4)
     assert report.bounds["paper"].sound is False
@@ -45,7 +45,7 @@ def test_homogeneous_constant_composition_matches_closed_form():
 
 
 def test_dropouts_spec_example():
-    # SPEC §14.4: constant lr=0.1, K=5, V=L=sigma=1, m_t = 20,15,20,8,20,20,12.
+    # docs/MATH.md §14.3: constant lr=0.1, K=5, V=L=sigma=1, m_t = 20,15,20,8,20,20,12.
     cfg = _config(schedule="constant")
     ms = [20, 15, 20, 8, 20, 20, 12]
     acct = PrivacyAccountant.from_records(cfg, (_record(t, m=m, schedule="constant") for t, m in enumerate(ms)))
@@ -56,7 +56,7 @@ def test_dropouts_spec_example():
 
 
 def test_changing_sigma_spec_example():
-    # SPEC §14.4: stage-wise lr=0.02, K=5, m=10, T=8, sigma=0.5 for t<3 then 4.
+    # docs/MATH.md §14.3: stage-wise lr=0.02, K=5, m=10, T=8, sigma=0.5 for t<3 then 4.
     cfg = _config(lr=0.02, clients=10, sigma=0.5, threat_model="final-model")
     records = [_record(t, m=10, lr=0.02, sigma=0.5 if t < 3 else 4.0) for t in range(8)]
     acct = PrivacyAccountant.from_records(cfg, records)
@@ -69,7 +69,7 @@ def test_changing_sigma_spec_example():
 
 
 def test_many_heterogeneous_rounds_spec_example():
-    # SPEC §14.4: stage-wise lr=0.1, K=5, m_t = 20 - (t mod 7), T = 1e5.
+    # docs/MATH.md §14.3: stage-wise lr=0.1, K=5, m_t = 20 - (t mod 7), T = 1e5.
     cfg = _config()
     records = (_record(t, m=20 - (t % 7)) for t in range(100_000))
     acct = PrivacyAccountant.from_records(cfg, records)
@@ -79,7 +79,7 @@ def test_many_heterogeneous_rounds_spec_example():
 
 
 def test_iterative_record_based_terms_spec_example():
-    # SPEC §14.3: ID lr=0.1, L=1, K=5, m=20, T=1000: exact-term composition 0.11048, final 0.017967.
+    # docs/MATH.md §14.3: ID lr=0.1, L=1, K=5, m=20, T=1000: exact-term composition 0.11048, final 0.017967.
     cfg = _config(schedule="iterative", threat_model="final-model")
     acct = PrivacyAccountant.from_records(cfg, (_record(t, m=20, schedule="iterative") for t in range(1000)))
     report = acct.report()
@@ -101,7 +101,7 @@ def test_threat_models_pick_their_bound():
     assert reports["curious-server"].certified_bound == "local_dp"
     final = reports["final-model"]
     assert final.certified.mu == min(final.bounds[n].mu for n in ("composition", "final_model"))
-    # SPEC §14.4 homogeneous stage-wise T=50: composition 0.28506, final model 0.23346.
+    # docs/MATH.md §14.3 homogeneous stage-wise T=50: composition 0.28506, final model 0.23346.
     assert final.bounds["composition"].mu == pytest.approx(0.28506, abs=5e-6)
     assert final.bounds["final_model"].mu == pytest.approx(0.23346, abs=5e-6)
 
@@ -169,7 +169,7 @@ def test_report_dict_shape_and_rdp():
     assert d["certified"]["bound"] == "composition"
     mu = d["certified"]["mu"]
     assert d["rdp"]["values"] == [pytest.approx(a * mu * mu / 2) for a in d["rdp"]["orders"]]
-    # RDP-derived epsilon is looser than the exact GDP epsilon (SPEC §9.4).
+    # RDP-derived epsilon is looser than the exact GDP epsilon (docs/MATH.md §9.4).
     assert d["rdp"]["epsilon"] >= d["certified"]["epsilon"]
     spent = acct.get_privacy_spent()
     assert spent.num_releases == 5 and spent.epsilon == pytest.approx(d["certified"]["epsilon"])

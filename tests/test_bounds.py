@@ -1,6 +1,6 @@
 """Tests of fl_dp_flower.privacy.bounds against independent references: the general
 Cauchy-Schwarz formula for the closed forms, brute-force SLSQP and a naive PAVA for the
-final-model optimum, the linear-loss counterexample, and the numbers tabulated in SPEC
+final-model optimum, the linear-loss counterexample, and the numbers tabulated in docs/MATH.md
 §6, §7.3, §8.2, §13, §14.3 and §14.4."""
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def test_sd_id_paper_dominates_composition_dominates_final(schedule):
             assert b["final_model"] >= cs * (1 - 1e-12)
 
 
-# ---------------------------------------------------------------- SPEC tables
+# ---------------------------------------------------------------- docs/MATH.md tables
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,7 @@ def test_privacy_json_constant_schedule(capsys):
     out = _json(capsys, ["privacy", *BASE, "--sigma", "1", "--rounds", "1000", "--json"])
     assert out["rounds"] == 1000 and out["delta"] == 1e-5
     assert set(out["bounds"]) == {"paper", "composition", "final_model", "local_dp"}
-    # SPEC §7.3/§8.2: paper 0.4624 (not sound), composition sqrt(T)*mu_1 = 7.071, eps 54.4.
+    # docs/MATH.md §7.3/§8.2: paper 0.4624 (not sound), composition sqrt(T)*mu_1 = 7.071, eps 54.4.
     assert out["bounds"]["paper"]["sound"] is False
     assert out["bounds"]["paper"]["mu"] == pytest.approx(0.4624, abs=1e-4)
     assert out["bounds"]["composition"]["mu"] == pytest.approx(math.sqrt(1000) * math.sqrt(20) * 0.05, rel=1e-9)
@@ -55,7 +55,7 @@ def test_calibrate_final_model_threat_needs_less_noise(capsys):
 
 
 def test_per_sample_clipping_scales_by_theta(capsys):
-    # SPEC §13: C, lr=0.1, L=1, K=5, B=32, m=20, T=1000 -> composition 0.26981.
+    # docs/MATH.md §13: C, lr=0.1, L=1, K=5, B=32, m=20, T=1000 -> composition 0.26981.
     out = _json(capsys, ["privacy", *BASE, "--sigma", "1", "--rounds", "1000",
                          "--batch-size", "32", "--per-sample-clipping", "--json"])
     assert out["bounds"]["composition"]["mu"] == pytest.approx(0.26981, abs=5e-6)

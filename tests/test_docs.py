@@ -62,3 +62,16 @@ def test_every_run_config_key_is_in_the_readme_table():
     documented = set(re.findall(r"^\| `([a-z-]+)`", readme, re.M))
     documented |= set(re.findall(r"^\| `[a-z-]+`, `([a-z-]+)`", readme, re.M))
     assert set(pyproject_defaults()) <= documented, sorted(set(pyproject_defaults()) - documented)
+
+
+def test_every_math_reference_points_at_a_section_of_docs_math():
+    headings = set(re.findall(r"^#{2,3} (\d+(?:\.\d+)?)\.? ", (ROOT / "docs" / "MATH.md").read_text(), re.M))
+    cited: dict[str, list[str]] = {}
+    for path in [*ROOT.glob("fl_dp_flower/**/*.py"), *ROOT.glob("tests/*.py"), *ROOT.glob("bench/*.py"),
+                 ROOT / "README.md", *ROOT.glob("docs/*.md")]:
+        for ref in re.findall(r"MATH\.md §(\d+(?:\.\d+)?)", path.read_text()):
+            cited.setdefault(ref, []).append(path.name)
+    assert len(cited) >= 15
+    missing = {ref: where for ref, where in cited.items() if ref not in headings}
+    assert not missing, missing
+    assert not any("SPEC §" in p.read_text() for p in ROOT.glob("fl_dp_flower/**/*.py"))

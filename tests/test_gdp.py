@@ -2,7 +2,7 @@
 
 References: mpmath (60-80 digits) implementations of Lemma 3 and its inverse written here,
 dp_accounting's analytic Gaussian (Balle-Wang) and RdpAccountant, and closed forms. A Gaussian
-mechanism with sensitivity 1 and noise std 1/mu is exactly mu-GDP (SPEC §12).
+mechanism with sensitivity 1 and noise std 1/mu is exactly mu-GDP (docs/MATH.md §12).
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def test_epsilon_zero_iff_delta_at_least_delta0():
         below = gdp.epsilon(mu, d0 * (1 - 1e-6))
         assert below > 0.0
         assert rel_err(below, mp_epsilon(mu, d0 * (1 - 1e-6))) <= 1e-6  # ill-conditioned near delta(0)
-    # opacus' fixed bracket fails here (SPEC §10): answer is 0
+    # opacus' fixed bracket fails here (docs/MATH.md §10): answer is 0
     assert gdp.epsilon(1e-3, 1e-3) == 0.0
 
 
@@ -166,13 +166,13 @@ def test_delta_edge_cases():
 # ----------------------------------------------------------------------------- dp_accounting
 
 
-SPEC12_MUS = [1e-3, 0.01, 0.05, 0.1, 0.3, 0.5, 1, 2, 3, 5, 10, 20, 30, 50]
-SPEC12_DELTAS = [1e-8, 1e-5, 1e-3]
+MATH12_MUS = [1e-3, 0.01, 0.05, 0.1, 0.3, 0.5, 1, 2, 3, 5, 10, 20, 30, 50]
+MATH12_DELTAS = [1e-8, 1e-5, 1e-3]
 
 
 def test_epsilon_matches_dp_accounting_analytic_gaussian():
-    for mu in SPEC12_MUS:
-        for d in SPEC12_DELTAS:
+    for mu in MATH12_MUS:
+        for d in MATH12_DELTAS:
             ref = gaussian_mechanism.get_epsilon_gaussian(sigma=1.0 / mu, delta=d, tol=1e-15)
             got = gdp.epsilon(mu, d)
             if ref == 0:
@@ -187,8 +187,8 @@ def test_default_rdp_orders_are_dp_accountings():
 
 
 def test_rdp_epsilon_matches_rdp_accountant():
-    for mu in SPEC12_MUS + [1e-6, 100.0]:
-        for d in SPEC12_DELTAS + [1e-12, 0.1, 0.5]:
+    for mu in MATH12_MUS + [1e-6, 100.0]:
+        for d in MATH12_DELTAS + [1e-12, 0.1, 0.5]:
             acct = rdp_privacy_accountant.RdpAccountant()
             acct.compose(dp_event.GaussianDpEvent(noise_multiplier=1.0 / mu))
             ref_eps, ref_order = acct.get_epsilon_and_optimal_order(d)

@@ -1,5 +1,5 @@
 """Tests of fl_dp_flower.privacy.terms against independent references (mpmath, direct
-products, simulations of local runs) and the numbers tabulated in SPEC §4 and §13."""
+products, simulations of local runs) and the numbers tabulated in docs/MATH.md §4 and §13."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def test_harmonic_zero_and_bad_input():
 
 
 def test_c_and_z_tabulated_values():
-    # SPEC §4: c_1 = 1/ln 2 = 1.4427, 1.274 (K=5), 1.144 (50), 1.083 (1000), 1.042 (1e6)
+    # docs/MATH.md §4: c_1 = 1/ln 2 = 1.4427, 1.274 (K=5), 1.144 (50), 1.083 (1000), 1.042 (1e6)
     got_c = [default_cyclic_c(k) for k in (1, 5, 50, 1000, 10**6)]
     assert got_c[0] == pytest.approx(1 / math.log(2), rel=1e-15)
     assert [round(x, 3) for x in got_c[1:]] == [1.274, 1.144, 1.083, 1.042]

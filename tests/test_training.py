@@ -1,4 +1,4 @@
-"""Training side: sensitivity of the local update (SPEC §4, §13), clipping, noise, data, models."""
+"""Training side: sensitivity of the local update (docs/MATH.md §4, §13), clipping, noise, data, models."""
 
 from __future__ import annotations
 
@@ -61,17 +61,17 @@ def gap(model, xa, ya, xb, yb, *, seed=0, **kw) -> float:
 
 
 def gamma_batch(etas, V):
-    """Per-batch (paper Eq. 2) sensitivity of one client's upload: 2 V sum_k eta_k (SPEC §8.2)."""
+    """Per-batch (paper Eq. 2) sensitivity of one client's upload: 2 V sum_k eta_k (docs/MATH.md §8.2)."""
     return 2 * V * math.fsum(etas)
 
 
 def gamma_prox(etas, V, alpha):
-    """FedProx, eta_k alpha <= 1: 2V (1 - prod_k (1 - eta_k alpha)) / alpha (SPEC §4)."""
+    """FedProx, eta_k alpha <= 1: 2V (1 - prod_k (1 - eta_k alpha)) / alpha (docs/MATH.md §4)."""
     return 2 * V * (1 - math.prod(1 - e * alpha for e in etas)) / alpha
 
 
 def gamma_sample(etas, V, B, L):
-    """Per-sample clipping: min(2V sum eta, (2V/B)(prod(1 + eta L) - 1)/L) = theta 2V sum eta (SPEC §13)."""
+    """Per-sample clipping: min(2V sum eta, (2V/B)(prod(1 + eta L) - 1)/L) = theta 2V sum eta (docs/MATH.md §13)."""
     drift = math.fsum(etas) if L == 0 else math.expm1(sum(math.log1p(e * L) for e in etas)) / L
     return min(gamma_batch(etas, V), 2 * V / B * drift)
 
@@ -156,7 +156,7 @@ def test_lenet_per_batch_sensitivity(prox_alpha):
 
 # ----------------------------------------------------------------------------- per-sample sensitivity
 def _spec_counterexample(etas, B=32, V=1.0, L=1.0):
-    """SPEC §13: B - 1 common samples with concave loss -(L/2) w^2, the replaced one +V w vs -V w."""
+    """docs/MATH.md §13: B - 1 common samples with concave loss -(L/2) w^2, the replaced one +V w vs -V w."""
     x = torch.ones(B, 1, dtype=F64)
     ta = torch.tensor([[-L, 0.0]] * B, dtype=F64)
     tb = ta.clone()
@@ -169,7 +169,7 @@ def test_per_sample_spec_counterexample_exceeds_naive_bound():
     etas = step_sizes("constant", 0.1, 0, 5)
     observed = _spec_counterexample(etas)
     naive = 2 * 1.0 / 32 * sum(etas)  # gamma / B: NOT a valid bound
-    assert observed == pytest.approx(0.037920, abs=5e-7)  # SPEC §13's value
+    assert observed == pytest.approx(0.037920, abs=5e-7)  # docs/MATH.md §13's value
     assert naive < observed <= gamma_sample(etas, 1.0, 32, 1.0)
     assert gamma_sample(etas, 1.0, 32, 1.0) == pytest.approx(0.038157, abs=5e-7)
 

@@ -138,7 +138,7 @@ def parse_train_config(cfg: Mapping) -> TrainSettings:
         if not ok:
             raise Refused(reason)
     if s.algorithm == "fedprox" and s.lr * s.prox_alpha > 1:
-        # SPEC §3: the FedProx sensitivity terms need eta_k * alpha <= 1 (eta_0 = lr is the largest)
+        # docs/MATH.md §3: the FedProx sensitivity terms need eta_k * alpha <= 1 (eta_0 = lr is the largest)
         raise Refused(f"dp.lr * dp.prox-alpha must be <= 1 for fedprox, got {s.lr * s.prox_alpha!r}")
     return s
 

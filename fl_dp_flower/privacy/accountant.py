@@ -5,9 +5,9 @@ amortized O(1) per round:
 
 - ``composition``: sqrt(sum_t (gamma_t / s_t)^2)       -- every global model is visible
 - ``local_dp``:    sqrt(sum_t (Gamma_t / sigma_t)^2)  -- a curious server sees each upload
-- ``final_model``: online PAVA optimum (SPEC §14.3)    -- only the last model is released
-- ``paper``:       Theorem 3/4 closed form at the worst round's m and sigma (SPEC §5).
-  Flagged ``sound=False`` for constant/cyclic FedAvg and FedProx (SPEC §7.3) and
+- ``final_model``: online PAVA optimum (docs/MATH.md §14.3)    -- only the last model is released
+- ``paper``:       Theorem 3/4 closed form at the worst round's m and sigma (docs/MATH.md §5).
+  Flagged ``sound=False`` for constant/cyclic FedAvg and FedProx (docs/MATH.md §7.3) and
   whenever the rounds did not run exactly as planned (the closed forms assume
   identical rounds).
 

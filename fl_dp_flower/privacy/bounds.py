@@ -1,12 +1,12 @@
 """The four Gaussian-DP bounds: the paper's closed forms, composition, the final-model
-(shifted-interpolation) optimum, and local DP (SPEC §5, §7, §8, §14).
+(shifted-interpolation) optimum, and local DP (docs/MATH.md §5, §7, §8, §14).
 
 Every function returns a GDP parameter mu (dimensionless; T(w; w') >= T_G(mu)).
 Inputs are the per-round terms of :mod:`terms`: ``log_rho`` (log of the model-sensitivity
 factor rho_t), ``gamma`` (aggregate data sensitivity, parameter units), ``noise_std``
 (aggregate noise std s_t, same units), ``client_sensitivity``/``sigma`` for local DP.
 
-Soundness (SPEC §7.3): the paper's Theorem 3(a),(b) (constant, cyclic) and Theorem 4
+Soundness (docs/MATH.md §7.3): the paper's Theorem 3(a),(b) (constant, cyclic) and Theorem 4
 (FedProx) are **not** valid bounds (a linear-loss instance beats them for every T >= 2);
 Theorem 3(c),(d) (stage, iterative) are, because they dominate composition.
 :func:`composition_mu` (all rounds visible), :func:`final_model_mu` (only w_T released;
@@ -51,7 +51,7 @@ BOUND_KEYS: tuple[str, ...] = ("paper", "composition", "final_model", "local_dp"
 #: beyond it the final-model value is a sound upper bound (see planned_bounds).
 FINAL_MODEL_EXACT_ROUNDS = 1 << 20
 # Sums of 1/n^2 and ln^2(1+1/n) are evaluated term by term up to this n, and with
-# Hurwitz-zeta differences of the series beyond it (SPEC §8.1).
+# Hurwitz-zeta differences of the series beyond it (docs/MATH.md §8.1).
 _DIRECT_SUM_MAX = 1 << 20
 _NEG_INF = -math.inf
 
@@ -130,7 +130,7 @@ def _prefix_sums(x: np.ndarray, block: int = 1024) -> np.ndarray:
 def tanh_ratio(a: float | np.ndarray, rounds: float | np.ndarray) -> float | np.ndarray:
     """R(a, T) = tanh(T a/2)/tanh(a/2) = (rho+1)/(rho-1) (rho^T-1)/(rho^T+1), rho = e^a; R(0, T) = T.
 
-    Stable for every a >= 0 and T (no rho^T is formed; SPEC §2, §10).
+    Stable for every a >= 0 and T (no rho^T is formed; docs/MATH.md §2, §10).
     """
     a_arr = np.asarray(a, dtype=float)
     t_arr = np.asarray(rounds, dtype=float)
@@ -178,7 +178,7 @@ def paper_mu(
     clients: int | None = None,
     sigma: float | None = None,
 ) -> float:
-    """The paper's stated mu_T (Theorem 3(a)-(d), Theorem 4) in the stable forms of SPEC §5.
+    """The paper's stated mu_T (Theorem 3(a)-(d), Theorem 4) in the stable forms of docs/MATH.md §5.
 
     pref = 1/(sqrt(m) sigma), R(a, T) = tanh(T a/2)/tanh(a/2):
 
@@ -188,7 +188,7 @@ def paper_mu(
     - ID: 2 z lr V pref sqrt(2 - 1/T)  (lr restored, z >= z_K)
     - FedProx: 2V/alpha pref sqrt(R(a,T)), a = log1p(L/(alpha - L))
 
-    times the per-sample factor theta (SPEC §13). O(1) for any T. ``clients``/``sigma``
+    times the per-sample factor theta (docs/MATH.md §13). O(1) for any T. ``clients``/``sigma``
     override ``config.clients``/``config.sigma``. Only SD/ID are valid bounds
     (:func:`paper_is_sound`).
     """
@@ -200,7 +200,7 @@ def paper_mu(
 
 
 def paper_is_sound(algorithm: str, schedule: str) -> bool:
-    """Whether the paper's closed form is a valid bound (SPEC §7.3).
+    """Whether the paper's closed form is a valid bound (docs/MATH.md §7.3).
 
     True only for FedAvg with the stage-wise or iterative schedule (Theorem 3(c),(d)
     dominate composition); False for FedAvg constant/cyclic and for FedProx.
@@ -216,7 +216,7 @@ def paper_is_sound(algorithm: str, schedule: str) -> bool:
 
 
 def composition_mu(gammas: Sequence[float], noise_stds: Sequence[float]) -> float:
-    """Central composition mu = sqrt(sum_t (gamma_t / s_t)^2) (SPEC §8.1, §14.2).
+    """Central composition mu = sqrt(sum_t (gamma_t / s_t)^2) (docs/MATH.md §8.1, §14.2).
 
     Sound when every broadcast model is visible (hence also for w_T alone).
     """
@@ -227,7 +227,7 @@ def composition_mu(gammas: Sequence[float], noise_stds: Sequence[float]) -> floa
 
 
 def local_dp_mu(client_sensitivities: Sequence[float], sigmas: Sequence[float]) -> float:
-    """Local DP (curious server) mu = sqrt(sum_t (Gamma_t / sigma_t)^2) (SPEC §8.2, §14.2)."""
+    """Local DP (curious server) mu = sqrt(sum_t (Gamma_t / sigma_t)^2) (docs/MATH.md §8.2, §14.2)."""
     g = _array("client_sensitivities", client_sensitivities, positive=False)
     s = _array("sigmas", sigmas, positive=True)
     _same_length(client_sensitivities=g, sigmas=s)
@@ -238,7 +238,7 @@ def local_dp_mu(client_sensitivities: Sequence[float], sigmas: Sequence[float]) 
 
 
 class OnlineFinalModel:
-    """Incremental exact final-model bound with per-round noise (SPEC §7.2, §14.3).
+    """Incremental exact final-model bound with per-round noise (docs/MATH.md §7.2, §14.3).
 
     mu_final^2 = sum over PAVA blocks J of (sum_J p_t gamma_t)^2 / sum_J p_t^2 s_t^2, the
     blocks being those of the weighted isotonic (non-decreasing) regression of
@@ -376,7 +376,7 @@ class OnlineFinalModel:
 def final_model_mu(
     log_rhos: Sequence[float], gammas: Sequence[float], noise_stds: Sequence[float]
 ) -> float:
-    """Exact final-model mu (SPEC §14.3): batch wrapper of :class:`OnlineFinalModel`.
+    """Exact final-model mu (docs/MATH.md §14.3): batch wrapper of :class:`OnlineFinalModel`.
 
     Sound for an adversary who sees only the final model w_T (given the paper's Lemmas
     6-8); always <= :func:`composition_mu` of the same terms.
@@ -395,9 +395,9 @@ def cauchy_schwarz_mu(
 ) -> float:
     """The paper's general (unconstrained) value sqrt((sum p_t gamma_t)^2 / sum p_t^2 s_t^2).
 
-    SPEC §2 item 4 / §14.3: p_t = 1/prod_{j=1}^t rho_j, evaluated in log space. This is the
+    docs/MATH.md §2 item 4 / §14.3: p_t = 1/prod_{j=1}^t rho_j, evaluated in log space. This is the
     exact GDP of an abstract linear system but NOT a certified bound (its interpolation
-    weights can leave [0, 1], SPEC §7.1); with s_t = sigma/sqrt(m) it equals
+    weights can leave [0, 1], docs/MATH.md §7.1); with s_t = sigma/sqrt(m) it equals
     sqrt(m H_0)/sigma, which the closed forms of Theorems 3(a),(b), 4 reproduce.
     """
     lr = _log_rho_array(log_rhos)
@@ -484,9 +484,9 @@ def planned_bounds(config: AccountantConfig, rounds: int) -> dict[str, float]:
 
     - ``paper``: :func:`paper_mu` (O(1)).
     - ``composition``: sqrt(m sum gamma_t^2)/sigma; O(1) for C/CD/FedProx (T gamma^2), and
-      for SD/ID direct sums to 2^20 rounds, Hurwitz-zeta closed forms beyond (SPEC §8.1).
+      for SD/ID direct sums to 2^20 rounds, Hurwitz-zeta closed forms beyond (docs/MATH.md §8.1).
     - ``local_dp``: m sqrt(sum gamma_t^2)/sigma = sqrt(m) * composition.
-    - ``final_model``: equals composition for C/CD/FedProx (SPEC §7.2). For SD/ID the exact
+    - ``final_model``: equals composition for C/CD/FedProx (docs/MATH.md §7.2). For SD/ID the exact
       PAVA optimum for T <= :data:`FINAL_MODEL_EXACT_ROUNDS`; for larger T the value of a
       feasible point of the same problem -- the exact optimum over the first
       FINAL_MODEL_EXACT_ROUNDS rounds followed by lambda = 1 (composition) on the rest --

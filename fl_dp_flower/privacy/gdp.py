@@ -1,4 +1,4 @@
-"""Gaussian differential privacy (GDP) numerics (SPEC.md §9, §10).
+"""Gaussian differential privacy (GDP) numerics (docs/MATH.md §9, §10).
 
 A mechanism is mu-GDP when distinguishing neighbouring datasets is at least as hard as
 distinguishing N(0, 1) from N(mu, 1). A Gaussian mechanism with L2 sensitivity s and noise
@@ -80,7 +80,7 @@ def _delta(value: Any) -> float:
 
 
 def _log_delta(mu: float, eps: float) -> float:
-    """log delta_mu(eps) for finite mu > 0 and finite eps >= 0 (SPEC §9.1).
+    """log delta_mu(eps) for finite mu > 0 and finite eps >= 0 (docs/MATH.md §9.1).
 
     With c = -eps/mu and h = mu/2, delta = Phi(c+h) - e^eps Phi(c-h), so
     log delta = log Phi(c+h) + log(-expm1(eps - D)),  D = log Phi(c+h) - log Phi(c-h) > eps.
@@ -105,7 +105,7 @@ def delta(mu: float, epsilon: float) -> float:
     delta = Phi(-epsilon/mu + mu/2) - e^epsilon Phi(-epsilon/mu - mu/2), evaluated in log space
     without forming e^epsilon (no overflow for epsilon in the thousands, no cancellation for
     tiny mu). delta(0) = erf(mu / (2 sqrt 2)); mu = 0 gives 0; mu = inf gives 1;
-    epsilon = inf gives 0 for finite mu. Relative accuracy about 1e-13 (SPEC §9.1).
+    epsilon = inf gives 0 for finite mu. Relative accuracy about 1e-13 (docs/MATH.md §9.1).
 
     Args:
         mu: GDP parameter in [0, inf].
@@ -124,7 +124,7 @@ def delta(mu: float, epsilon: float) -> float:
 
 
 def epsilon(mu: float, delta: float) -> float:
-    """Smallest epsilon >= 0 with delta_mu(epsilon) <= ``delta`` (inverse of Lemma 3, SPEC §9.2).
+    """Smallest epsilon >= 0 with delta_mu(epsilon) <= ``delta`` (inverse of Lemma 3, docs/MATH.md §9.2).
 
     Returns 0 when delta >= delta_mu(0) = erf(mu / (2 sqrt 2)) (this includes mu = 0 and
     delta = 1) and inf for mu = inf. Otherwise Brent's method on log delta(eps) - log delta over
@@ -155,7 +155,7 @@ def epsilon(mu: float, delta: float) -> float:
 
 
 def mu_for(epsilon: float, delta: float) -> float:
-    """Largest mu such that a mu-GDP mechanism is (epsilon, delta)-DP (SPEC §9.2).
+    """Largest mu such that a mu-GDP mechanism is (epsilon, delta)-DP (docs/MATH.md §9.2).
 
     delta_mu(epsilon) increases with mu, so this is the root of log delta_mu(epsilon) = log delta.
     Lower bracket: mu_lo = z + sqrt(z^2 + 2 epsilon), z = Phi^{-1}(delta), where the upper
@@ -191,7 +191,7 @@ def mu_for(epsilon: float, delta: float) -> float:
 
 
 def tradeoff(mu: float, alpha):
-    """Trade-off curve T_G(mu)(alpha) = Phi(-Phi^{-1}(alpha) - mu) (Definition 4, SPEC §9.3).
+    """Trade-off curve T_G(mu)(alpha) = Phi(-Phi^{-1}(alpha) - mu) (Definition 4, docs/MATH.md §9.3).
 
     The smallest type-II error of a test with type-I error alpha. Evaluated without forming
     1 - alpha. T_G(0)(alpha) = 1 - alpha; T_G(inf) = 0. ``alpha`` may be a scalar (returns a
@@ -237,7 +237,7 @@ def compose(mus: Iterable[float]) -> float:
 def rdp_epsilon(
     mu: float, delta: float, orders: Sequence[float] = DEFAULT_RDP_ORDERS
 ) -> tuple[float, float]:
-    """(epsilon, best order) from the RDP curve zeta mu^2/2 of a mu-GDP mechanism (SPEC §9.4).
+    """(epsilon, best order) from the RDP curve zeta mu^2/2 of a mu-GDP mechanism (docs/MATH.md §9.4).
 
     Improved conversion (Canonne-Kamath-Steinke Prop. 12 / Asoodeh et al.):
     epsilon = min over zeta of r + log1p(-1/zeta) - (ln delta + ln zeta)/(zeta - 1), r = zeta mu^2/2,

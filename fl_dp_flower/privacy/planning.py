@@ -1,11 +1,11 @@
 """Planning before a run: the guarantee of a planned configuration, and the sigma
 that meets a target (epsilon, delta) after T rounds.
 
-Planning uses the Table 2 terms (SPEC §4, with c_K, z_K and the per-sample factor
+Planning uses the Table 2 terms (docs/MATH.md §4, with c_K, z_K and the per-sample factor
 theta of §13) for T identical rounds, so its numbers are the companions of the
 paper's closed forms. Every bound here is proportional to 1/sigma, so calibration
 is exact: sigma = sigma_0 * mu(sigma_0) / mu*, with mu* the largest mu meeting the
-target (SPEC §9.2).
+target (docs/MATH.md §9.2).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Immutable, validated inputs of the accountant: the planned configuration and the
 record of one round as it actually ran.
 
-Units and conventions (see SPEC.md §1, §13, §14):
+Units and conventions (see docs/MATH.md §1, §13, §14):
 
 - ``sigma``: per-client noise **standard deviation** (each client adds N(0, sigma^2 I)).
 - ``clip_norm`` (V): L2 clipping norm of the local gradient (per batch) or of each
@@ -228,7 +228,7 @@ class RoundRecord:
 
     @property
     def noise_std(self) -> float:
-        """Std of the aggregate noise s_t = sigma * sqrt(sum_i p_i^2) (SPEC §14.1)."""
+        """Std of the aggregate noise s_t = sigma * sqrt(sum_i p_i^2) (docs/MATH.md §14.1)."""
         return self.sigma * math.sqrt(math.fsum(p * p for p in self.weights))
 
     def to_dict(self) -> dict[str, Any]:

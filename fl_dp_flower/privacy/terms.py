@@ -1,7 +1,7 @@
 """Per-round privacy terms: model-sensitivity factor rho_t, data sensitivity gamma_t,
-aggregate noise std s_t, and the per-sample-clipping drift factor (SPEC §4, §13, §14).
+aggregate noise std s_t, and the per-sample-clipping drift factor (docs/MATH.md §4, §13, §14).
 
-Conventions and units (SPEC §1):
+Conventions and units (docs/MATH.md §1):
 
 - ``lr`` is the learning-rate constant, ``eta_{k,t}`` the local step sizes (same units
   as lr), ``V`` (``clip_norm``) the clipping norm in parameter-gradient units, so every
@@ -14,11 +14,11 @@ Conventions and units (SPEC §1):
 
 Two entry points:
 
-- :func:`round_terms` gives the exact record-based terms of SPEC §14.1 from the step
+- :func:`round_terms` gives the exact record-based terms of docs/MATH.md §14.1 from the step
   sizes a round actually used (what the accountant consumes).
-- :func:`planned_terms` gives the Table 2 terms of SPEC §4 for a planned schedule (with
+- :func:`planned_terms` gives the Table 2 terms of docs/MATH.md §4 for a planned schedule (with
   ``lr`` restored in CD/ID gamma, ``c = c_K``/``z = z_K`` by default, and the
-  schedule-level per-sample factor theta of SPEC §13), the companions of the closed
+  schedule-level per-sample factor theta of docs/MATH.md §13), the companions of the closed
   forms in :mod:`bounds`.
 
 Only ``math``, ``numpy`` and ``scipy`` are used.
@@ -118,13 +118,13 @@ def harmonic(n: int) -> float:
 
 
 def default_cyclic_c(local_steps: int) -> float:
-    """Smallest valid CD constant c_K = H_K / ln(K+1) (SPEC §4): 1/ln 2 at K = 1, 1.274 at K = 5."""
+    """Smallest valid CD constant c_K = H_K / ln(K+1) (docs/MATH.md §4): 1/ln 2 at K = 1, 1.274 at K = 5."""
     k = _int_at_least("local_steps", local_steps, 1)
     return harmonic(k) / math.log1p(k)
 
 
 def default_iterative_z(local_steps: int) -> float:
-    """Smallest valid ID constant z_K = H_K / ln 2 (SPEC §4): 1.443 (K=1), 3.294 (K=5), 20.76 (K=1e6)."""
+    """Smallest valid ID constant z_K = H_K / ln 2 (docs/MATH.md §4): 1.443 (K=1), 3.294 (K=5), 20.76 (K=1e6)."""
     k = _int_at_least("local_steps", local_steps, 1)
     return harmonic(k) / math.log(2.0)
 
@@ -133,7 +133,7 @@ def _constant_or_minimum(name: str, value: float | None, minimum: float, formula
     """``value`` if given and >= ``minimum``, ``minimum`` if None; ValueError below the minimum.
 
     A constant below its minimum underestimates the per-round sensitivity, so the
-    resulting numbers would not be upper bounds (SPEC §4).
+    resulting numbers would not be upper bounds (docs/MATH.md §4).
     """
     if value is None:
         return minimum
@@ -182,7 +182,7 @@ def _sum_log1p(x: np.ndarray) -> float:
 
 
 def drift_kappa(step_sizes: Iterable[float], smoothness: float) -> float:
-    """Per-sample drift factor kappa = (prod_k(1 + eta_k L) - 1) / (L sum_k eta_k) >= 1 (SPEC §13).
+    """Per-sample drift factor kappa = (prod_k(1 + eta_k L) - 1) / (L sum_k eta_k) >= 1 (docs/MATH.md §13).
 
     Evaluated as expm1(sum_k log1p(eta_k L)) / (L sum_k eta_k), in log space when the
     exponent is large; returns ``math.inf`` when kappa overflows a float (then the
@@ -199,7 +199,7 @@ def drift_kappa(step_sizes: Iterable[float], smoothness: float) -> float:
 
 
 def per_sample_theta(kappa: float, batch_size: int) -> float:
-    """Per-sample clipping factor theta = min(1, kappa / B) (SPEC §13), dimensionless.
+    """Per-sample clipping factor theta = min(1, kappa / B) (docs/MATH.md §13), dimensionless.
 
     Multiplies the per-batch sensitivity 2V sum eta. ``kappa`` may be ``inf``.
     """
@@ -213,7 +213,7 @@ def per_sample_theta(kappa: float, batch_size: int) -> float:
 
 @dataclass(frozen=True)
 class RoundTerms:
-    """Privacy terms of one round (SPEC §14.1).
+    """Privacy terms of one round (docs/MATH.md §14.1).
 
     - ``log_rho``: log of the model-sensitivity factor rho_t (dimensionless, >= 0).
     - ``gamma``: aggregate data sensitivity gamma_t = max_i p_i * Gamma_t (parameter units).
@@ -245,16 +245,16 @@ def _fedprox_parts(etas: np.ndarray, alpha: float, L: float) -> tuple[float, flo
 
 
 def round_terms(record: RoundRecord, smoothness: float) -> RoundTerms:
-    """Exact per-round terms of SPEC §14.1 from the step sizes the round actually used.
+    """Exact per-round terms of docs/MATH.md §14.1 from the step sizes the round actually used.
 
     FedAvg (Lemmas 7, 8): Gamma = 2V sum_k eta_k, log rho = sum_k log1p(eta_k L).
     Per-sample clipping: Gamma *= theta_t = min(1, kappa_t/B), kappa_t = drift_kappa of
-    this round's own steps (SPEC §13).
+    this round's own steps (docs/MATH.md §13).
 
     FedProx (Lemmas 9, 10; needs alpha > L and every eta_k <= 1/alpha, else ValueError):
     Gamma = 2V(1 - prod_k(1 - eta_k alpha))/alpha (telescoped, <= 2V/alpha) and the
     paper's log rho = log(alpha/(alpha - L)) = log1p(L/(alpha - L)). Per-sample clipping
-    uses the sound telescoped min of SPEC §13,
+    uses the sound telescoped min of docs/MATH.md §13,
 
         Gamma^ps = min{ 2V(1 - prod(1 - eta_k alpha))/alpha,
                         (2V/B)(1 - prod(1 - eta_k (alpha - L)))/(alpha - L) },
@@ -310,7 +310,7 @@ def round_terms(record: RoundRecord, smoothness: float) -> RoundTerms:
 
 
 def planned_theta(config: AccountantConfig) -> float:
-    """Schedule-level per-sample factor theta = min(1, kappa_0/B) (SPEC §13 table); 1 per batch.
+    """Schedule-level per-sample factor theta = min(1, kappa_0/B) (docs/MATH.md §13 table); 1 per batch.
 
     kappa_0 is the drift factor of the round t = 0, which dominates every later round:
     C/SD ((1 + lr L)^K - 1)/(K lr L); CD/ID (prod_n(1 + lr L/n) - 1)/(lr L H_K);
@@ -340,7 +340,7 @@ def planned_theta(config: AccountantConfig) -> float:
 
 
 def planned_terms(config: AccountantConfig, rounds: int) -> tuple[np.ndarray, np.ndarray]:
-    """Table 2 terms (log rho_t, gamma_t) for t = 0..T-1 of a planned run (SPEC §4, §13).
+    """Table 2 terms (log rho_t, gamma_t) for t = 0..T-1 of a planned run (docs/MATH.md §4, §13).
 
     m = ``config.clients`` (uniform weights), lr kept in the CD/ID gamma, c = cyclic_c
     or c_K, z = iterative_z or z_K (smaller values raise ValueError), and every gamma_t

@@ -9,7 +9,7 @@ broadcast model's array keys/shapes, one metrics record with a positive integer
 Echoes that differ from the server's plan are an error (logged by the caller), and the
 round is accounted with the *least private* combination of planned and echoed values
 (:func:`reconcile`): smallest sigma, largest clip norm, element-wise largest step sizes,
-smallest per-sample batch size, smallest FedProx alpha. Every term of SPEC §4/§13/§14 is
+smallest per-sample batch size, smallest FedProx alpha. Every term of docs/MATH.md §4/§13/§14 is
 monotone in these directions, so the accounted round dominates what actually ran.
 """
 

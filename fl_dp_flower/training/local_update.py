@@ -1,4 +1,4 @@
-"""One client's local update: K steps of clipped mini-batch gradient descent (SPEC §2, §13).
+"""One client's local update: K steps of clipped mini-batch gradient descent (docs/MATH.md §2, §13).
 
 Step k (k = 0..K-1, step size eta_k from ``privacy.schedules.step_sizes``):
 

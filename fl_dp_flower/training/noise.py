@@ -1,6 +1,6 @@
 """Gaussian noise on uploaded values: every parameter and buffer gets i.i.d. N(0, sigma^2).
 
-sigma is the per-coordinate standard deviation in the units of the weights (SPEC §1: the noise
+sigma is the per-coordinate standard deviation in the units of the weights (docs/MATH.md §1: the noise
 ``n_i ~ N(0, sigma^2 I_d)`` added to the client's locally trained model). Noise is drawn on each
 tensor's own device with that device's generator (one generator per device).
 
