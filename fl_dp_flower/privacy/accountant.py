@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from . import gdp
-from .bounds import OnlineFinalModel, paper_is_sound, paper_mu
+from .bounds import BoundValue, OnlineFinalModel, certified_bound, paper_is_sound, paper_mu
 from .records import BOUND_NAMES, AccountantConfig, RoundRecord
 from .terms import RoundTerms, round_terms
 
@@ -48,18 +48,6 @@ class Budget:
             raise ValueError(f"budget epsilon must be a finite number > 0, got {self.epsilon!r}")
         if not (isinstance(self.delta, (int, float)) and 0 < self.delta < 1):
             raise ValueError(f"budget delta must be in (0, 1), got {self.delta!r}")
-
-
-@dataclass(frozen=True)
-class BoundValue:
-    """A Gaussian-DP parameter mu, its epsilon at the report's delta, and soundness."""
-
-    mu: float
-    epsilon: float
-    sound: bool
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"mu": self.mu, "epsilon": self.epsilon, "sound": self.sound}
 
 
 @dataclass(frozen=True)
@@ -223,7 +211,7 @@ class PrivacyAccountant:
             threat_model=self._config.threat_model,
             clients=last.clients if last else 0,
             bounds=bounds,
-            certified_bound=self._certified_name(mus, sound),
+            certified_bound=certified_bound(self._config.threat_model, mus, sound),
         )
 
     # -------------------------------------------------------------------- state
@@ -324,15 +312,6 @@ class PrivacyAccountant:
 
     def _records_start_at_one(self) -> bool:
         return not self._records or self._records[0].round == 1
-
-    def _certified_name(self, mus: dict[str, float], sound: dict[str, bool]) -> str:
-        threat = self._config.threat_model
-        if threat == "curious-server":
-            return "local_dp"
-        if threat == "all-rounds":
-            return "composition"
-        candidates = [n for n in ("final_model", "composition", "paper") if sound[n]]
-        return min(candidates, key=lambda n: (mus[n], BOUND_NAMES.index(n)))
 
     def _clone(self) -> "PrivacyAccountant":
         return copy.deepcopy(self)

@@ -20,15 +20,16 @@ Only ``math``, ``numpy`` and ``scipy`` are used.
 from __future__ import annotations
 
 import math
-import numbers
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 import numpy as np
 from scipy.special import logsumexp, zeta
 
-from .records import ALGORITHMS, AccountantConfig
+from .records import ALGORITHMS, BOUND_NAMES, AccountantConfig
 from .schedules import SCHEDULES
 from .terms import planned_terms, planned_theta, resolve_cyclic_c, resolve_iterative_z
+from .validate import int_at_least, positive
 
 __all__ = [
     "BOUND_KEYS",
@@ -60,9 +61,7 @@ _NEG_INF = -math.inf
 
 
 def _rounds(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < 1:
-        raise ValueError(f"rounds must be an integer >= 1, got {value!r}")
-    return int(value)
+    return int_at_least("rounds", value, 1)
 
 
 def _array(name: str, values: object, *, positive: bool) -> np.ndarray:
@@ -146,13 +145,9 @@ def _paper_form(
     config: AccountantConfig, clients: int | None, sigma: float | None
 ) -> tuple[str, float, float]:
     """(kind, coefficient, a): mu_T = coef * sqrt(R(a, T)) ("tanh") or coef * sqrt(2 - 1/T) ("sd")."""
-    m = config.clients if clients is None else clients
-    if isinstance(m, bool) or not isinstance(m, numbers.Integral) or int(m) < 1:
-        raise ValueError(f"clients must be an integer >= 1, got {clients!r}")
-    s = config.sigma if sigma is None else sigma
-    if isinstance(s, bool) or not isinstance(s, numbers.Real) or not (0 < float(s) < math.inf):
-        raise ValueError(f"sigma must be a finite number > 0, got {sigma!r}")
-    pref = planned_theta(config) / (math.sqrt(int(m)) * float(s))
+    m = int_at_least("clients", config.clients if clients is None else clients, 1)
+    s = positive("sigma", config.sigma if sigma is None else sigma)
+    pref = planned_theta(config) / (math.sqrt(m) * s)
     lr = float(config.lr)
     L = float(config.smoothness)
     K = config.local_steps
@@ -415,6 +410,38 @@ def cauchy_schwarz_mu(
     if log_num == _NEG_INF:
         return 0.0
     return math.exp(log_num - 0.5 * log_den)
+
+
+# ---------------------------------------------------------------- values and the certified rule
+
+
+@dataclass(frozen=True)
+class BoundValue:
+    """A Gaussian-DP parameter mu, its epsilon at the report's delta, and whether it is sound."""
+
+    mu: float
+    epsilon: float
+    sound: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"mu": self.mu, "epsilon": self.epsilon, "sound": self.sound}
+
+
+#: threat model -> the bounds that answer its adversary (docs/MATH.md §15)
+ADMISSIBLE: dict[str, tuple[str, ...]] = {
+    "all-rounds": ("composition",),
+    "final-model": ("final_model", "composition", "paper"),
+    "curious-server": ("local_dp",),
+}
+
+
+def certified_bound(threat_model: str, mus: dict[str, float], sound: dict[str, bool]) -> str:
+    """The smallest sound bound the threat model admits (ties: the first in ``BOUND_NAMES``).
+
+    The one rule the accountant, the planner and the budget all use.
+    """
+    candidates = [name for name in ADMISSIBLE[threat_model] if sound[name]]
+    return min(candidates, key=lambda name: (mus[name], BOUND_NAMES.index(name)))
 
 
 # ---------------------------------------------------------------- planned (homogeneous) bounds

@@ -15,15 +15,9 @@ import math
 from dataclasses import dataclass
 
 from . import gdp
-from .bounds import paper_is_sound, planned_bounds
-from .records import BOUND_CHOICES, AccountantConfig, BoundChoice
-
-
-@dataclass(frozen=True)
-class PlannedBound:
-    mu: float
-    epsilon: float
-    sound: bool
+from .bounds import BoundValue, certified_bound, paper_is_sound, planned_bounds
+from .records import BOUND_CHOICES, BOUND_NAMES, AccountantConfig, BoundChoice
+from .validate import int_at_least
 
 
 @dataclass(frozen=True)
@@ -32,11 +26,11 @@ class Plan:
 
     rounds: int
     delta: float
-    bounds: dict[str, PlannedBound]
+    bounds: dict[str, BoundValue]
     certified_bound: str
 
     @property
-    def certified(self) -> PlannedBound:
+    def certified(self) -> BoundValue:
         return self.bounds[self.certified_bound]
 
     def to_dict(self) -> dict:
@@ -62,38 +56,16 @@ class Calibration:
                 "sound": self.sound}
 
 
-def certified_bound_name(config: AccountantConfig, mus: dict[str, float]) -> str:
-    """The smallest sound bound the threat model admits (same rule as the accountant)."""
-    if config.threat_model == "curious-server":
-        return "local_dp"
-    if config.threat_model == "all-rounds":
-        return "composition"
-    names = ["final_model", "composition"]
-    if paper_is_sound(config.algorithm, config.schedule):
-        names.append("paper")
-    return min(names, key=lambda n: mus[n])
-
-
-def _check_rounds(rounds: int) -> None:
-    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
-        raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
-
-
 def plan(config: AccountantConfig, rounds: int) -> Plan:
     """Every bound after ``rounds`` identical planned rounds, at ``config.delta``."""
-    _check_rounds(rounds)
+    int_at_least("rounds", rounds, 1)
     mus = planned_bounds(config, rounds)
-    sound_paper = paper_is_sound(config.algorithm, config.schedule)
-    bounds = {
-        name: PlannedBound(
-            mu=mus[name],
-            epsilon=gdp.epsilon(mus[name], config.delta),
-            sound=(sound_paper if name == "paper" else True),
-        )
-        for name in ("paper", "composition", "final_model", "local_dp")
-    }
+    sound = {name: paper_is_sound(config.algorithm, config.schedule) if name == "paper" else True
+             for name in BOUND_NAMES}
+    bounds = {name: BoundValue(mu=mus[name], epsilon=gdp.epsilon(mus[name], config.delta), sound=sound[name])
+              for name in BOUND_NAMES}
     return Plan(rounds=rounds, delta=config.delta, bounds=bounds,
-                certified_bound=certified_bound_name(config, mus))
+                certified_bound=certified_bound(config.threat_model, mus, sound))
 
 
 def calibrate(config: AccountantConfig, rounds: int, target_epsilon: float,
@@ -103,7 +75,7 @@ def calibrate(config: AccountantConfig, rounds: int, target_epsilon: float,
     ``bound="paper"`` is allowed for comparison; the result then carries
     ``sound=False`` where the paper's closed form is not a valid guarantee.
     """
-    _check_rounds(rounds)
+    int_at_least("rounds", rounds, 1)
     if not (isinstance(target_epsilon, (int, float)) and math.isfinite(target_epsilon) and target_epsilon > 0):
         raise ValueError(f"target_epsilon must be a finite number > 0, got {target_epsilon!r}")
     if bound not in BOUND_CHOICES:

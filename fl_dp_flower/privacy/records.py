@@ -18,46 +18,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any
 
-from .schedules import SCHEDULES, Schedule, step_sizes
+from fl_dp_flower.vocabulary import (ALGORITHMS, BOUND_CHOICES, BOUND_NAMES, CLIPPING_MODES, SCHEDULES,
+                                     THREAT_MODELS, Algorithm, BoundChoice, BoundName, Clipping, Schedule,
+                                     ThreatModel)
 
-Algorithm = Literal["fedavg", "fedprox"]
-Clipping = Literal["per-batch", "per-sample"]
-ThreatModel = Literal["all-rounds", "final-model", "curious-server"]
+from .schedules import step_sizes
+from .validate import choice, int_at_least, nonnegative, positive
 
-BoundName = Literal["paper", "composition", "final_model", "local_dp"]
-BoundChoice = Literal["certified", "paper", "composition", "final_model", "local_dp"]
-
-ALGORITHMS: tuple[str, ...] = get_args(Algorithm)
-BOUND_NAMES: tuple[str, ...] = get_args(BoundName)  # every bound the accountant reports, in report order
-BOUND_CHOICES: tuple[str, ...] = get_args(BoundChoice)  # what a budget or calibration can target
-CLIPPING_MODES: tuple[str, ...] = get_args(Clipping)
-THREAT_MODELS: tuple[str, ...] = get_args(ThreatModel)
-
-
-def _finite_positive(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name} must be a number > 0, got {value!r}")
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-
-
-def _finite_nonnegative(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name} must be a number >= 0, got {value!r}")
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-
-
-def _positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-
-
-def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+__all__ = ["ALGORITHMS", "BOUND_CHOICES", "BOUND_NAMES", "CLIPPING_MODES", "SCHEDULES", "THREAT_MODELS",
+           "AccountantConfig", "Algorithm", "BoundChoice", "BoundName", "Clipping", "RoundRecord", "Schedule",
+           "ThreatModel"]
 
 
 def _check_prox(algorithm: str, prox_alpha: float | None, smoothness: float, max_step: float) -> None:
@@ -65,7 +37,7 @@ def _check_prox(algorithm: str, prox_alpha: float | None, smoothness: float, max
         return
     if prox_alpha is None:
         raise ValueError("prox_alpha is required for fedprox (must be > smoothness L)")
-    _finite_positive("prox_alpha", prox_alpha)
+    positive("prox_alpha", prox_alpha)
     if not prox_alpha > smoothness:
         raise ValueError(
             f"prox_alpha must be > smoothness L = {smoothness!r} for fedprox, got {prox_alpha!r}"
@@ -108,16 +80,16 @@ class AccountantConfig:
     iterative_z: float | None = None
 
     def __post_init__(self) -> None:
-        _choice("algorithm", self.algorithm, ALGORITHMS)
-        _choice("schedule", self.schedule, SCHEDULES)
-        _choice("threat_model", self.threat_model, THREAT_MODELS)
-        _choice("clipping", self.clipping, CLIPPING_MODES)
-        _finite_positive("lr", self.lr)
-        _positive_int("local_steps", self.local_steps)
-        _finite_positive("clip_norm", self.clip_norm)
-        _positive_int("clients", self.clients)
-        _finite_positive("sigma", self.sigma)
-        _finite_nonnegative("smoothness", self.smoothness)
+        choice("algorithm", self.algorithm, ALGORITHMS)
+        choice("schedule", self.schedule, SCHEDULES)
+        choice("threat_model", self.threat_model, THREAT_MODELS)
+        choice("clipping", self.clipping, CLIPPING_MODES)
+        positive("lr", self.lr)
+        int_at_least("local_steps", self.local_steps, 1)
+        positive("clip_norm", self.clip_norm)
+        int_at_least("clients", self.clients, 1)
+        positive("sigma", self.sigma)
+        nonnegative("smoothness", self.smoothness)
         if isinstance(self.delta, bool) or not isinstance(self.delta, (int, float)) or not (
             0.0 < self.delta < 1.0
         ):
@@ -125,20 +97,20 @@ class AccountantConfig:
         if self.clipping == "per-sample":
             if self.batch_size is None:
                 raise ValueError("batch_size is required with per-sample clipping (integer >= 1)")
-            _positive_int("batch_size", self.batch_size)
+            int_at_least("batch_size", self.batch_size, 1)
         elif self.batch_size is not None:
-            _positive_int("batch_size", self.batch_size)
+            int_at_least("batch_size", self.batch_size, 1)
         if self.cyclic_c is not None:
-            _finite_positive("cyclic_c", self.cyclic_c)
+            positive("cyclic_c", self.cyclic_c)
         if self.iterative_z is not None:
-            _finite_positive("iterative_z", self.iterative_z)
+            positive("iterative_z", self.iterative_z)
         _check_prox(self.algorithm, self.prox_alpha, self.smoothness, self.lr)
 
     def planned_round(self, round_index: int, clients: int | None = None) -> "RoundRecord":
         """The record of round ``round_index`` (1-based) if it runs exactly as planned."""
-        _positive_int("round_index", round_index)
+        int_at_least("round_index", round_index, 1)
         m = self.clients if clients is None else clients
-        _positive_int("clients", m)
+        int_at_least("clients", m, 1)
         return RoundRecord(
             round=round_index,
             algorithm=self.algorithm,
@@ -183,22 +155,22 @@ class RoundRecord:
     node_ids: tuple[int, ...] = field(default=())
 
     def __post_init__(self) -> None:
-        _positive_int("round", self.round)
-        _choice("algorithm", self.algorithm, ALGORITHMS)
-        _choice("clipping", self.clipping, CLIPPING_MODES)
+        int_at_least("round", self.round, 1)
+        choice("algorithm", self.algorithm, ALGORITHMS)
+        choice("clipping", self.clipping, CLIPPING_MODES)
         object.__setattr__(self, "step_sizes", tuple(float(x) for x in self.step_sizes))
         object.__setattr__(self, "weights", tuple(float(x) for x in self.weights))
         object.__setattr__(self, "node_ids", tuple(int(x) for x in self.node_ids))
         if len(self.step_sizes) < 1:
             raise ValueError("step_sizes must hold K >= 1 step sizes")
         for eta in self.step_sizes:
-            _finite_positive("step_sizes[k]", eta)
-        _finite_positive("clip_norm", self.clip_norm)
-        _finite_positive("sigma", self.sigma)
+            positive("step_sizes[k]", eta)
+        positive("clip_norm", self.clip_norm)
+        positive("sigma", self.sigma)
         if len(self.weights) < 1:
             raise ValueError("weights must hold at least one aggregation weight (>= 1 client)")
         for p in self.weights:
-            _finite_nonnegative("weights[i]", p)
+            nonnegative("weights[i]", p)
         total = math.fsum(self.weights)
         if abs(total - 1.0) > _WEIGHT_SUM_TOL:
             raise ValueError(f"weights must sum to 1 (tolerance 1e-9), got sum {total!r}")
@@ -207,11 +179,11 @@ class RoundRecord:
         if self.clipping == "per-sample":
             if self.batch_size is None:
                 raise ValueError("batch_size is required with per-sample clipping (integer >= 1)")
-            _positive_int("batch_size", self.batch_size)
+            int_at_least("batch_size", self.batch_size, 1)
         if self.algorithm == "fedprox":
             if self.prox_alpha is None:
                 raise ValueError("prox_alpha is required for a fedprox round")
-            _finite_positive("prox_alpha", self.prox_alpha)
+            positive("prox_alpha", self.prox_alpha)
 
     @property
     def local_steps(self) -> int:

@@ -18,10 +18,10 @@ Indices are 0-based: ``t`` is the communication round (server round - 1) and
 from __future__ import annotations
 
 import math
-from typing import Literal, get_args
 
-Schedule = Literal["constant", "cyclic", "stage", "iterative"]
-SCHEDULES: tuple[str, ...] = get_args(Schedule)
+from fl_dp_flower.vocabulary import SCHEDULES, Schedule
+
+__all__ = ["SCHEDULES", "Schedule", "step_size", "step_sizes"]
 
 
 def _check(schedule: str, lr: float, t: int, local_steps: int) -> None:

@@ -27,13 +27,13 @@ Only ``math``, ``numpy`` and ``scipy`` are used.
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 
 from .records import AccountantConfig, RoundRecord
+from .validate import int_at_least, nonnegative, positive
 
 __all__ = [
     "EULER_GAMMA",
@@ -62,30 +62,6 @@ _CHUNK = 1 << 20
 # ---------------------------------------------------------------- validation helpers
 
 
-def _int_at_least(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
-
-
-def _finite_nonnegative(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-    v = float(value)
-    if not math.isfinite(v) or v < 0:
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-    return v
-
-
-def _positive(name: str, value: object, *, allow_inf: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name} must be a number > 0, got {value!r}")
-    v = float(value)
-    if math.isnan(v) or v <= 0 or (not allow_inf and math.isinf(v)):
-        raise ValueError(f"{name} must be a {'' if allow_inf else 'finite '}number > 0, got {value!r}")
-    return v
-
-
 def _step_array(step_sizes: Iterable[float]) -> np.ndarray:
     try:
         etas = np.asarray(step_sizes, dtype=float).ravel()
@@ -108,7 +84,7 @@ def harmonic(n: int) -> float:
     ln n + gamma + 1/(2n) - 1/(12n^2) + 1/(120n^4) - 1/(252n^6) + 1/(240n^8), whose
     truncation error is < 1e-17 there; stable for any n (no cancellation).
     """
-    n = _int_at_least("n", n, 0)
+    n = int_at_least("n", n, 0)
     if n <= _HARMONIC_DIRECT_MAX:
         return math.fsum(1.0 / k for k in range(1, n + 1))
     x = float(n)
@@ -119,13 +95,13 @@ def harmonic(n: int) -> float:
 
 def default_cyclic_c(local_steps: int) -> float:
     """Smallest valid CD constant c_K = H_K / ln(K+1) (docs/MATH.md §4): 1/ln 2 at K = 1, 1.274 at K = 5."""
-    k = _int_at_least("local_steps", local_steps, 1)
+    k = int_at_least("local_steps", local_steps, 1)
     return harmonic(k) / math.log1p(k)
 
 
 def default_iterative_z(local_steps: int) -> float:
     """Smallest valid ID constant z_K = H_K / ln 2 (docs/MATH.md §4): 1.443 (K=1), 3.294 (K=5), 20.76 (K=1e6)."""
-    k = _int_at_least("local_steps", local_steps, 1)
+    k = int_at_least("local_steps", local_steps, 1)
     return harmonic(k) / math.log(2.0)
 
 
@@ -145,16 +121,37 @@ def _constant_or_minimum(name: str, value: float | None, minimum: float, formula
     return float(value)
 
 
+@dataclass(frozen=True)
+class ScheduleConstant:
+    """The constant of a schedule whose per-round terms use one (docs/MATH.md §4)."""
+
+    field: str  # AccountantConfig / AppConfig field: "cyclic_c" or "iterative_z"
+    formula: str  # the smallest valid value, as a formula
+    minimum: Callable[[int], float]  # K -> that value
+
+
+#: schedule -> its constant; the one source of the c_K / z_K minimum rule.
+SCHEDULE_CONSTANTS: dict[str, ScheduleConstant] = {
+    "cyclic": ScheduleConstant("cyclic_c", "c_K = H_K/ln(K+1)", default_cyclic_c),
+    "iterative": ScheduleConstant("iterative_z", "z_K = H_K/ln 2", default_iterative_z),
+}
+
+
+def resolve_constant(schedule: str, value: float | None, local_steps: int) -> float:
+    """The constant used for ``schedule``'s terms: ``value``, or the minimum when None;
+    ValueError (naming the field and the minimum) when ``value`` is below the minimum."""
+    spec = SCHEDULE_CONSTANTS[schedule]
+    return _constant_or_minimum(spec.field, value, spec.minimum(local_steps), spec.formula, local_steps)
+
+
 def resolve_cyclic_c(config: AccountantConfig) -> float:
     """c used for the CD terms: ``config.cyclic_c`` or c_K; raises ValueError if c < c_K."""
-    return _constant_or_minimum("cyclic_c", config.cyclic_c, default_cyclic_c(config.local_steps),
-                                "c_K = H_K/ln(K+1)", config.local_steps)
+    return resolve_constant("cyclic", config.cyclic_c, config.local_steps)
 
 
 def resolve_iterative_z(config: AccountantConfig) -> float:
     """z used for the ID terms: ``config.iterative_z`` or z_K; raises ValueError if z < z_K."""
-    return _constant_or_minimum("iterative_z", config.iterative_z, default_iterative_z(config.local_steps),
-                                "z_K = H_K/ln 2", config.local_steps)
+    return resolve_constant("iterative", config.iterative_z, config.local_steps)
 
 
 # ---------------------------------------------------------------- per-sample drift factor
@@ -190,7 +187,7 @@ def drift_kappa(step_sizes: Iterable[float], smoothness: float) -> float:
     rounding). Dimensionless.
     """
     etas = _step_array(step_sizes)
-    L = _finite_nonnegative("smoothness", smoothness)
+    L = nonnegative("smoothness", smoothness)
     if L == 0.0:
         return 1.0
     a = _sum_log1p(etas * L)
@@ -203,8 +200,8 @@ def per_sample_theta(kappa: float, batch_size: int) -> float:
 
     Multiplies the per-batch sensitivity 2V sum eta. ``kappa`` may be ``inf``.
     """
-    k = _positive("kappa", kappa, allow_inf=True)
-    b = _int_at_least("batch_size", batch_size, 1)
+    k = positive("kappa", kappa, allow_inf=True)
+    b = int_at_least("batch_size", batch_size, 1)
     return min(1.0, k / b)
 
 
@@ -266,7 +263,7 @@ def round_terms(record: RoundRecord, smoothness: float) -> RoundTerms:
     """
     if not isinstance(record, RoundRecord):
         raise ValueError(f"record must be a RoundRecord, got {type(record).__name__}")
-    L = _finite_nonnegative("smoothness", smoothness)
+    L = nonnegative("smoothness", smoothness)
     etas = np.asarray(record.step_sizes, dtype=float)
     V = float(record.clip_norm)
     per_sample = record.clipping == "per-sample"
@@ -355,7 +352,7 @@ def planned_terms(config: AccountantConfig, rounds: int) -> tuple[np.ndarray, np
 
     Vectorized (O(T) numpy).
     """
-    T = _int_at_least("rounds", rounds, 1)
+    T = int_at_least("rounds", rounds, 1)
     lr = float(config.lr)
     L = float(config.smoothness)
     K = config.local_steps

@@ -15,7 +15,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from fl_dp_flower.privacy.records import BOUND_NAMES as _REPORTED
+from fl_dp_flower.vocabulary import BOUND_NAMES as _REPORTED
 
 # the sound bounds first, the paper's stated bound (often not a guarantee) last
 BOUND_NAMES = tuple(n for n in _REPORTED if n != "paper") + ("paper",)

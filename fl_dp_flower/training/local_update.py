@@ -25,7 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-CLIPPING_MODES: tuple[str, ...] = ("per-batch", "per-sample")
+from fl_dp_flower.vocabulary import CLIPPING_MODES
+
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 

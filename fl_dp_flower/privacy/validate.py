@@ -1,0 +1,47 @@
+"""The one set of argument checks of the privacy layer (records, terms, bounds).
+
+Each returns the value as a Python number and raises ``ValueError`` whose message names the
+argument and the allowed range, e.g. ``clip_norm must be a finite number > 0, got -1.0``.
+Booleans are never numbers here.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Iterable
+
+
+def positive(name: str, value: object, *, allow_inf: bool = False) -> float:
+    """A number > 0 (finite unless ``allow_inf``)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a number > 0, got {value!r}")
+    v = float(value)
+    if math.isnan(v) or v <= 0 or (not allow_inf and math.isinf(v)):
+        raise ValueError(f"{name} must be a {'' if allow_inf else 'finite '}number > 0, got {value!r}")
+    return v
+
+
+def nonnegative(name: str, value: object) -> float:
+    """A finite number >= 0."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    v = float(value)
+    if not math.isfinite(v) or v < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return v
+
+
+def int_at_least(name: str, value: object, minimum: int) -> int:
+    """An integer >= ``minimum`` (integral floats such as 3.0 are not integers here)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def choice(name: str, value: object, allowed: Iterable[str]) -> str:
+    """One of ``allowed``."""
+    allowed = tuple(allowed)
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+    return str(value)

