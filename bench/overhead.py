@@ -195,7 +195,7 @@ class TimedClientApp:
 def server_timers(timers: Timers):
     """Time PrivacyAccountant.step, central evaluation and the per-round sink (restored on exit)."""
     orig_step = PrivacyAccountant.step
-    orig_on_round = server_module.RoundSink.on_round
+    orig_on_round = server_module.RoundSink.__call__
     orig_make_eval = server_module.make_evaluate_fn
 
     def step(self, *args, **kwargs):
@@ -205,11 +205,11 @@ def server_timers(timers: Timers):
         finally:
             timers.add(start, "accountant")
 
-    def on_round(self, round_, *args, **kwargs):
+    def on_round(self, outcome):
         start = time.perf_counter()
-        timers.sink_entry[round_] = start
+        timers.sink_entry[outcome.round] = start
         try:
-            return orig_on_round(self, round_, *args, **kwargs)
+            return orig_on_round(self, outcome)
         finally:
             timers.add(start, "ledger + checkpoint + log")
 
@@ -227,13 +227,13 @@ def server_timers(timers: Timers):
         return timed
 
     PrivacyAccountant.step = step
-    server_module.RoundSink.on_round = on_round
+    server_module.RoundSink.__call__ = on_round
     server_module.make_evaluate_fn = make_evaluate_fn
     try:
         yield
     finally:
         PrivacyAccountant.step = orig_step
-        server_module.RoundSink.on_round = orig_on_round
+        server_module.RoundSink.__call__ = orig_on_round
         server_module.make_evaluate_fn = orig_make_eval
 
 

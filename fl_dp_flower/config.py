@@ -16,7 +16,6 @@ key in dash form together with its allowed range, e.g.::
 from __future__ import annotations
 
 import difflib
-import math
 import re
 from typing import Any, Literal, Mapping, get_args, get_origin
 

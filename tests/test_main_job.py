@@ -107,7 +107,7 @@ def test_quick_start_word_for_word():
         assert "Aggregated MetricRecord" not in flower_log and "round 10 |" in flower_log  # ... not in `flwr log`
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["rounds_accounted"] == 10 and summary["final_accuracy"] > 0.5
-        assert f"finished:completed; privacy spent: 10 rounds accounted" in job.text
+        assert "finished:completed; privacy spent: 10 rounds accounted" in job.text
         _no_leftovers((ROOT / ".flwr-home").resolve())
     finally:
         for d in made:

@@ -98,7 +98,7 @@ def test_unfinished_round_is_refused_by_default_and_nothing_is_written(tmp_path,
         _run(_config(tmp_path, resume=True))
     msg = str(info.value)
     line = contents.line_count if fraction > 0 else contents.open_round_line
-    assert f"round 3 was broadcast but" in msg and f"line {line}" in msg
+    assert "round 3 was broadcast but" in msg and f"line {line}" in msg
     assert ("torn" in msg) == (fraction > 0)
     assert "resume-unfinished-round = 'account'" in msg and "saved model is from round 2" in msg
     assert ledger.read_bytes() == before  # a refused resume writes nothing

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from flwr.app import Message, RecordDict
+from flwr.app import Message
 
 from fl_dp_flower.apps.client import app as client_app
 from fl_dp_flower.apps.server import CHECKPOINT, FINAL_MODEL, LEDGER, PLOT, SUMMARY, RunFailed, run_server

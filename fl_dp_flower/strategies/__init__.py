@@ -1,7 +1,9 @@
 """Flower strategies: Noisy-FedAvg and Noisy-FedProx with the server-side accountant."""
 
 from .budget import BudgetExhausted, check_before_broadcast, check_replies, pre_broadcast_record
-from .noisy import NodeRefusals, NoisyFedAvg, NoisyFedProx, NoisyStrategyMixin, NotEnoughNodes, dp_metrics, make_strategy
+from fl_dp_flower.reporting.rounds import RoundOutcome, dp_metrics
+
+from .noisy import NodeRefusals, NoisyFedAvg, NoisyFedProx, NoisyStrategyMixin, NotEnoughNodes, PendingRound, make_strategy
 
 __all__ = [
     "BudgetExhausted",
@@ -10,6 +12,8 @@ __all__ = [
     "NoisyFedProx",
     "NoisyStrategyMixin",
     "NotEnoughNodes",
+    "PendingRound",
+    "RoundOutcome",
     "check_before_broadcast",
     "check_replies",
     "dp_metrics",

@@ -49,36 +49,29 @@ from fl_dp_flower.config import AppConfig
 from fl_dp_flower.privacy.accountant import Budget, PrivacyAccountant, PrivacyReport
 from fl_dp_flower.privacy.records import RoundRecord
 
+from fl_dp_flower.reporting.rounds import RoundOutcome, dp_metrics
+
 from .budget import BudgetExhausted, check_before_broadcast, check_replies
-from .replies import (Applied, average_arrays, average_metrics, is_refusal, mismatches, reconcile, screen,
+from .replies import (Applied, average_arrays, average_metrics, mismatches, reconcile, screen,
                       weights_for)
 
 log = logging.getLogger("flwr").getChild(__name__)  # Flower's handlers: shows in `flwr log`
 
-Reporter = Callable[[int, RoundRecord, PrivacyReport, dict[str, Any]], None]
+Reporter = Callable[[RoundOutcome], None]
 EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
 
 
-def dp_metrics(report: PrivacyReport) -> dict[str, float | int]:
-    """Flat ``dp-*`` metrics of a report (MetricRecord-compatible: ints and floats only)."""
-    b = report.bounds
-    return {
-        "dp-round": report.round,
-        "dp-rounds": report.rounds,
-        "dp-clients": report.clients,
-        "dp-certified-mu": report.certified.mu,
-        "dp-certified-epsilon": report.certified.epsilon,
-        "dp-paper-mu": b["paper"].mu,
-        "dp-paper-epsilon": b["paper"].epsilon,
-        "dp-paper-sound": int(b["paper"].sound),
-        "dp-composition-mu": b["composition"].mu,
-        "dp-composition-epsilon": b["composition"].epsilon,
-        "dp-final-model-mu": b["final_model"].mu,
-        "dp-final-model-epsilon": b["final_model"].epsilon,
-        "dp-local-mu": b["local_dp"].mu,
-        "dp-local-epsilon": b["local_dp"].epsilon,
-        "dp-delta": report.delta,
-    }
+@dataclass
+class PendingRound:
+    """The round in flight: what was sent, then what was accounted (rounds never overlap)."""
+
+    server_round: int
+    planned: Applied  # the settings sent (schedule index t = planned.round_index)
+    sent: list[Message]  # instructions; the Grid sets their message ids when pushing
+    reference: ArrayRecord  # the broadcast global model
+    record: RoundRecord | None = None  # set once accounted
+    report: PrivacyReport | None = None
+    metrics: dict[str, Any] | None = None
 
 
 class NotEnoughNodes(RuntimeError):
@@ -112,18 +105,16 @@ class NoisyStrategyMixin:
             raise ValueError("the accountant's configuration does not match the app config")
         self.dp_config = config
         self.accountant = accountant
-        self.reporters: list[Reporter] = [getattr(r, "on_round", r) for r in reporters]
+        self.reporters: list[Reporter] = list(reporters)
         self.budget = Budget(config.target_epsilon, config.delta) if config.target_epsilon > 0 else None
         self.global_arrays: ArrayRecord | None = None
-        self.history: list[dict[str, Any]] = []  # {"round", "record", "report", "metrics"} per accounted round
         self.stop_reason: str | None = None
         self.echo_mismatches = 0
         self._last_mismatch = 0
         self.refusals: dict[int, NodeRefusals] = {}
         self.on_event: Callable[[str, dict[str, Any]], None] | None = None  # ledger events (ServerApp)
-        self._broadcast: dict[int, tuple[list[Message], ArrayRecord, Applied]] = {}
-        self._pending: dict[int, tuple[RoundRecord, PrivacyReport, dict[str, Any]]] = {}
-        self._train_metrics: dict[int, MetricRecord] = {}
+        self._round: PendingRound | None = None
+        self._train_metrics: dict[int, MetricRecord] = {}  # the Result so far, per server round
         self._eval_metrics: dict[int, MetricRecord] = {}
 
     # ------------------------------------------------------------------ planning
@@ -176,7 +167,7 @@ class NoisyStrategyMixin:
         record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
         messages = [Message(content=record, dst_node_id=n, message_type=MessageType.TRAIN) for n in node_ids]
         # the Grid sets each message's id when it pushes it: kept to name the node of an error reply
-        self._broadcast[server_round] = (messages, arrays, self.planned(t))
+        self._round = PendingRound(server_round, self.planned(t), messages, arrays)
         return messages
 
     @property
@@ -236,8 +227,11 @@ class NoisyStrategyMixin:
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Aggregate usable replies, account the round, merge ``dp-*`` metrics."""
-        sent, reference, planned = self._broadcast.pop(server_round)
-        asked = {m.metadata.dst_node_id: m.metadata.message_id for m in sent}
+        pending = self._round
+        if pending is None or pending.server_round != server_round:
+            raise RuntimeError(f"round {server_round} was not configured by this strategy")
+        reference, planned = pending.reference, pending.planned
+        asked = {m.metadata.dst_node_id: m.metadata.message_id for m in pending.sent}
         usable, dropped = screen(
             list(replies), asked=asked, reference=reference, arrays_key=self.arrayrecord_key,
             fedprox=self.dp_config.algorithm == "fedprox",
@@ -259,7 +253,7 @@ class NoisyStrategyMixin:
         if self.budget is not None:
             try:
                 check_replies(self.accountant, self.budget, record)
-            except BudgetExhausted as exc:  # the round is discarded unaggregated; the run stops
+            except BudgetExhausted:  # the round is discarded unaggregated; the run stops
                 self._event("round-void", {"round": record.round, "reason": "budget", "replies": record.clients})
                 raise
         report = self.accountant.step(record)
@@ -273,7 +267,7 @@ class NoisyStrategyMixin:
         metrics = {**average_metrics(usable, weights), **dp_metrics(report), "dp-aggregated": int(aggregated),
                    "dp-dropped": len(dropped), "dp-echo-mismatch": self._last_mismatch}
         self.global_arrays = arrays if arrays is not None else reference
-        self._pending[server_round] = (record, report, metrics)
+        pending.record, pending.report, pending.metrics = record, report, metrics
         self._train_metrics[server_round] = MetricRecord(metrics)
         return arrays, MetricRecord(metrics)
 
@@ -299,15 +293,14 @@ class NoisyStrategyMixin:
         result = user_fn(server_round, arrays) if user_fn is not None else None
         if result is not None:
             self._eval_metrics[server_round] = result
-        pending = self._pending.pop(server_round, None)
-        if server_round == 0 or pending is None:
-            return result
-        record, report, metrics = pending
-        merged = {**metrics, **(dict(result) if result is not None else {})}
+        pending, self._round = self._round, None
+        if server_round == 0 or pending is None or pending.record is None:
+            return result  # the initial evaluation, or a round that accounted nothing
+        merged = {**pending.metrics, **(dict(result) if result is not None else {})}
         self.global_arrays = arrays
-        self.history.append({"round": record.round, "record": record, "report": report, "metrics": merged})
+        outcome = RoundOutcome(pending.record.round, pending.record, pending.report, merged, arrays)
         for reporter in self.reporters:
-            reporter(record.round, record, report, merged)
+            reporter(outcome)
         return result
 
     def start(
