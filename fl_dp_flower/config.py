@@ -141,8 +141,6 @@ class AppConfig(BaseModel):
                 f"'metrics-certfile' = {self.metrics_certfile!r}, 'metrics-keyfile' = {self.metrics_keyfile!r}: "
                 "give both (TLS on the metrics endpoint) or neither"
             )
-        if self.clipping == "per-sample" and self.batch_size < 1:
-            problems.append(f"'batch-size' = {self.batch_size}: per-sample clipping needs an integer >= 1")
         if problems:
             raise ValueError("; ".join(problems))
         return self

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 
@@ -127,28 +126,36 @@ def test_composition_epsilon_matches_dp_accounting_pld():
 def test_would_exceed_is_a_dry_run():
     cfg = _config(schedule="constant")
     acct = PrivacyAccountant.from_records(cfg, [_record(t, m=20, schedule="constant") for t in range(3)])
-    before = acct.state_dict()
+    before = (acct.records, acct.report().to_dict())
     nxt = _record(3, m=20, schedule="constant")
     eps_after = PrivacyAccountant.from_records(cfg, [*acct.records, nxt]).get_epsilon(1e-5)
     assert acct.would_exceed(nxt, Budget(epsilon=eps_after * 0.99, delta=1e-5)) is True
     assert acct.would_exceed(nxt, Budget(epsilon=eps_after * 1.01, delta=1e-5)) is False
-    assert acct.state_dict() == before
+    assert (acct.records, acct.report().to_dict()) == before
 
 
-def test_state_round_trip_and_rejections():
+def test_persisted_records_round_trip_and_typed_rejections():
+    """The ledger's form (config + records as JSON) rebuilds the same accountant; bad fields are named."""
     cfg = _config(schedule="cyclic")
     acct = PrivacyAccountant.from_records(cfg, [_record(t, m=m, schedule="cyclic") for t, m in enumerate([20, 9, 14])])
-    state = json.loads(json.dumps(acct.state_dict()))
-    restored = PrivacyAccountant(cfg)
-    restored.load_state_dict(state)
-    assert restored.report().to_dict() == acct.report().to_dict()
-    assert restored.num_releases == 3
+    stored = json.loads(json.dumps({"config": cfg.to_dict(), "records": [r.to_dict() for r in acct.records]}))
+    rebuilt = PrivacyAccountant.from_records(AccountantConfig.from_dict(stored["config"]),
+                                             [RoundRecord.from_dict(r) for r in stored["records"]])
+    assert rebuilt.records == acct.records and rebuilt.report().to_dict() == acct.report().to_dict()
 
-    other = PrivacyAccountant(dataclasses.replace(cfg, smoothness=2.0))
-    with pytest.raises(ValueError, match="smoothness"):
-        other.load_state_dict(state)
-    with pytest.raises(ValueError, match="schema_version"):
-        restored.load_state_dict({**state, "schema_version": 99})
+    rec = stored["records"][0]
+    with pytest.raises(ValueError, match=r"round record has unknown field\(s\) \['sgima'\]"):
+        RoundRecord.from_dict({**rec, "sgima": 1.0})
+    with pytest.raises(ValueError, match=r"round record lacks required field\(s\) \['sigma'\]"):
+        RoundRecord.from_dict({k: v for k, v in rec.items() if k != "sigma"})
+    with pytest.raises(ValueError, match="sigma must be a number > 0, got .1.0."):
+        RoundRecord.from_dict({**rec, "sigma": "1.0"})
+    with pytest.raises(ValueError, match="field 'weights' must be a list"):
+        RoundRecord.from_dict({**rec, "weights": 1.0})
+    with pytest.raises(ValueError, match="must be a JSON object"):
+        RoundRecord.from_dict([rec])
+    with pytest.raises(ValueError, match=r"accountant config has unknown field\(s\) \['epsilon'\]"):
+        AccountantConfig.from_dict({**stored["config"], "epsilon": 1.0})
 
 
 def test_rounds_must_arrive_in_order_and_match_algorithm():
@@ -173,3 +180,27 @@ def test_report_dict_shape_and_rdp():
     assert d["rdp"]["epsilon"] >= d["certified"]["epsilon"]
     spent = acct.get_privacy_spent()
     assert spent.num_releases == 5 and spent.epsilon == pytest.approx(d["certified"]["epsilon"])
+
+
+@pytest.mark.parametrize("schedule,threat", [("stage", "final-model"), ("iterative", "final-model"),
+                                             ("constant", "all-rounds"), ("cyclic", "curious-server")])
+def test_peek_is_exactly_the_next_step_and_changes_nothing(schedule, threat):
+    """The O(1) dry run (no copy of the accountant) equals a real step bit for bit, on rounds that
+    drop clients, change sigma and merge PAVA blocks."""
+    import copy
+    import random
+
+    rng = random.Random(7)
+    cfg = _config(schedule=schedule, threat_model=threat)
+    acct = PrivacyAccountant(cfg)
+    for t in range(60):
+        m = rng.choice([20, 20, 20, 7, 13])
+        rec = _record(t, m=m, schedule=schedule, sigma=rng.choice([1.0, 1.0, 0.5, 3.0]))
+        reference = copy.deepcopy(acct).step(rec).to_dict()
+        before = (acct.records, acct.report().to_dict())
+        assert acct.peek(rec).to_dict() == reference
+        assert (acct.records, acct.report().to_dict()) == before
+        eps = reference["certified"]["epsilon"]
+        assert acct.would_exceed(rec, Budget(epsilon=eps * (1 - 1e-9), delta=1e-5))
+        assert not acct.would_exceed(rec, Budget(epsilon=eps * (1 + 1e-9), delta=1e-5))
+        assert acct.step(rec).to_dict() == reference

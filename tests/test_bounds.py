@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import time
 
 import numpy as np
 import pytest
@@ -429,14 +428,14 @@ def test_pava_long_run_stays_accurate():
     assert rel(one_block, cauchy_schwarz_mu(log_rho, g_rev, s)) < 1e-12
 
 
-def test_final_model_timing_1e5():
+def test_final_model_at_1e5_rounds_is_finite_and_below_composition():
+    """(Its speed is measured in bench/accountant.py, not asserted here.)"""
     c = cfg(schedule="stage")
     T = 10**5
     log_rho, gamma = planned_terms(c, T)
     s = homogeneous_s(c, T)
-    t0 = time.perf_counter()
-    final_model_mu(log_rho, gamma, s)
-    assert time.perf_counter() - t0 < 1.0
+    mu = final_model_mu(log_rho, gamma, s)
+    assert 0 < mu <= composition_mu(gamma, s) and math.isfinite(mu)
 
 
 # ---------------------------------------------------------------- linear-loss counterexample
@@ -523,12 +522,10 @@ def test_planned_curve_matches_pointwise_bounds():
         assert np.all(np.diff(curve["composition"]) >= 0)
 
 
-def test_planned_curve_timing():
-    t0 = time.perf_counter()
-    curve = planned_curve(cfg(schedule="iterative"), 200_000)
-    elapsed = time.perf_counter() - t0
+def test_planned_curve_long():
+    curve = planned_curve(cfg(schedule="iterative"), 200_000)  # speed: bench/accountant.py
     assert curve["final_model"].shape == (200_000,)
-    assert elapsed < 2.5  # ~0.25 s measured on an idle core; 1e6 rounds take ~1.3 s
+    assert np.all(np.diff(curve["composition"]) >= 0) and np.all(curve["final_model"] <= curve["composition"])
 
 
 def test_paper_mu_overrides_and_soundness_flags():

@@ -254,7 +254,7 @@ def test_resume_matches_uninterrupted_run(tmp_path):
     _run(_config(tmp_path, **{"run-name": "split", "num-server-rounds": 2}))
     resumed, grid = _run(_config(tmp_path, **{"run-name": "split", "num-server-rounds": 4, "resume": True}))
     assert [c["dp.round-index"] for c in _train_configs(grid)] == [2] * NODES + [3] * NODES
-    assert resumed.accountant.state_dict() == full.accountant.state_dict()
+    assert resumed.accountant.records == full.accountant.records
     assert resumed.accountant.report().to_dict() == full.accountant.report().to_dict()
     ledger = read_ledger(resumed.run_dir / LEDGER)
     assert [r["round"] for r in ledger.rounds] == [1, 2, 3, 4]

@@ -4,7 +4,6 @@ products, simulations of local runs) and the numbers tabulated in docs/MATH.md Â
 from __future__ import annotations
 
 import math
-import time
 
 import mpmath
 import numpy as np
@@ -341,11 +340,9 @@ def test_planned_terms_fedprox():
     assert exact.gamma <= gamma[0] and rel(exact.gamma, gamma[0]) < 1e-5  # (1 - 0.2)^20 = 0.0115
 
 
-def test_planned_terms_fast_and_validated():
+def test_planned_terms_long_and_validated():
     cfg = AccountantConfig(**{**BASE, "schedule": "iterative", "clipping": "per-sample", "batch_size": 8})
-    t0 = time.perf_counter()
-    log_rho, gamma = planned_terms(cfg, 10**6)
-    assert time.perf_counter() - t0 < 0.5
+    log_rho, gamma = planned_terms(cfg, 10**6)  # speed: bench/accountant.py
     assert log_rho.shape == gamma.shape == (10**6,)
     assert np.all(np.diff(gamma) < 0) and np.all(np.isfinite(log_rho))
     for bad in (0, -3, 2.5, True):

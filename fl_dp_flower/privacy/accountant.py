@@ -16,12 +16,11 @@ model admits; budgets are checked against it, never against an unsound number.
 
 The public shape mirrors Flower's ``flwr.serverapp.PrivacyAccountant`` protocol
 (``config``, ``num_releases``, ``get_epsilon``, ``get_delta``, ``get_privacy_spent``,
-``would_exceed``, ``state_dict``/``load_state_dict`` with a schema version).
+``would_exceed``; rebuilt from the ledger's records with ``from_records``).
 """
 
 from __future__ import annotations
 
-import copy
 import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -29,9 +28,9 @@ from typing import Any, Iterable
 from . import gdp
 from .bounds import BoundValue, OnlineFinalModel, certified_bound, paper_is_sound, paper_mu
 from .records import BOUND_NAMES, AccountantConfig, RoundRecord
+from .schedules import step_sizes
 from .terms import RoundTerms, round_terms
 
-SCHEMA_VERSION = 1
 ACCOUNTING_METHOD = "gaussian-dp"
 REPORT_RDP_ORDERS: tuple[float, ...] = (1.5, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 
@@ -117,6 +116,13 @@ class _NeumaierSum:
     def value(self) -> float:
         return self.total + self.compensation
 
+    def value_with(self, value: float) -> float:
+        """The value after ``add(value)``, without adding it."""
+        trial = _NeumaierSum()
+        trial.total, trial.compensation = self.total, self.compensation
+        trial.add(value)
+        return trial.value
+
 
 def _ratio_sq(numerator: float, denominator: float) -> float:
     return (numerator / denominator) ** 2
@@ -188,63 +194,62 @@ class PrivacyAccountant:
             self._apply(record, self._terms_for(record))
 
     def would_exceed(self, record: RoundRecord, budget: Budget) -> bool:
-        """Dry run: would accounting ``record`` push the certified epsilon past ``budget``?"""
-        trial = self._clone()
-        report = trial.step(record)
-        mu = report.certified.mu
+        """Dry run: would accounting ``record`` push the certified epsilon past ``budget``?
+
+        O(1) amortised (no copy of the accountant): every bound is evaluated as it would be
+        after the round, bit for bit, and nothing is changed.
+        """
+        mu = self.peek(record).certified.mu
         return gdp.epsilon(mu, budget.delta) > budget.epsilon
+
+    def peek(self, record: RoundRecord) -> PrivacyReport:
+        """The report :meth:`step` would return for ``record``, without accounting it."""
+        terms = self._terms_for(record)
+        comp = _ratio_sq(terms.gamma, terms.noise_std)
+        local = _ratio_sq(terms.client_sensitivity, terms.sigma)
+        composition = math.sqrt(max(self._composition.value_with(comp), 0.0))
+        clients = record.clients if self._min_clients is None else min(self._min_clients, record.clients)
+        sigma = record.sigma if self._min_sigma is None else min(self._min_sigma, record.sigma)
+        mus = {
+            "paper": paper_mu(self._config, self.num_releases + 1, clients=clients, sigma=sigma),
+            "composition": composition,
+            "final_model": min(self._final.peek(terms.log_rho, terms.gamma, terms.noise_std), composition),
+            "local_dp": math.sqrt(max(self._local.value_with(local), 0.0)),
+        }
+        first_round = self._records[0].round if self._records else record.round
+        sound = self._soundness(as_planned=self._as_planned and self._matches_plan(record),
+                                starts_at_one=first_round == 1)
+        return self._report(mus, sound, record.round, self.num_releases + 1, record.clients)
 
     def report(self, delta: float | None = None) -> PrivacyReport:
         """The running guarantee (epsilon at ``delta``, default the config's delta)."""
+        last = self._records[-1] if self._records else None
+        sound = self._soundness(self._as_planned, self._records_start_at_one())
+        return self._report(self._mus(), sound, last.round if last else 0, self.num_releases,
+                            last.clients if last else 0, delta)
+
+    def _report(self, mus: dict[str, float], sound: dict[str, bool], round_: int, rounds: int, clients: int,
+                delta: float | None = None) -> PrivacyReport:
         d = self._config.delta if delta is None else delta
-        mus = self._mus()
-        sound = self._soundness()
         bounds = {
             name: BoundValue(mu=mus[name], epsilon=gdp.epsilon(mus[name], d), sound=sound[name])
             for name in BOUND_NAMES
         }
-        last = self._records[-1] if self._records else None
         return PrivacyReport(
-            round=last.round if last else 0,
-            rounds=self.num_releases,
-            delta=d,
-            threat_model=self._config.threat_model,
-            clients=last.clients if last else 0,
-            bounds=bounds,
-            certified_bound=certified_bound(self._config.threat_model, mus, sound),
+            round=round_, rounds=rounds, delta=d, threat_model=self._config.threat_model, clients=clients,
+            bounds=bounds, certified_bound=certified_bound(self._config.threat_model, mus, sound),
         )
 
     # -------------------------------------------------------------------- state
-    def state_dict(self) -> dict[str, Any]:
-        """JSON-serializable state: the configuration and every round record."""
-        return {
-            "schema_version": SCHEMA_VERSION,
-            "accounting_method": ACCOUNTING_METHOD,
-            "config": self._config.to_dict(),
-            "records": [r.to_dict() for r in self._records],
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore from :meth:`state_dict`; rejects other schemas and other configurations."""
-        if not isinstance(state, dict):
-            raise ValueError("accountant state must be a dict")
-        version = state.get("schema_version")
-        if version != SCHEMA_VERSION:
-            raise ValueError(f"unsupported accountant state schema_version {version!r} (expected {SCHEMA_VERSION})")
-        if state.get("accounting_method") != ACCOUNTING_METHOD:
-            raise ValueError(f"accountant state is for method {state.get('accounting_method')!r}, not {ACCOUNTING_METHOD!r}")
-        config = AccountantConfig.from_dict(state.get("config", {}))
-        if config != self._config:
-            diff = sorted(k for k, v in config.to_dict().items() if self._config.to_dict().get(k) != v)
-            raise ValueError(f"accountant state was made for a different configuration (differs in: {', '.join(diff)})")
-        records = [RoundRecord.from_dict(r) for r in state.get("records", [])]
-        fresh = PrivacyAccountant(self._config)
-        fresh.extend(records)
-        self.__dict__.update(fresh.__dict__)
-
     @classmethod
     def from_records(cls, config: AccountantConfig, records: Iterable[RoundRecord]) -> "PrivacyAccountant":
-        """Rebuild an accountant by replaying rounds (e.g. from the privacy ledger)."""
+        """Rebuild an accountant by replaying rounds.
+
+        The one persisted form of an accountant is its configuration plus its round records, as
+        the privacy ledger stores them (header + round lines, parsed with
+        ``AccountantConfig.from_dict`` / ``RoundRecord.from_dict``); there is no separate state
+        format to keep in step with it.
+        """
         accountant = cls(config)
         accountant.extend(records)
         return accountant
@@ -274,18 +279,21 @@ class PrivacyAccountant:
             self._as_planned = self._matches_plan(record)
 
     def _matches_plan(self, record: RoundRecord) -> bool:
-        planned = self._config.planned_round(record.round)
-        return (
-            record.clients == self._config.clients
+        """Whether ``record`` is the planned round (fields compared first; step sizes only then)."""
+        c = self._config
+        if not (
+            record.clients == c.clients
+            and record.local_steps == c.local_steps
+            and record.clipping == c.clipping
+            and record.batch_size == c.batch_size
+            and record.prox_alpha == c.prox_alpha
+            and math.isclose(record.sigma, c.sigma, rel_tol=1e-12)
+            and math.isclose(record.clip_norm, c.clip_norm, rel_tol=1e-12)
             and all(math.isclose(p, 1.0 / record.clients, rel_tol=1e-12) for p in record.weights)
-            and math.isclose(record.sigma, planned.sigma, rel_tol=1e-12)
-            and math.isclose(record.clip_norm, planned.clip_norm, rel_tol=1e-12)
-            and record.clipping == planned.clipping
-            and record.batch_size == planned.batch_size
-            and record.prox_alpha == planned.prox_alpha
-            and len(record.step_sizes) == len(planned.step_sizes)
-            and all(math.isclose(a, b, rel_tol=1e-12) for a, b in zip(record.step_sizes, planned.step_sizes))
-        )
+        ):
+            return False
+        planned = step_sizes(c.schedule, c.lr, record.round - 1, c.local_steps)
+        return all(math.isclose(a, b, rel_tol=1e-12) for a, b in zip(record.step_sizes, planned))
 
     def _mus(self) -> dict[str, float]:
         if not self._records:
@@ -302,16 +310,10 @@ class PrivacyAccountant:
             "local_dp": math.sqrt(max(self._local.value, 0.0)),
         }
 
-    def _soundness(self) -> dict[str, bool]:
-        paper_sound = (
-            paper_is_sound(self._config.algorithm, self._config.schedule)
-            and self._as_planned
-            and self._records_start_at_one()
-        )
+    def _soundness(self, as_planned: bool, starts_at_one: bool) -> dict[str, bool]:
+        paper_sound = paper_is_sound(self._config.algorithm, self._config.schedule) and as_planned and starts_at_one
         return {"paper": paper_sound, "composition": True, "final_model": True, "local_dp": True}
 
     def _records_start_at_one(self) -> bool:
         return not self._records or self._records[0].round == 1
 
-    def _clone(self) -> "PrivacyAccountant":
-        return copy.deepcopy(self)

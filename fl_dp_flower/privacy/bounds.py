@@ -100,6 +100,15 @@ def _same_length(**arrays: np.ndarray) -> None:
         raise ValueError(f"sequences must have equal lengths, got {lengths}")
 
 
+def log_add_exp(a: float, b: float) -> float:
+    """log(e^a + e^b) for floats, exact for -inf arguments (the PAVA merge, docs/MATH.md §7.2)."""
+    if a < b:
+        a, b = b, a
+    if b == _NEG_INF:
+        return a
+    return a + math.log1p(math.exp(b - a))
+
+
 def _sqrt_sum_sq(ratios: np.ndarray) -> float:
     """sqrt(sum r^2) without overflow/underflow (r >= 0)."""
     if ratios.size == 0:
@@ -274,24 +283,47 @@ class OnlineFinalModel:
         """Number of PAVA blocks (1 = the Cauchy-Schwarz solution is feasible)."""
         return len(self._cum)
 
-    @property
-    def state(self) -> list[tuple[float, float, float, float, float]]:
-        """The block stack as (log_num, log_den, log_rho_first, log_rho_inner, cumulative mu^2)."""
-        return list(zip(self._ln, self._ld, self._first, self._inner, self._cum))
-
     def push(self, log_rho: float, gamma: float, noise_std: float) -> None:
         """Add one round: log rho_t (finite), gamma_t >= 0, s_t > 0 (all finite)."""
-        lr = float(log_rho)
+        log_rho = float(log_rho)
         g = float(gamma)
         s = float(noise_std)
-        if not math.isfinite(lr):
+        if not math.isfinite(log_rho):
             raise ValueError(f"log_rho must be finite, got {log_rho!r}")
         if not (math.isfinite(g) and g >= 0.0):
             raise ValueError(f"gamma must be a finite number >= 0, got {gamma!r}")
         if not (math.isfinite(s) and s > 0.0):
             raise ValueError(f"noise_std must be a finite number > 0, got {noise_std!r}")
         r = float(np.float64(g) / np.float64(s))
-        self._extend([lr], [math.log(g) if g > 0.0 else _NEG_INF], [2.0 * math.log(s)], [r * r])
+        self._extend([log_rho], [math.log(g) if g > 0.0 else _NEG_INF], [2.0 * math.log(s)], [r * r])
+
+    def peek(self, log_rho: float, gamma: float, noise_std: float) -> float:
+        """mu_final after pushing this round, without pushing it (the stack is only read).
+
+        Mirrors :meth:`_extend` step for step, so ``peek`` then ``push`` give the same mu bit
+        for bit. Costs as many block merges as the push would do.
+        """
+        g, s = float(gamma), float(noise_std)
+        first, ln, ld = float(log_rho), (math.log(g) if g > 0.0 else _NEG_INF), 2.0 * math.log(s)
+        r = float(np.float64(g) / np.float64(s))
+        value = r * r
+        ln_stack, ld_stack, first_stack, inner_stack, cum_stack = (
+            self._ln, self._ld, self._first, self._inner, self._cum
+        )
+        top = len(ln_stack) - 1
+        cum = cum_stack[top] if top >= 0 else 0.0
+        if top >= 0 and ln_stack[top] - ld_stack[top] - (inner_stack[top] + first) > ln - ld:
+            while True:
+                shift = inner_stack[top] + first
+                first = first_stack[top]
+                ln = log_add_exp(ln_stack[top], ln - shift)
+                ld = log_add_exp(ld_stack[top], ld - 2.0 * shift)
+                top -= 1
+                if not (top >= 0 and ln_stack[top] - ld_stack[top] - (inner_stack[top] + first) > ln - ld):
+                    break
+            value = math.exp(2.0 * ln - ld) if ln != _NEG_INF else 0.0
+            cum = cum_stack[top] if top >= 0 else 0.0
+        return math.sqrt(cum + value)
 
     def _extend_arrays(
         self, log_rhos: np.ndarray, gammas: np.ndarray, noise_stds: np.ndarray, out: np.ndarray | None = None
@@ -326,7 +358,7 @@ class OnlineFinalModel:
         ln_push, ld_push, first_push, inner_push, cum_push = (
             ln_stack.append, ld_stack.append, first_stack.append, inner_stack.append, cum_stack.append
         )
-        exp, log1p = math.exp, math.log1p
+        exp = math.exp
         neg_inf = _NEG_INF
         cum = cum_stack[-1] if cum_stack else 0.0
         i = 0
@@ -339,17 +371,9 @@ class OnlineFinalModel:
                     first = first_stack.pop()
                     inner += shift
                     cum_stack.pop()
-                    # ln = logaddexp(ln_A, ln - shift), ld = logaddexp(ld_A, ld - 2 shift)
-                    pn = ln_stack.pop()
-                    ln -= shift
-                    if pn < ln:
-                        pn, ln = ln, pn
-                    ln = pn if ln == neg_inf else pn + log1p(exp(ln - pn))
-                    pd = ld_stack.pop()
-                    ld -= 2.0 * shift
-                    if pd < ld:
-                        pd, ld = ld, pd
-                    ld = pd + log1p(exp(ld - pd))
+                    # merge the current block into A, in its normalisation (p_u instead of p_{v+1})
+                    ln = log_add_exp(ln_stack.pop(), ln - shift)
+                    ld = log_add_exp(ld_stack.pop(), ld - 2.0 * shift)
                     if not (
                         ln_stack and ln_stack[-1] - ld_stack[-1] - (inner_stack[-1] + first) > ln - ld
                     ):
@@ -376,12 +400,12 @@ def final_model_mu(
     Sound for an adversary who sees only the final model w_T (given the paper's Lemmas
     6-8); always <= :func:`composition_mu` of the same terms.
     """
-    lr = _log_rho_array(log_rhos)
+    log_rho = _log_rho_array(log_rhos)
     g = _array("gammas", gammas, positive=False)
     s = _array("noise_stds", noise_stds, positive=True)
-    _same_length(log_rhos=lr, gammas=g, noise_stds=s)
+    _same_length(log_rhos=log_rho, gammas=g, noise_stds=s)
     model = OnlineFinalModel()
-    model._extend_arrays(lr, g, s)
+    model._extend_arrays(log_rho, g, s)
     return model.mu
 
 
@@ -395,15 +419,15 @@ def cauchy_schwarz_mu(
     weights can leave [0, 1], docs/MATH.md §7.1); with s_t = sigma/sqrt(m) it equals
     sqrt(m H_0)/sigma, which the closed forms of Theorems 3(a),(b), 4 reproduce.
     """
-    lr = _log_rho_array(log_rhos)
+    log_rho = _log_rho_array(log_rhos)
     g = _array("gammas", gammas, positive=False)
     s = _array("noise_stds", noise_stds, positive=True)
-    _same_length(log_rhos=lr, gammas=g, noise_stds=s)
-    if lr.size == 0:
+    _same_length(log_rhos=log_rho, gammas=g, noise_stds=s)
+    if log_rho.size == 0:
         return 0.0
-    log_p = np.empty(lr.size)
+    log_p = np.empty(log_rho.size)
     log_p[0] = 0.0
-    log_p[1:] = -_prefix_sums(lr[1:])
+    log_p[1:] = -_prefix_sums(log_rho[1:])
     with np.errstate(divide="ignore"):
         log_num = logsumexp(log_p + np.log(g))
     log_den = logsumexp(2.0 * (log_p + np.log(s)))

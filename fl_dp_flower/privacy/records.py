@@ -17,7 +17,7 @@ Units and conventions (see docs/MATH.md §1, §13, §14):
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
 from fl_dp_flower.vocabulary import (ALGORITHMS, BOUND_CHOICES, BOUND_NAMES, CLIPPING_MODES, SCHEDULES,
@@ -30,6 +30,21 @@ from .validate import choice, int_at_least, nonnegative, positive
 __all__ = ["ALGORITHMS", "BOUND_CHOICES", "BOUND_NAMES", "CLIPPING_MODES", "SCHEDULES", "THREAT_MODELS",
            "AccountantConfig", "Algorithm", "BoundChoice", "BoundName", "Clipping", "RoundRecord", "Schedule",
            "ThreatModel"]
+
+
+def _fields_of(cls: type, data: Any, what: str) -> dict[str, Any]:
+    """``data`` as keyword arguments of dataclass ``cls``: unknown and missing fields are named."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{what} must be a JSON object, got {type(data).__name__}")
+    known = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ValueError(f"{what} has unknown field(s) {unknown}")
+    missing = sorted(n for n, f in known.items()
+                     if n not in data and f.default is MISSING and f.default_factory is MISSING)
+    if missing:
+        raise ValueError(f"{what} lacks required field(s) {missing}")
+    return dict(data)
 
 
 def _check_prox(algorithm: str, prox_alpha: float | None, smoothness: float, max_step: float) -> None:
@@ -127,8 +142,9 @@ class AccountantConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "AccountantConfig":
-        return cls(**data)
+    def from_dict(cls, data: Any) -> "AccountantConfig":
+        """Parse a persisted config (a ledger header's); ValueError names the bad field."""
+        return cls(**_fields_of(cls, data, "accountant config"))
 
 
 _WEIGHT_SUM_TOL = 1e-9
@@ -211,9 +227,12 @@ class RoundRecord:
         return d
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "RoundRecord":
-        d = dict(data)
+    def from_dict(cls, data: Any) -> "RoundRecord":
+        """Parse a persisted round record (a ledger round line's); ValueError names the bad field."""
+        d = _fields_of(cls, data, "round record")
         for key in ("step_sizes", "weights", "node_ids"):
             if key in d:
+                if not isinstance(d[key], (list, tuple)):
+                    raise ValueError(f"round record field {key!r} must be a list, got {d[key]!r}")
                 d[key] = tuple(d[key])
         return cls(**d)
