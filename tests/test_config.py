@@ -7,6 +7,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 from flwr.app import Context, RecordDict
 
 from fl_dp_flower.config import AppConfig, ConfigError, default_cyclic_c, default_iterative_z
@@ -32,7 +33,7 @@ def test_empty_run_config_gives_defaults():  # run_simulation passes {}
 
 def test_frozen():
     cfg = AppConfig()
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError, match="frozen"):
         cfg.lr = 1.0  # type: ignore[misc]
 
 

@@ -24,29 +24,21 @@ import pytest
 import torch
 
 from deploy_harness import generate_certs
-from fl_dp_flower.apps.client import app as client_app
-from fl_dp_flower.apps.server import CHECKPOINT, LEDGER, SUMMARY, RunFailed, run_server
+from fl_dp_flower.apps.server import CHECKPOINT, LEDGER, SUMMARY, RunFailed
 from fl_dp_flower.config import AppConfig
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.reporting import PrivacyLedger, PrivacyMetricsExporter, read_ledger
-from local_grid import LocalGrid
+from local_grid import TINY_NODES, run_local, tiny_config
 
-NODES = 3
+NODES = TINY_NODES
 
 
 def _config(tmp_path, **overrides) -> AppConfig:
-    rc = {
-        "local-steps": 2, "batch-size": 16, "lr": 0.05, "sigma": 0.5, "clip-norm": 1.0,
-        "num-server-rounds": 4, "clients-per-round": NODES, "min-replies": 1, "num-partitions": NODES,
-        "seed": 0, "output-dir": str(tmp_path), "run-name": "run", "round-timeout": 30.0,
-    }
-    rc.update(overrides)
-    return AppConfig.from_run_config(rc)
+    return tiny_config(tmp_path, **{"num-server-rounds": 4, **overrides})
 
 
-def _run(config: AppConfig, **grid_kw):
-    grid = LocalGrid(client_app, grid_kw.pop("nodes", NODES), config.to_run_config(), **grid_kw)
-    return run_server(grid, config), grid
+def _run(config: AppConfig, app=None, **grid_kw):
+    return run_local(config, app, **grid_kw)
 
 
 class Crash(BaseException):

@@ -21,24 +21,17 @@ from fl_dp_flower.reporting import read_ledger
 from fl_dp_flower.training.data import DEFAULT_DATA_SEED, load_partition
 from fl_dp_flower.training.models import build_model
 
-from local_grid import LocalGrid
+from local_grid import TINY_NODES, LocalGrid, run_local, tiny_config
 
-NODES = 3
+NODES = TINY_NODES
 
 
 def _config(tmp_path, **overrides) -> AppConfig:
-    rc = {
-        "local-steps": 2, "batch-size": 16, "lr": 0.05, "sigma": 0.5, "clip-norm": 1.0,
-        "num-server-rounds": 2, "clients-per-round": NODES, "min-replies": 1, "num-partitions": NODES,
-        "seed": 0, "output-dir": str(tmp_path), "run-name": "run", "round-timeout": 30.0,
-    }
-    rc.update(overrides)
-    return AppConfig.from_run_config(rc)
+    return tiny_config(tmp_path, **overrides)
 
 
-def _run(config: AppConfig, app=client_app, **grid_kw):
-    grid = LocalGrid(app, NODES, config.to_run_config(), **grid_kw)
-    return run_server(grid, config), grid
+def _run(config: AppConfig, app=None, **grid_kw):
+    return run_local(config, app, **grid_kw)
 
 
 def _train_configs(grid: LocalGrid) -> list[dict]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 from scipy.special import logsumexp, zeta
@@ -476,19 +476,25 @@ def _sum_inv_pow_tail(k: int, lo: int, hi: int) -> float:
     return float(zeta(k, lo) - zeta(k, hi + 1))
 
 
-def _sum_inv_sq(lo: int, hi: int) -> float:
-    """sum_{n=lo}^{hi} 1/n^2 (0 if hi < lo): direct to 2^20, Hurwitz zeta beyond."""
+def _direct_then_tail(lo: int, hi: int, term: Callable[[np.ndarray], np.ndarray],
+                      tail: Callable[[int, int], float]) -> float:
+    """sum_{n=lo}^{hi} term(n) (0 if hi < lo): summed directly (small terms first) up to
+    2^20, then ``tail(start, hi)`` in closed form."""
     if hi < lo:
         return 0.0
     total = 0.0
     mid = min(hi, _DIRECT_SUM_MAX)
     if lo <= mid:
-        n = np.arange(mid, lo - 1, -1, dtype=float)  # small terms first
-        total += float(np.sum(1.0 / (n * n)))
+        total += float(np.sum(term(np.arange(mid, lo - 1, -1, dtype=float))))
     start = max(lo, mid + 1)
     if start <= hi:
-        total += _sum_inv_pow_tail(2, start, hi)
+        total += tail(start, hi)
     return total
+
+
+def _sum_inv_sq(lo: int, hi: int) -> float:
+    """sum_{n=lo}^{hi} 1/n^2: direct to 2^20, Hurwitz zeta beyond."""
+    return _direct_then_tail(lo, hi, lambda n: 1.0 / (n * n), lambda a, b: _sum_inv_pow_tail(2, a, b))
 
 
 # ln^2(1+u) = u^2 - u^3 + 11u^4/12 - 5u^5/6 + 137u^6/180 + O(u^7), used for n > 2^20 (u < 1e-6)
@@ -496,18 +502,10 @@ _LOG1P_SQ_SERIES = ((2, 1.0), (3, -1.0), (4, 11.0 / 12.0), (5, -5.0 / 6.0), (6, 
 
 
 def _sum_log1p_inv_sq(lo: int, hi: int) -> float:
-    """sum_{n=lo}^{hi} ln^2(1 + 1/n) (0 if hi < lo): direct to 2^20, series + zeta beyond."""
-    if hi < lo:
-        return 0.0
-    total = 0.0
-    mid = min(hi, _DIRECT_SUM_MAX)
-    if lo <= mid:
-        n = np.arange(mid, lo - 1, -1, dtype=float)
-        total += float(np.sum(np.square(np.log1p(1.0 / n))))
-    start = max(lo, mid + 1)
-    if start <= hi:
-        total += math.fsum(c * _sum_inv_pow_tail(k, start, hi) for k, c in _LOG1P_SQ_SERIES)
-    return total
+    """sum_{n=lo}^{hi} ln^2(1 + 1/n): direct to 2^20, series + Hurwitz zeta beyond."""
+    return _direct_then_tail(
+        lo, hi, lambda n: np.square(np.log1p(1.0 / n)),
+        lambda a, b: math.fsum(c * _sum_inv_pow_tail(k, a, b) for k, c in _LOG1P_SQ_SERIES))
 
 
 def _is_constant_terms(config: AccountantConfig) -> bool:
