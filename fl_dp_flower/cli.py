@@ -97,6 +97,15 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="the main job: a simulation with the privacy report",
                               formatter_class=formatter)
     add_run_arguments(run)
+    verify = commands.add_parser("verify", help="check a privacy ledger: hash chain, structure, every round recomputed",
+                                 formatter_class=formatter)
+    verify.add_argument("ledger", help="path of a ledger.jsonl (or of its run folder)")
+    verify.add_argument("--json", action="store_true", help="print JSON instead of text")
+    watch = commands.add_parser("watch", help="live view of a running or finished run, read from its ledger",
+                                formatter_class=formatter)
+    watch.add_argument("run_dir", help="the run folder (<output-dir>/<run-name>) or its ledger.jsonl")
+    watch.add_argument("--interval", type=_POSITIVE, default=1.0, help="seconds between reads of the ledger")
+    watch.add_argument("--once", action="store_true", help="print one view and exit (no live display)")
     privacy = commands.add_parser("privacy", help="all privacy bounds of a planned run", formatter_class=formatter)
     _add_common(privacy)
     privacy.add_argument("--sigma", type=_POSITIVE, required=True, help="per-client noise std (> 0)")
@@ -177,12 +186,47 @@ def _print_plan(result: dict[str, Any], args: argparse.Namespace) -> None:
                   f"{_THREAT_RULE[args.threat_model]}): mu = {_fmt(cert['mu'])}, epsilon = {_fmt(cert['epsilon'])}")
 
 
+def _verify(args: argparse.Namespace) -> int:
+    """Exit 0: every check passed; 1: a check failed (the first failing line is named); 2: no ledger."""
+    from pathlib import Path
+
+    from .reporting.durable import json_safe
+    from .reporting.verify import verify_ledger
+
+    path = Path(args.ledger)
+    if path.is_dir():
+        path = path / "ledger.jsonl"
+    if not path.is_file():
+        print(f"fl-dp-flower verify: no ledger at {path}", file=sys.stderr)
+        return 2
+    result = verify_ledger(path)
+    if args.json:
+        print(json.dumps(json_safe(result.to_dict()), indent=2, allow_nan=False))
+        return 0 if result.ok else 1
+    chain = ("hash chain intact" if result.ok else "hash chain checked up to the failure") if result.chained \
+        else "no hash chain (schema 1)"
+    print(f"ledger {path} (schema {result.schema}, {result.lines} lines): {chain}; "
+          f"{result.rounds_verified} rounds recomputed in {result.seconds:.2f} s")
+    for note in result.notes:
+        print(f"note: {note}")
+    if result.ok:
+        print(f"OK: every recorded number follows from the recorded rounds; head {result.head or '-'}")
+        return 0
+    print(f"FAILED at line {result.failure_line}: {result.failure}")
+    return 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "run":
         from .launcher import main as run_main
         return run_main(args)
+    if args.command == "verify":
+        return _verify(args)
+    if args.command == "watch":
+        from .reporting.watch import main as watch_main
+        return watch_main(args)
     from .privacy.planning import calibrate, plan  # numpy/scipy: only now
     from .reporting.durable import json_safe
 

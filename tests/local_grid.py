@@ -19,6 +19,7 @@ otherwise. Messages get their id when sent, as Flower's Grids do.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -108,6 +109,22 @@ class LocalGrid(Grid):
 TINY_NODES = 3
 
 
+@contextlib.contextmanager
+def task_identity():
+    """Flower >= 1.4x reads TaskIdentity.run_id/node_id/task_id to build instruction Messages;
+    outside a Flower runtime they are unset (RuntimeError). Set them, restore them after."""
+    from flwr.supercore.task_identity import TaskIdentity  # internal API, no public alternative
+
+    names = ("_run_id", "_node_id", "_task_id")
+    saved = {k: getattr(TaskIdentity, k) for k in names}
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 0, 1, 1
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(TaskIdentity, k, v)
+
+
 def tiny_config(tmp_path, **overrides):
     """A validated AppConfig for a ~1 s run on TINY_NODES in-process nodes (fixed seed: reproducible)."""
     from fl_dp_flower.config import AppConfig
@@ -128,7 +145,8 @@ def run_local(config, app: ClientApp | None = None, *, nodes: int = TINY_NODES, 
     from fl_dp_flower.apps.server import run_server
 
     grid = LocalGrid(app or client_app, nodes, config.to_run_config(), **grid_kw)
-    return run_server(grid, config), grid
+    with task_identity():
+        return run_server(grid, config), grid
 
 
 def superlink_error(ins: Message) -> Message:

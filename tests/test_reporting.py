@@ -79,7 +79,7 @@ def test_ledger_roundtrip_including_inf(tmp_path):
     assert "Infinity" not in raw and "NaN" not in raw  # strict JSON on disk
     for line in raw.splitlines():
         entry = json.loads(line)
-        assert entry["schema"] == 1 and entry["time"].endswith("+00:00")
+        assert entry["schema"] == 2 and entry["time"].endswith("+00:00")
 
     contents = read_ledger(path)
     assert not contents.torn_tail

@@ -47,7 +47,7 @@ class Crash(BaseException):
 
 def _crash_while_writing_round(monkeypatch, round_: int, *, fraction: float) -> None:
     """Make the ledger die while appending round ``round_``'s line, after writing ``fraction`` of it."""
-    real_write = PrivacyLedger._write_raw
+    real_write = PrivacyLedger._write_locked
 
     def write(self, line: bytes) -> None:
         if line.startswith(b'{"kind":"round"') and f'"round":{round_},'.encode() in line:
@@ -56,7 +56,7 @@ def _crash_while_writing_round(monkeypatch, round_: int, *, fraction: float) -> 
             raise Crash(f"killed while appending round {round_}")
         real_write(self, line)
 
-    monkeypatch.setattr(PrivacyLedger, "_write_raw", write)
+    monkeypatch.setattr(PrivacyLedger, "_write_locked", write)
 
 
 # ------------------------------------------------------------------ 2. resume without a ledger

@@ -269,10 +269,10 @@ def run_server(grid: Grid, config: AppConfig, *, fraction_evaluate: float = 0.0,
         if strategy.stop_reason is not None:
             ledger.append_event("budget-stop", {"reason": strategy.stop_reason,
                                                 "rounds_accounted": accountant.num_releases})
-        summary = _finish(config, run_dir, ledger, accountant, strategy, result, time.time() - t0)
         trained = accountant.num_releases - accounted_before
         ledger.append_event("end", {"rounds_accounted": accountant.num_releases, "rounds_this_run": trained,
                                     "stopped_by_budget": strategy.stop_reason is not None})
+        summary = _finish(config, run_dir, ledger, accountant, strategy, result, time.time() - t0)
         if trained == 0:
             why = strategy.stop_reason or (f"all {config.num_server_rounds} rounds were already accounted"
                                            if remaining == 0 else "no round could be accounted")
@@ -328,6 +328,7 @@ def _finish(config: AppConfig, run_dir: Path, ledger: PrivacyLedger, accountant:
         "node_refusals": {str(n): r.to_dict() for n, r in sorted(strategy.refusals.items())},
         "excluded_nodes": {str(n): why for n, why in sorted(strategy.excluded_nodes.items())},
         "wall_seconds": seconds,
+        "ledger_head": ledger.head_line_hash,  # SHA-256 of the ledger's last line: compare with `verify`
         "files": {"ledger": str(run_dir / LEDGER), "final_model": str(run_dir / FINAL_MODEL), "plot": plot},
         "app_config": config.to_run_config(),
         "accountant_config": accountant.config.to_dict(),
@@ -337,6 +338,8 @@ def _finish(config: AppConfig, run_dir: Path, ledger: PrivacyLedger, accountant:
     log.info("finished: %d rounds accounted, certified epsilon %s (mu %s, %s) at delta %g%s",
              accountant.num_releases, cert["epsilon"], cert["mu"], cert["bound"], config.delta,
              f"; stopped: {strategy.stop_reason}" if strategy.stop_reason else "")
+    log.info("ledger %s head (SHA-256 of its last line, for `fl-dp-flower verify`): %s",
+             run_dir / LEDGER, ledger.head_line_hash)
     if strategy.excluded_nodes:
         log.error("nodes no longer sampled after %d consecutive refusals: %s", config.max_node_refusals,
                   "; ".join(f"node {n} ({why})" for n, why in sorted(strategy.excluded_nodes.items())))

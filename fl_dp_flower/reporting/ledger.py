@@ -9,7 +9,14 @@ A privacy ledger is never lost or rewritten:
   :class:`~fl_dp_flower.privacy.records.RoundRecord` before it is written, so the
   accountant can always be rebuilt from the ledger (:func:`load_round_records`).
 
-Line format (one JSON object per line, ``"schema": 1`` and UTC ISO-8601 ``"time"`` on each)::
+Tamper evidence (schema 2): every line carries ``"prev"``, the SHA-256 (hex) of the previous
+physical line's bytes (without its newline; ``null`` on the header), so editing, deleting or
+inserting any line breaks the chain at the next line; ``fl-dp-flower verify`` checks it and
+recomputes every round's privacy (:mod:`fl_dp_flower.reporting.verify`). Ledgers of schema 1
+(before the chain) are still read and resumed; they lack the ``prev`` fields, so ``verify`` can
+recompute their numbers but cannot detect a deleted or edited line.
+
+Line format (one JSON object per line, ``"schema"`` and UTC ISO-8601 ``"time"`` on each)::
 
     {"kind": "header", "accountant_config": {...}, "app_config": {...}, "created": iso, ...}
     {"kind": "round", "round": t, "record": {...}, "report": {...}, "metrics": {...}, ...}
@@ -39,6 +46,7 @@ Files are created owner-only (mode 0600).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -53,7 +61,8 @@ from fl_dp_flower.privacy.records import RoundRecord
 from .durable import fsync_dir as _fsync_dir
 from .durable import json_safe as _encode
 
-SCHEMA = 1
+SCHEMA = 2  # written by this version: hash-chained lines
+SCHEMAS = (1, 2)  # read: 1 = before the chain
 TORN_TAIL_EVENT = "torn-tail"
 ROUND_OPEN_EVENT = "round-open"
 ROUND_VOID_EVENT = "round-void"
@@ -81,6 +90,11 @@ def _decode(obj: Any) -> Any:
 
 def _dumps(entry: dict[str, Any]) -> bytes:
     return (json.dumps(_encode(entry), allow_nan=False, separators=(",", ":")) + "\n").encode()
+
+
+def line_hash(line: bytes) -> str:
+    """SHA-256 (hex) of one ledger line's bytes, without its newline: the next line's ``prev``."""
+    return hashlib.sha256(line.rstrip(b"\n")).hexdigest()
 
 
 def _normalize(d: dict[str, Any]) -> dict[str, Any]:
@@ -166,10 +180,11 @@ def read_ledger(path: str | os.PathLike[str]) -> LedgerContents:
                 raise ValueError(f"privacy ledger {path}: line {lineno} is not a valid ledger entry")
             continue  # a torn write from an earlier crash, recorded by the next line
         entry = _decode(entry)
-        if entry.get("schema") != SCHEMA:
+        expected = header.get("schema") if header is not None else entry.get("schema")
+        if entry.get("schema") not in SCHEMAS or entry.get("schema") != expected:
             raise ValueError(
                 f"privacy ledger {path}: line {lineno} has schema {entry.get('schema')!r}, "
-                f"expected {SCHEMA}"
+                f"expected {expected if expected in SCHEMAS else ' or '.join(map(str, SCHEMAS))}"
             )
         kind = entry["kind"]
         if lineno == 1:
@@ -211,13 +226,15 @@ class PrivacyLedger:
     """Append-only writer. Use :meth:`create` for a new run and :meth:`resume` to continue."""
 
     def __init__(self, path: Path, fd: int, header: dict[str, Any], rounds: list[dict[str, Any]],
-                 torn_tail: bool = False) -> None:
+                 torn_tail: bool = False, head: str | None = None) -> None:
         self.path = path
         self._file = os.fdopen(fd, "ab", buffering=0)
         self._lock = threading.Lock()
         self.header = header
         self.rounds = rounds
         self.torn_tail = torn_tail
+        self.schema = header.get("schema", SCHEMA)
+        self.head = head  # line_hash of the last line written (the chain's head), None before the header
 
     @property
     def last_round(self) -> int | None:
@@ -240,7 +257,7 @@ class PrivacyLedger:
         now = utc_now()
         header = {"kind": "header", "schema": SCHEMA, "accountant_config": accountant_config,
                   "app_config": app_config, "created": now, "time": now}
-        ledger = cls(path, fd, _normalize(header), [])
+        ledger = cls(path, fd, _normalize({**header, "prev": None}), [])
         ledger._write(header)
         _fsync_dir(path.parent)
         return ledger
@@ -277,10 +294,11 @@ class PrivacyLedger:
         """
         path = Path(path)
         contents = cls.check_resumable(path, accountant_config=accountant_config)
+        last_line = path.read_bytes().rstrip(b"\n").rsplit(b"\n", 1)[-1]
         fd = os.open(path, os.O_WRONLY | os.O_APPEND)
-        ledger = cls(path, fd, contents.header, list(contents.rounds), contents.torn_tail)
+        ledger = cls(path, fd, contents.header, list(contents.rounds), contents.torn_tail, line_hash(last_line))
         if not contents.ends_with_newline:
-            ledger._write_raw(b"\n")
+            ledger._write_raw(b"\n")  # the fragment becomes a line of its own; the chain runs through it
             if contents.torn_tail:
                 ledger.append_event(TORN_TAIL_EVENT, {"line": contents.line_count, "kind": contents.torn_kind})
         return ledger
@@ -298,7 +316,7 @@ class PrivacyLedger:
         rec = RoundRecord.from_dict(record)  # the ledger must stay loadable
         if rec.round != round:
             raise ValueError(f"record is for round {rec.round}, not round {round}")
-        entry = {"kind": "round", "schema": SCHEMA, "round": round, "record": record,
+        entry = {"kind": "round", "schema": self.schema, "round": round, "record": record,
                  "report": report, "metrics": metrics, "time": utc_now()}
         self._write(entry)
         self.rounds.append(_normalize(entry))
@@ -307,21 +325,35 @@ class PrivacyLedger:
         """Append a non-round line, e.g. ``"budget-stop"``, ``"resume"``, ``"end"`` (fsynced)."""
         if not isinstance(kind, str) or not kind:
             raise ValueError(f"event kind must be a non-empty string, got {kind!r}")
-        self._write({"kind": "event", "schema": SCHEMA, "event": kind, "data": data,
+        self._write({"kind": "event", "schema": self.schema, "event": kind, "data": data,
                      "time": utc_now()})
 
     def _write(self, entry: dict[str, Any]) -> None:
-        self._write_raw(_dumps(entry))
+        with self._lock:
+            if self.schema >= 2:
+                entry = {**entry, "prev": self.head}
+            line = _dumps(entry)
+            self._write_locked(line)
+            self.head = line_hash(line)
+
+    @property
+    def head_line_hash(self) -> str | None:
+        """The chain's head: the hash a verifier must reach at the ledger's last line."""
+        return self.head
 
     def _write_raw(self, line: bytes) -> None:
         with self._lock:
-            if self._file.closed:
-                raise ValueError(f"privacy ledger {self.path} is closed")
-            view = memoryview(line)
-            while view:
-                view = view[self._file.write(view):]
-            self._file.flush()
-            os.fsync(self._file.fileno())
+            self._write_locked(line)
+
+    def _write_locked(self, line: bytes) -> None:
+        """One whole line with one write loop, then flush + fsync (caller holds the lock)."""
+        if self._file.closed:
+            raise ValueError(f"privacy ledger {self.path} is closed")
+        view = memoryview(line)
+        while view:
+            view = view[self._file.write(view):]
+        self._file.flush()
+        os.fsync(self._file.fileno())
 
     def close(self) -> None:
         """Close the file (every line is already durable)."""

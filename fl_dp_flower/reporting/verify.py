@@ -1,0 +1,191 @@
+"""``fl-dp-flower verify LEDGER``: check a privacy ledger without trusting the run that wrote it.
+
+What it checks, line by line, and where it stops (the first line that fails is reported):
+
+1. **Header.** Line 1 is a header of a known schema whose accountant configuration parses
+   (typed checks, docs/MATH.md §15 for what it configures).
+2. **Chain** (schema 2). Every line's ``prev`` is the SHA-256 of the line before it: an edited,
+   deleted or inserted line breaks the chain at the next line. The hash of the last line (the
+   *head*) is printed; compare it with the head the run logged and wrote to ``summary.json``
+   to detect a ledger cut short or rewritten from some line on.
+3. **Rounds.** Every round's record is parsed and replayed through a fresh accountant, in order,
+   and every number of its report (each bound's mu, epsilon and soundness, the certified bound
+   and its epsilon, clients, round counts) must match what was recorded (relative 1e-9).
+4. **Structure** (schema 2). Each round line follows its ``round-open`` event (the write-ahead
+   line the server appends before broadcasting), and nothing but a ``resume`` follows a run's
+   ``end``.
+
+What it does not prove: that clients really added the noise they reported, ran the steps they
+echoed, or that the server recorded every client it heard from; it proves that the published
+numbers follow from the recorded rounds, and that the recorded lines were not changed after
+the fact without rewriting the chain from that line on (which the head hash reveals). A ledger
+of schema 1 (before the chain) gets checks 1 and 3 only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fl_dp_flower.privacy.accountant import PrivacyAccountant
+from fl_dp_flower.privacy.records import AccountantConfig, RoundRecord
+from fl_dp_flower.vocabulary import BOUND_NAMES
+
+from .ledger import ROUND_OPEN_EVENT, SCHEMAS, TORN_TAIL_EVENT, _decode, line_hash
+
+REL_TOL = 1e-9
+
+
+@dataclass
+class Verification:
+    """The outcome of :func:`verify_ledger` (``ok`` is False on the first failure)."""
+
+    path: str
+    ok: bool = True
+    schema: int | None = None
+    lines: int = 0
+    rounds_verified: int = 0
+    chained: bool = False
+    head: str | None = None
+    failure_line: int | None = None
+    failure: str | None = None
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def fail(self, line: int, reason: str) -> "Verification":
+        self.ok, self.failure_line, self.failure = False, line, reason
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _close(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        if math.isinf(a) or math.isinf(b) or math.isnan(a) or math.isnan(b):
+            return (a == b) or (math.isnan(a) and math.isnan(b))
+        return math.isclose(a, b, rel_tol=REL_TOL, abs_tol=1e-300)
+    return a == b
+
+
+def _report_difference(recorded: Any, recomputed: dict[str, Any]) -> str | None:
+    """The first number of ``recomputed`` that ``recorded`` does not match, as text."""
+    if not isinstance(recorded, dict):
+        return "the round line has no report"
+    for key in ("round", "rounds", "clients", "threat_model", "delta"):
+        if not _close(recorded.get(key), recomputed[key]):
+            return f"report {key}: recorded {recorded.get(key)!r}, recomputed {recomputed[key]!r}"
+    for key in ("bound", "mu", "epsilon"):
+        got = (recorded.get("certified") or {}).get(key)
+        if not _close(got, recomputed["certified"][key]):
+            return f"certified {key}: recorded {got!r}, recomputed {recomputed['certified'][key]!r}"
+    for name in BOUND_NAMES:
+        for key in ("mu", "epsilon", "sound"):
+            got = ((recorded.get("bounds") or {}).get(name) or {}).get(key)
+            if not _close(got, recomputed["bounds"][name][key]):
+                return f"{name} {key}: recorded {got!r}, recomputed {recomputed['bounds'][name][key]!r}"
+    return None
+
+
+def verify_ledger(path: str | Path) -> Verification:
+    """Run every check of the module docstring on the ledger at ``path``."""
+    started = time.perf_counter()
+    path = Path(path)
+    result = Verification(str(path))
+    try:
+        return _verify(path, path.read_bytes(), result)
+    finally:
+        result.seconds = time.perf_counter() - started
+
+
+def _verify(path: Path, data: bytes, v: Verification) -> Verification:
+    if not data:
+        return v.fail(1, "the ledger is empty")
+    ends_with_newline = data.endswith(b"\n")
+    raw_lines = data.split(b"\n")
+    if ends_with_newline:
+        raw_lines.pop()
+    v.lines = len(raw_lines)
+    parsed: list[dict[str, Any] | None] = []
+    for raw in raw_lines:
+        try:
+            entry = json.loads(raw.decode("utf-8"))
+            parsed.append(_decode(entry) if isinstance(entry, dict) else None)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            parsed.append(None)
+
+    header = parsed[0]
+    if header is None or header.get("kind") != "header":
+        return v.fail(1, "line 1 is not a ledger header")
+    v.schema = header.get("schema")
+    if v.schema not in SCHEMAS:
+        return v.fail(1, f"unknown ledger schema {v.schema!r} (this version reads {SCHEMAS})")
+    v.chained = v.schema >= 2
+    if v.chained and header.get("prev") is not None:
+        return v.fail(1, "the header's prev must be null (it is the first line)")
+    try:
+        config = AccountantConfig.from_dict(header.get("accountant_config"))
+    except (ValueError, TypeError) as err:
+        return v.fail(1, f"header accountant_config: {err}")
+    if not v.chained:
+        v.notes.append("schema 1 ledger (written before the hash chain): edits and deletions of whole "
+                       "lines cannot be detected, only numbers that do not follow from the records")
+
+    accountant = PrivacyAccountant(config)
+    opened: int | None = None  # round of the last round-open event not yet followed by its round
+    ended = False
+    for i in range(1, len(raw_lines)):
+        lineno, entry, raw = i + 1, parsed[i], raw_lines[i]
+        last_line = i == len(raw_lines) - 1
+        if v.chained and entry is not None and entry.get("prev") != line_hash(raw_lines[i - 1]):
+            return v.fail(lineno, f"hash chain broken: prev does not match line {i} (line {i} was edited, "
+                                  f"or a line was deleted or inserted before line {lineno})")
+        if entry is None:
+            if last_line and not ends_with_newline:
+                v.notes.append(f"line {lineno} is a torn last line (a write cut short); not verified")
+                break
+            nxt = parsed[i + 1] if i + 1 < len(parsed) else None
+            if not (nxt and nxt.get("event") == TORN_TAIL_EVENT and (nxt.get("data") or {}).get("line") == lineno):
+                return v.fail(lineno, "not a valid ledger line, and no torn-tail event records it")
+            continue
+        if entry.get("schema") != v.schema:
+            return v.fail(lineno, f"schema {entry.get('schema')!r} differs from the header's {v.schema}")
+        kind = entry.get("kind")
+        if ended and not (kind == "event" and entry.get("event") in ("resume", TORN_TAIL_EVENT)):
+            return v.fail(lineno, "a line after the run's end event that is not a resume")
+        if kind == "event":
+            event, data_ = entry.get("event"), entry.get("data") or {}
+            if event == ROUND_OPEN_EVENT:
+                opened = data_.get("round")
+            ended = event == "end"
+            continue
+        if kind != "round":
+            return v.fail(lineno, f"unknown line kind {kind!r}")
+        try:
+            record = RoundRecord.from_dict(entry.get("record"))
+        except (ValueError, TypeError) as err:
+            return v.fail(lineno, f"round record: {err}")
+        if entry.get("round") != record.round:
+            return v.fail(lineno, f"round {entry.get('round')!r} but its record is for round {record.round}")
+        if v.chained and opened != record.round:
+            return v.fail(lineno, f"round {record.round} has no round-open line before it (rounds are opened "
+                                  "before they are broadcast; this one was not written by the server)")
+        try:
+            recomputed = accountant.step(record).to_dict()
+        except (ValueError, TypeError) as err:
+            return v.fail(lineno, f"round {record.round} cannot be accounted after round "
+                                  f"{accountant.num_releases}: {err}")
+        diff = _report_difference(entry.get("report"), recomputed)
+        if diff is not None:
+            return v.fail(lineno, f"round {record.round}: {diff}")
+        v.rounds_verified += 1
+        opened = None
+    complete = [r for r, e in zip(raw_lines, parsed) if e is not None]
+    v.head = line_hash(complete[-1]) if v.chained and complete else None
+    return v

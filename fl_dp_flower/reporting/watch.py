@@ -1,0 +1,211 @@
+"""``fl-dp-flower watch RUN_DIR``: a live terminal view of a run, read from its privacy ledger.
+
+The view shows rounds done out of planned, clients per round and accuracy; the certified epsilon
+against the budget and the epsilon the next planned round would bring (the accountant's dry run,
+docs/MATH.md §15); the paper's bound, labelled "not a guarantee" when it is not sound; and the
+run's events (resume, budget stop, node refusals, voided rounds, end).
+
+Reading: the ledger is polled (no inotify: it works on network and slow filesystems); only
+the bytes appended since the last read are read, and only complete lines are parsed, so a line
+being written (or torn by a crash) is never misread. Ctrl-C ends the view cleanly. Nothing is
+written. No torch, no flwr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from fl_dp_flower.privacy.accountant import PrivacyAccountant
+from fl_dp_flower.privacy.records import AccountantConfig, RoundRecord
+
+from .ledger import _decode
+
+_EVENT_TEXT = {
+    "resume": lambda d: f"resumed ({d.get('rounds_accounted')} rounds accounted)",
+    "budget-stop": lambda d: f"budget stop: {d.get('reason', '')}",
+    "node-excluded": lambda d: f"node {d.get('node_id')} excluded after {d.get('consecutive_refusals')} "
+                               f"refusals: {d.get('reason', '')}",
+    "round-void": lambda d: f"round {d.get('round')} voided ({d.get('reason')})",
+    "torn-tail": lambda d: f"torn line {d.get('line')} found on resume",
+    "unfinished-round-accounted": lambda d: f"round {d.get('round')} accounted conservatively (unfinished)",
+    "failed": lambda d: f"run failed: {d.get('reason', '')}",
+    "end": lambda d: f"run ended ({d.get('rounds_accounted')} rounds accounted)",
+}
+
+
+class LedgerFollower:
+    """Incremental reader: :meth:`poll` returns the complete lines appended since the last call."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset, self._partial = path, 0, b""
+
+    def poll(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return []
+        self.offset += len(chunk)
+        data = self._partial + chunk
+        *lines, self._partial = data.split(b"\n")  # the last piece is incomplete (or empty)
+        out = []
+        for raw in lines:
+            try:
+                entry = json.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                continue  # an earlier torn write, recorded by a torn-tail event
+            if isinstance(entry, dict):
+                out.append(_decode(entry))
+        return out
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes of a line not yet complete (being written, or torn)."""
+        return len(self._partial)
+
+
+@dataclass
+class RunView:
+    """What the view shows, updated from ledger lines."""
+
+    header: dict[str, Any] | None = None
+    accountant: PrivacyAccountant | None = None
+    rounds: list[dict[str, Any]] = field(default_factory=list)
+    events: list[tuple[str, str]] = field(default_factory=list)
+    ended: bool = False
+    last_time: str | None = None
+
+    def add(self, entry: dict[str, Any]) -> None:
+        self.last_time = entry.get("time", self.last_time)
+        kind = entry.get("kind")
+        if kind == "header":
+            self.header = entry
+            self.accountant = PrivacyAccountant(AccountantConfig.from_dict(entry["accountant_config"]))
+        elif kind == "round" and self.accountant is not None:
+            self.accountant.step(RoundRecord.from_dict(entry["record"]))
+            self.rounds.append(entry)
+        elif kind == "event":
+            name, data = entry.get("event", ""), entry.get("data") or {}
+            if name == "round-open":
+                return
+            self.ended = name in ("end", "failed") or (self.ended and name not in ("resume",))
+            text = _EVENT_TEXT.get(name, lambda d: f"{name} {d}")(data)
+            self.events.append((str(entry.get("time", ""))[11:19], text))
+
+    # ------------------------------------------------------------------ numbers
+    @property
+    def app(self) -> dict[str, Any]:
+        return (self.header or {}).get("app_config") or {}
+
+    def next_round_epsilon(self) -> float | None:
+        """Certified epsilon after the next round, if it runs as planned (None when done)."""
+        acct = self.accountant
+        if acct is None or self.ended or acct.num_releases >= int(self.app.get("num-server-rounds", 0) or 0):
+            return None
+        return acct.peek(acct.config.planned_round(acct.num_releases + 1)).certified.epsilon
+
+
+def _fmt(x: Any, digits: int = 4) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.{digits}g}"
+    return str(x)
+
+
+def render(view: RunView, source: Path, *, now: float | None = None):
+    """The view as a rich renderable."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    if view.header is None:
+        return Text(f"waiting for a ledger at {source} ...")
+    app, acct = view.app, view.accountant
+    planned = int(app.get("num-server-rounds", 0) or 0)
+    report = acct.report() if acct is not None else None
+    last = view.rounds[-1] if view.rounds else None
+    metrics = (last or {}).get("metrics", {})
+    cert = report.certified if report else None
+    budget = float(app.get("target-epsilon", 0.0) or 0.0)
+    age = ""
+    if view.last_time:
+        seconds = (now or time.time()) - datetime.fromisoformat(view.last_time).timestamp()
+        age = f"; last line {seconds:.0f} s ago"
+    status = "finished" if view.ended else "running (or stopped without an end line)"
+
+    head = Table.grid(padding=(0, 2))
+    head.add_column(style="bold")
+    head.add_column()
+    head.add_row("run", f"{source}  [{status}{age}]")
+    head.add_row("rounds", f"{acct.num_releases if acct else 0} / {planned} planned; clients last round "
+                            f"{report.clients if report else '-'} (plan {app.get('clients-per-round', '-')}); "
+                            f"accuracy {_fmt(metrics.get('accuracy'), 3)}")
+    if cert is not None and acct.num_releases == 0:
+        head.add_row("certified", "no round accounted yet")
+    elif cert is not None:
+        head.add_row("certified", f"epsilon {_fmt(cert.epsilon)} (mu {_fmt(cert.mu)}) at delta {report.delta:g}, "
+                                  f"bound {report.certified_bound}, threat model {report.threat_model}")
+    nxt = view.next_round_epsilon()
+    if budget > 0 and cert is not None:
+        share = cert.epsilon / budget
+        bar = "#" * min(20, int(round(20 * min(share, 1.0)))) + "." * (20 - min(20, int(round(20 * min(share, 1.0)))))
+        over = "" if nxt is None else f"; next round -> {_fmt(nxt)}{' (over budget: the run stops)' if nxt > budget else ''}"
+        head.add_row("budget", f"[{bar}] {100 * share:.0f}% of epsilon {budget:g}{over}")
+    elif nxt is not None:
+        head.add_row("next round", f"certified epsilon -> {_fmt(nxt)} if it runs as planned")
+    if report is not None:
+        paper = report.bounds["paper"]
+        label = "a sound bound for this run" if paper.sound else "NOT A GUARANTEE (not sound for this run)"
+        head.add_row("paper bound", f"epsilon {_fmt(paper.epsilon)} - the paper's stated bound, {label}")
+
+    table = Table(title="recent rounds", title_justify="left")
+    for col in ("round", "clients", "accuracy", "certified eps", "paper eps"):
+        table.add_column(col, justify="right")
+    for entry in view.rounds[-5:]:
+        r = entry["report"]
+        paper = r["bounds"]["paper"]
+        table.add_row(str(entry["round"]), str(r["clients"]), _fmt(entry.get("metrics", {}).get("accuracy"), 3),
+                      _fmt(r["certified"]["epsilon"]), _fmt(paper["epsilon"]) + ("" if paper["sound"] else "*"))
+    events = Table(title="events", title_justify="left", show_header=False)
+    events.add_column("time")
+    events.add_column("event")
+    for when, text in view.events[-6:] or [("", "none yet")]:
+        events.add_row(when, text)
+    return Group(head, table, Text("* not a guarantee for this run", style="dim"), events)
+
+
+def main(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.live import Live
+
+    source = Path(args.run_dir)
+    ledger = source / "ledger.jsonl" if source.is_dir() or not source.suffix else source
+    follower, view = LedgerFollower(ledger), RunView()
+    console = Console()
+    if args.once or not sys.stdout.isatty():
+        for entry in follower.poll():
+            view.add(entry)
+        console.print(render(view, ledger))
+        return 0 if view.header is not None else 1
+    try:
+        with Live(render(view, ledger), console=console, refresh_per_second=4, screen=False) as live:
+            while True:
+                for entry in follower.poll():
+                    view.add(entry)
+                live.update(render(view, ledger))
+                time.sleep(args.interval)
+    except KeyboardInterrupt:
+        console.print("stopped watching (the run is not affected)")
+        return 0
+
+
+__all__ = ["LedgerFollower", "RunView", "main", "render"]

@@ -1,0 +1,133 @@
+"""``fl-dp-flower verify`` on a real run's ledger (the real ServerApp on the in-process grid):
+unmodified it passes; every kind of tampering fails at the right line, with a non-zero exit."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fl_dp_flower.reporting.ledger import line_hash
+from fl_dp_flower.reporting.verify import verify_ledger
+from local_grid import run_local, tiny_config
+
+VERIFY = [sys.executable, "-m", "fl_dp_flower.cli", "verify"]
+
+
+@pytest.fixture(scope="module")
+def real_ledger(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("verify")
+    cfg = tiny_config(out, **{"num-server-rounds": 3, "schedule": "stage", "threat-model": "final-model"})
+    outcome, _ = run_local(cfg)
+    return outcome.run_dir / "ledger.jsonl"
+
+
+def _lines(path: Path) -> list[bytes]:
+    return path.read_bytes().split(b"\n")[:-1]
+
+
+def _write(tmp_path: Path, lines: list[bytes]) -> Path:
+    path = tmp_path / "ledger.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return path
+
+
+def _edit(line: bytes, change) -> bytes:
+    entry = json.loads(line)
+    change(entry)
+    return json.dumps(entry, separators=(",", ":")).encode()
+
+
+def _round_index(lines: list[bytes], n: int) -> int:
+    return [i for i, raw in enumerate(lines) if raw.startswith(b'{"kind":"round"')][n]
+
+
+def test_unmodified_ledger_passes_and_its_head_is_the_summarys(real_ledger):
+    result = verify_ledger(real_ledger)
+    assert result.ok and result.chained and result.rounds_verified == 3, result
+    summary = json.loads((real_ledger.parent / "summary.json").read_text())
+    assert result.head == summary["ledger_head"] == line_hash(_lines(real_ledger)[-1])
+    r = subprocess.run([*VERIFY, str(real_ledger.parent)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "OK" in r.stdout and "3 rounds recomputed" in r.stdout
+
+
+@pytest.mark.parametrize("what", ["certified epsilon", "client list", "sigma"])
+def test_an_edited_value_fails_at_its_line(real_ledger, tmp_path, what):
+    lines = _lines(real_ledger)
+    i = _round_index(lines, 1)
+    change = {
+        "certified epsilon": lambda e: e["report"]["certified"].__setitem__("epsilon", e["report"]["certified"]["epsilon"] * 0.5),
+        "client list": lambda e: e["record"].__setitem__("node_ids", [9, 8, 7]),
+        "sigma": lambda e: e["record"].__setitem__("sigma", e["record"]["sigma"] * 2),
+    }[what]
+    lines[i] = _edit(lines[i], change)
+    path = _write(tmp_path, lines)
+    result = verify_ledger(path)
+    assert not result.ok
+    if what == "client list":  # no number depends on it: the next line's prev catches it
+        assert result.failure_line == i + 2 and "hash chain broken" in result.failure
+    else:  # the recomputation catches it at its own line, before the chain does
+        assert result.failure_line == i + 1 and "recomputed" in result.failure
+        # and a forger who rewrites the chain consistently is still caught by the recomputation
+        rechained = _rechain(lines)
+        again = verify_ledger(_write(tmp_path, rechained))
+        assert not again.ok and again.failure_line == i + 1, again
+        assert ("certified epsilon" in again.failure) or ("recomputed" in again.failure)
+        assert again.head is None or again.head != verify_ledger(real_ledger).head
+    r = subprocess.run([*VERIFY, str(path)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "FAILED at line" in r.stdout
+
+
+def _rechain(lines: list[bytes]) -> list[bytes]:
+    """What a forger who knows the format does: recompute every prev from line 1 on."""
+    out = [lines[0]]
+    for raw in lines[1:]:
+        out.append(_edit(raw, lambda e: e.__setitem__("prev", line_hash(out[-1]))))
+    return out
+
+
+def test_a_deleted_line_fails(real_ledger, tmp_path):
+    lines = _lines(real_ledger)
+    i = _round_index(lines, 1)
+    del lines[i]
+    result = verify_ledger(_write(tmp_path, lines))
+    assert not result.ok and result.failure_line == i + 1 and "hash chain broken" in result.failure
+
+
+def test_a_round_appended_by_hand_fails(real_ledger, tmp_path):
+    lines = _lines(real_ledger)
+    last_round = json.loads(lines[_round_index(lines, -1)])
+    forged = dict(last_round, round=4, prev=line_hash(lines[-1]))
+    forged["record"] = dict(forged["record"], round=4)
+    lines.append(json.dumps(forged, separators=(",", ":")).encode())
+    result = verify_ledger(_write(tmp_path, lines))
+    assert not result.ok and result.failure_line == len(lines)
+    assert "after the run's end event" in result.failure
+
+
+def test_a_schema_1_ledger_is_read_and_its_numbers_checked(real_ledger, tmp_path):
+    """Ledgers written before the chain: still verified by recomputation, with a note on what they lack."""
+    lines = [_edit(raw, lambda e: (e.pop("prev", None), e.__setitem__("schema", 1))) for raw in _lines(real_ledger)]
+    result = verify_ledger(_write(tmp_path, lines))
+    assert result.ok and not result.chained and result.rounds_verified == 3
+    assert any("schema 1" in note for note in result.notes)
+    i = _round_index(lines, 2)
+    lines[i] = _edit(lines[i], lambda e: e["report"]["bounds"]["composition"].__setitem__("mu", 1e-3))
+    bad = verify_ledger(_write(tmp_path, lines))
+    assert not bad.ok and bad.failure_line == i + 1 and "composition mu" in bad.failure
+
+
+def test_a_torn_last_line_is_noted_not_failed(real_ledger, tmp_path):
+    data = real_ledger.read_bytes() + b'{"kind":"event","schema":2,"event":"ro'
+    path = tmp_path / "ledger.jsonl"
+    path.write_bytes(data)
+    result = verify_ledger(path)
+    assert result.ok and any("torn last line" in n for n in result.notes)
+
+
+def test_missing_ledger_exits_2(tmp_path):
+    r = subprocess.run([*VERIFY, str(tmp_path / "nope.jsonl")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "no ledger at" in r.stderr
