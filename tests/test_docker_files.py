@@ -78,11 +78,16 @@ def deprecated(exe: str) -> set[str]:
     return {f for f, text in help_flags(exe).items() if "deprecated" in text.lower()}
 
 
+PROMETHEUS_IMAGE = "prom/prometheus:"
+
+
 def executable(service: dict) -> str:
     """Which Flower executable a service's container runs (from its image or Dockerfile)."""
     if "entrypoint" in service:
         return "custom"
     image = service.get("image", "")
+    if image.startswith(PROMETHEUS_IMAGE):
+        return "custom"
     dockerfile = (service.get("build") or {}).get("dockerfile", "")
     for exe, key in (("flower-superlink", "superlink"), ("flower-supernode", "supernode"),
                      ("flower-superexec", "superexec")):
@@ -130,6 +135,8 @@ def test_every_service_has_an_image_or_a_buildable_dockerfile(path):
             context = (path.parent / svc["build"]["context"]).resolve()
             assert context.is_dir(), (name, context)
             assert (context / svc["build"]["dockerfile"]).is_file(), name
+        elif svc["image"].startswith(PROMETHEUS_IMAGE):
+            assert re.fullmatch(r"prom/prometheus:v\d+\.\d+\.\d+", svc["image"]), svc["image"]  # pinned
         elif not svc["image"].startswith("flwr/"):
             assert svc["image"] in built and svc.get("pull_policy") == "never", (name, svc["image"])
         image = svc.get("image", "")
@@ -298,7 +305,8 @@ def test_gen_certs(tmp_path):
     link = out / "superlink" / "server.pem"
     subprocess.run(["openssl", "verify", "-CAfile", str(ca), str(link)], check=True, capture_output=True)
     san = _san(link)
-    long_running = {name for name, svc in compose(DOCKER / "compose.yml")["services"].items() if "entrypoint" not in svc}
+    long_running = {name for name, svc in compose(DOCKER / "compose.yml")["services"].items()
+                    if executable(svc) != "custom"}  # Flower services (Prometheus serves no TLS of ours)
     assert {"IP:127.0.0.1", "DNS:localhost", "IP:10.77.0.1", "DNS:flower.example.org"} <= san
     assert {f"DNS:{n}" for n in long_running} <= san, (long_running, san)
     for i in (1, 2):
@@ -373,3 +381,16 @@ def test_docs_use_current_flags_and_insecure_only_in_the_local_test_section():
             assert "--root-certificates" in flags and "--auth-supernode-private-key" in flags, line
     doc = (ROOT / "docs" / "deployment.md").read_text()
     assert "insecure = true" in doc.split("## 6.")[1] and "insecure = true" not in doc.split("## 6.")[0]
+
+
+@pytest.mark.parametrize("path", [p for p in COMPOSE_FILES if p.name != "compose.supernode.yml"], ids=lambda p: p.name)
+def test_prometheus_service_loads_the_shipped_config_and_rules(path):
+    svc = compose(path)["services"]["prometheus"]
+    assert "--config.file=/etc/prometheus/prometheus.yml" in svc["command"]
+    sources = {m.split(":")[0] for m in svc["volumes"]}
+    for name in ("prometheus.yml", "alerts.yml"):
+        assert f"./prometheus/{name}" in sources and (path.parent / "prometheus" / name).is_file()
+    assert all(p.startswith("127.0.0.1:") for p in svc["ports"])  # UI/API on this host only
+    scrape = yaml.safe_load((path.parent / "prometheus" / "prometheus.yml").read_text())
+    assert scrape["rule_files"] == ["/etc/prometheus/alerts.yml"]
+    assert scrape["scrape_configs"][0]["static_configs"][0]["targets"] == ["superexec-serverapp:9464"]

@@ -267,6 +267,8 @@ def run_server(grid: Grid, config: AppConfig, *, fraction_evaluate: float = 0.0,
                     failure=str(exc))
             raise RunFailed(str(exc)) from None
         if strategy.stop_reason is not None:
+            if exporter is not None:
+                exporter.mark_budget_exhausted()
             ledger.append_event("budget-stop", {"reason": strategy.stop_reason,
                                                 "rounds_accounted": accountant.num_releases})
         trained = accountant.num_releases - accounted_before
@@ -291,6 +293,7 @@ def run_server(grid: Grid, config: AppConfig, *, fraction_evaluate: float = 0.0,
 def _start_exporter(config: AppConfig) -> PrivacyMetricsExporter:
     exporter = PrivacyMetricsExporter(config.metrics_port, config.metrics_host, certfile=config.metrics_certfile,
                                       keyfile=config.metrics_keyfile, auth_file=config.metrics_auth_file)
+    exporter.set_min_replies(config.min_replies)
     scheme = "https" if exporter.tls else "http"
     log.info("Prometheus metrics at %s://%s:%d/metrics%s", scheme, config.metrics_host, exporter.port,
              " (basic auth)" if exporter.authenticated else "")

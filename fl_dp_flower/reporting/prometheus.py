@@ -9,7 +9,13 @@ the port. Exported metrics (all gauges, prefix ``fl_dp_``):
 - ``fl_dp_paper_mu``, ``fl_dp_paper_epsilon`` (the paper's closed form; see ``bound_*`` for ``sound``)
 - ``fl_dp_bound_mu{bound, sound}``, ``fl_dp_bound_epsilon{bound, sound}``
 - ``fl_dp_accuracy`` (NaN until known)
-- ``fl_dp_budget_epsilon`` and ``fl_dp_budget_remaining_epsilon`` (only once a budget is given)
+- ``fl_dp_budget_epsilon`` and ``fl_dp_budget_remaining_epsilon`` (only once a budget is given),
+  ``fl_dp_budget_exhausted`` (1 once the run stopped because the next round would exceed it)
+- ``fl_dp_last_round_timestamp_seconds`` (Unix time of the last accounted round), ``fl_dp_min_replies``
+- ``fl_dp_round_epsilon_increase`` (what the last round added to the certified epsilon) and
+  ``fl_dp_expected_round_epsilon_increase`` (what it would have added had it run as planned)
+
+docker/prometheus/alerts.yml turns these into alerts (docs/operating.md).
 
 An infinite epsilon or mu is exported as ``+Inf``; values not yet known are ``NaN``.
 
@@ -129,11 +135,20 @@ class PrivacyMetricsExporter:
         self._bound_eps = Gauge("fl_dp_bound_epsilon", "epsilon of each bound", ["bound", "sound"],
                                 registry=r)
         self._accuracy = Gauge("fl_dp_accuracy", "Accuracy of the global model", registry=r)
+        self._last_time = Gauge("fl_dp_last_round_timestamp_seconds", "Unix time of the last accounted round",
+                                registry=r)
+        self._min_replies = Gauge("fl_dp_min_replies", "Replies a round needs to be aggregated", registry=r)
+        self._increase = Gauge("fl_dp_round_epsilon_increase",
+                               "Certified epsilon added by the last round", registry=r)
+        self._expected = Gauge("fl_dp_expected_round_epsilon_increase",
+                               "Certified epsilon the last round would have added had it run as planned", registry=r)
+        self._exhausted = Gauge("fl_dp_budget_exhausted", "1 once the run stopped on its budget", registry=r)
         self._budget: Gauge | None = None
         self._budget_remaining: Gauge | None = None
         for g in (self._delta, self._cert_mu, self._cert_eps, self._paper_mu, self._paper_eps,
-                  self._accuracy):
+                  self._accuracy, self._min_replies, self._increase, self._expected):
             g.set(_NAN)
+        self._exhausted.set(0)
         app = make_wsgi_app(self.registry)
         if auth_file:
             app = _basic_auth(app, read_basic_auth_file(auth_file))
@@ -151,9 +166,21 @@ class PrivacyMetricsExporter:
         self.authenticated = bool(auth_file)
         self.port: int = server.server_port
 
+    def set_min_replies(self, value: int) -> None:
+        self._min_replies.set(value)
+
+    def mark_budget_exhausted(self) -> None:
+        self._exhausted.set(1)
+
     def update(self, report: dict[str, Any], *, clients: int, accuracy: float | None,
-               budget_epsilon: float | None) -> None:
+               budget_epsilon: float | None, epsilon_increase: float | None = None,
+               expected_increase: float | None = None) -> None:
         """Publish one round's report (``PrivacyReport.to_dict()``)."""
+        self._last_time.set_to_current_time()
+        if epsilon_increase is not None:
+            self._increase.set(float(epsilon_increase))
+        if expected_increase is not None:
+            self._expected.set(float(expected_increase))
         self._rounds.set(report.get("rounds", report["round"]))
         self._last_round.set(report["round"])
         self._clients.set(clients)

@@ -19,7 +19,8 @@ from .ledger import PrivacyLedger
 from .prometheus import PrivacyMetricsExporter
 
 #: metric keys of the ``dp-*`` family kept in the ledger (the bounds are in the report already)
-LEDGER_DP_KEYS = ("dp-aggregated", "dp-dropped", "dp-echo-mismatch", "dp-unfinished-accounted")
+LEDGER_DP_KEYS = ("dp-aggregated", "dp-dropped", "dp-echo-mismatch", "dp-unfinished-accounted",
+                  "dp-epsilon-increase", "dp-expected-epsilon-increase")
 
 
 @dataclass(frozen=True)
@@ -73,4 +74,6 @@ class RoundSink:
         self.log.info(format_round_line(report_d, accuracy=accuracy, clients=outcome.record.clients))
         if self.exporter is not None:
             self.exporter.update(report_d, clients=outcome.record.clients, accuracy=accuracy,
-                                 budget_epsilon=self.budget_epsilon)
+                                 budget_epsilon=self.budget_epsilon,
+                                 epsilon_increase=outcome.metrics.get("dp-epsilon-increase"),
+                                 expected_increase=outcome.metrics.get("dp-expected-epsilon-increase"))

@@ -256,6 +256,8 @@ class NoisyStrategyMixin:
             except BudgetExhausted:  # the round is discarded unaggregated; the run stops
                 self._event("round-void", {"round": record.round, "reason": "budget", "replies": record.clients})
                 raise
+        before = self.accountant.report().certified.epsilon
+        expected = self.accountant.peek(self.accountant.config.planned_round(record.round)).certified.epsilon
         report = self.accountant.step(record)
         aggregated = len(usable) >= self.dp_config.min_replies
         arrays = average_arrays(usable, weights, reference) if aggregated else None
@@ -265,7 +267,9 @@ class NoisyStrategyMixin:
                 "with the %d clients that replied", server_round, len(usable), self.dp_config.min_replies, len(usable),
             )
         metrics = {**average_metrics(usable, weights), **dp_metrics(report), "dp-aggregated": int(aggregated),
-                   "dp-dropped": len(dropped), "dp-echo-mismatch": self._last_mismatch}
+                   "dp-dropped": len(dropped), "dp-echo-mismatch": self._last_mismatch,
+                   "dp-epsilon-increase": report.certified.epsilon - before,
+                   "dp-expected-epsilon-increase": expected - before}
         self.global_arrays = arrays if arrays is not None else reference
         pending.record, pending.report, pending.metrics = record, report, metrics
         self._train_metrics[server_round] = MetricRecord(metrics)
