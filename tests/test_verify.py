@@ -4,6 +4,7 @@ unmodified it passes; every kind of tampering fails at the right line, with a no
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -131,3 +132,45 @@ def test_a_torn_last_line_is_noted_not_failed(real_ledger, tmp_path):
 def test_missing_ledger_exits_2(tmp_path):
     r = subprocess.run([*VERIFY, str(tmp_path / "nope.jsonl")], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "no ledger at" in r.stderr
+
+
+# ------------------------------------------------------------------ watch, against a real run in tmux
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed")
+def test_watch_follows_a_real_run_in_tmux_and_exits_on_ctrl_c(tmp_path):
+    from deploy_harness import wait_until
+
+    session = f"fldp-watch-{tmp_path.name}"[:60]
+    run_dir = tmp_path / "run"
+    exe = Path(sys.executable).parent / "fl-dp-flower"
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "130", "-y", "45",
+                    f"{exe} watch {run_dir} --interval 0.2; echo WATCH-EXIT=$?; sleep 120"], check=True)
+
+    def screen() -> str:
+        return subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True).stdout
+
+    try:
+        wait_until(lambda: "waiting for a ledger" in screen(), 60, "the watch to start")
+        script = ("import sys; sys.path.insert(0, 'tests'); from pathlib import Path; "
+                  "from local_grid import run_local, tiny_config; "
+                  f"run_local(tiny_config(Path({str(tmp_path)!r}), **{{'num-server-rounds': 8, 'target-epsilon': 1000.0}}))")
+        run = subprocess.Popen([sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[1],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        seen: set[str] = set()
+
+        def follows() -> bool:
+            text = screen()
+            seen.update(line for line in text.splitlines() if line.startswith("rounds"))
+            return "rounds       8 / 8 planned" in text and "run ended (8 rounds accounted)" in text
+
+        wait_until(follows, 300, "the watch to show the finished run", interval=0.3, progress=screen)
+        assert run.wait(60) == 0
+        text = screen()
+        assert len(seen) >= 2  # it showed the run while it grew, not only at the end
+        assert "% of epsilon 1000" in text and "paper bound" in text and "certified" in text
+        subprocess.run(["tmux", "send-keys", "-t", session, "C-c"], check=True)
+        wait_until(lambda: "WATCH-EXIT=0" in screen(), 30, "the watch to exit on Ctrl-C")
+        assert "stopped watching" in screen() and "Traceback" not in screen()
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)

@@ -124,6 +124,7 @@ def _fmt(x: Any, digits: int = 4) -> str:
 def render(view: RunView, source: Path, *, now: float | None = None):
     """The view as a rich renderable."""
     from rich.console import Group
+    from rich.markup import escape
     from rich.table import Table
     from rich.text import Text
 
@@ -145,7 +146,7 @@ def render(view: RunView, source: Path, *, now: float | None = None):
     head = Table.grid(padding=(0, 2))
     head.add_column(style="bold")
     head.add_column()
-    head.add_row("run", f"{source}  [{status}{age}]")
+    head.add_row("run", escape(f"{source}  [{status}{age}]"))
     head.add_row("rounds", f"{acct.num_releases if acct else 0} / {planned} planned; clients last round "
                             f"{report.clients if report else '-'} (plan {app.get('clients-per-round', '-')}); "
                             f"accuracy {_fmt(metrics.get('accuracy'), 3)}")
@@ -159,7 +160,7 @@ def render(view: RunView, source: Path, *, now: float | None = None):
         share = cert.epsilon / budget
         bar = "#" * min(20, int(round(20 * min(share, 1.0)))) + "." * (20 - min(20, int(round(20 * min(share, 1.0)))))
         over = "" if nxt is None else f"; next round -> {_fmt(nxt)}{' (over budget: the run stops)' if nxt > budget else ''}"
-        head.add_row("budget", f"[{bar}] {100 * share:.0f}% of epsilon {budget:g}{over}")
+        head.add_row("budget", escape(f"[{bar}] {100 * share:.0f}% of epsilon {budget:g}{over}"))
     elif nxt is not None:
         head.add_row("next round", f"certified epsilon -> {_fmt(nxt)} if it runs as planned")
     if report is not None:
@@ -179,8 +180,10 @@ def render(view: RunView, source: Path, *, now: float | None = None):
     events.add_column("time")
     events.add_column("event")
     for when, text in view.events[-6:] or [("", "none yet")]:
-        events.add_row(when, text)
-    return Group(head, table, Text("* not a guarantee for this run", style="dim"), events)
+        events.add_row(when, escape(text))
+    starred = any(not e["report"]["bounds"]["paper"]["sound"] for e in view.rounds[-5:])
+    note = Text("* the paper's bound: not a guarantee for this run" if starred else "", style="dim")
+    return Group(head, table, note, events)
 
 
 def main(args: argparse.Namespace) -> int:
