@@ -70,6 +70,7 @@ class AppConfig(BaseModel):
     # --- federation
     num_server_rounds: int = Field(10, ge=1)
     clients_per_round: int = Field(10, ge=1)
+    clients_per_node: int = Field(1, ge=1)
     min_replies: int = Field(1, ge=1)
     round_timeout: float = Field(600.0, gt=0)
     weighting: Weighting = "uniform"
@@ -136,6 +137,13 @@ class AppConfig(BaseModel):
                 f"'min-replies' = {self.min_replies}: must be an integer in [1, 'clients-per-round' = "
                 f"{self.clients_per_round}]"
             )
+        if self.clients_per_node > 1:
+            if self.clipping != "per-batch":
+                problems.append(f"'clipping' = {self.clipping!r}: cohort mode ('clients-per-node' = "
+                                f"{self.clients_per_node}) supports only 'per-batch'")
+            if self.weighting != "uniform":
+                problems.append(f"'weighting' = {self.weighting!r}: cohort mode ('clients-per-node' = "
+                                f"{self.clients_per_node}) needs 'uniform' (a node uploads its members' sum)")
         if bool(self.metrics_certfile) != bool(self.metrics_keyfile):
             problems.append(
                 f"'metrics-certfile' = {self.metrics_certfile!r}, 'metrics-keyfile' = {self.metrics_keyfile!r}: "

@@ -134,8 +134,9 @@ def make_plan(args: argparse.Namespace, *, app_dir: Path = ROOT, now: datetime |
                          "can subtract it); nodes refuse it unless allowed: pass --allow-fixed-seed for an "
                          "experiment, or leave seed = -1")
     supernodes = args.supernodes or config.num_partitions
-    if supernodes < config.clients_per_round:
-        raise UsageError(f"--supernodes {supernodes} is fewer than 'clients-per-round' = {config.clients_per_round}")
+    if supernodes * config.clients_per_node < config.clients_per_round:
+        raise UsageError(f"--supernodes {supernodes} x 'clients-per-node' = {config.clients_per_node} offer fewer "
+                         f"clients than 'clients-per-round' = {config.clients_per_round}")
     return Plan(overrides, run_dir, supernodes, bool(args.allow_fixed_seed), config.num_server_rounds, config)
 
 
@@ -384,9 +385,11 @@ class Runner:
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             try:
+                cpn = self.plan.config.clients_per_node
+                cohort = f" x {cpn} clients each (cohorts)" if cpn > 1 else ""
                 self.say(f"run '{self.plan.config.run_name}': {self.plan.num_rounds} rounds, "
                          f"{self.plan.config.clients_per_round} clients per round, {self.plan.supernodes} "
-                         f"simulated SuperNodes; outputs in {self.plan.run_dir}")
+                         f"simulated SuperNodes{cohort}; outputs in {self.plan.run_dir}")
                 self.run_id = self.submit()
                 c = self.plan.config
                 self.say(f"started run {self.run_id}; certified = the sound bound for threat model "

@@ -46,6 +46,7 @@ from fl_dp_flower.config import AppConfig, ConfigError
 from fl_dp_flower.privacy.schedules import step_sizes
 from fl_dp_flower.protocol import REFUSAL_CODE, REFUSAL_PREFIX
 from fl_dp_flower.training.data import DEFAULT_DATA_SEED, Partition, load_partition
+from fl_dp_flower.training.cohort import Member, cohort_update
 from fl_dp_flower.training.local_update import evaluate_model, local_update
 from fl_dp_flower.vocabulary import ALGORITHMS, CLIPPING_MODES, SCHEDULES
 from fl_dp_flower.training.models import build_model
@@ -226,9 +227,60 @@ def _refuse(msg: Message, err: Refused) -> Message:
     return Message(Error(code=REFUSED, reason=f"{REFUSAL_PREFIX}{err}"), reply_to=msg)
 
 
+def _cohort_slots(cfg: Mapping, config: AppConfig) -> list[int] | None:
+    """The virtual-client slots a cohort instruction asks this node to train (None: one client)."""
+    if "dp.members" not in cfg:
+        return None
+    slots = cfg["dp.members"]
+    cpn = config.clients_per_node
+    if (not isinstance(slots, list) or not slots or len(set(slots)) != len(slots)
+            or not all(isinstance(j, int) and not isinstance(j, bool) and 0 <= j < cpn for j in slots)):
+        raise Refused(f"dp.members must be distinct slots in [0, {cpn - 1}] ('clients-per-node' = {cpn}), "
+                      f"got {slots!r}")
+    return sorted(slots)
+
+
+def _train_cohort(msg: Message, context: Context, s: TrainSettings, config: AppConfig, slots: list[int],
+                  etas: tuple[float, ...], share: bool) -> Message:
+    """Cohort mode: every sampled virtual client of this node runs the local update and adds its own
+    noise; the reply carries the sum of their noisy uploads (training.cohort)."""
+    nc = context.node_config
+    if s.clipping != "per-batch":
+        raise Refused("cohort mode supports per-batch clipping only")
+    cpn = config.clients_per_node
+    pid, parts = int(nc["partition-id"]), int(nc.get("num-partitions", config.num_partitions))
+    device = _device()
+    model = _global_model(msg, config, device)
+    if any(True for _ in model.buffers()):
+        raise Refused("cohort mode needs a model without buffers (every value is a noised parameter)")
+    members = []
+    for j in slots:
+        client = pid * cpn + j  # this virtual client's partition of parts * cpn
+        part = load_partition(config.dataset, str(nc.get("data-dir", config.data_dir)), client, parts * cpn,
+                              config.partitioning, config.dirichlet_alpha, DEFAULT_DATA_SEED, config.test_fraction)
+        batch_gen = torch.Generator(device="cpu")
+        batch_gen.manual_seed(_derived_seed(s.seed, client, s.round_index, 1) if s.seed >= 0 else secrets.randbits(63))
+        noise_seed = -1 if s.seed == -1 else _derived_seed(s.seed, client, s.round_index, 0)
+        members.append(Member(part.x_train, part.y_train, batch_gen, make_generator(device, noise_seed)))
+    alpha = s.prox_alpha if s.algorithm == "fedprox" else 0.0
+    started = time.perf_counter()
+    result = cohort_update(model, members, step_sizes=etas, clip_norm=s.clip_norm, batch_size=s.batch_size,
+                           sigma=s.sigma, prox_alpha=alpha)
+    metrics = MetricRecord({
+        "num-examples": sum(len(m.y) for m in members),
+        "train-seconds": time.perf_counter() - started,
+        **({"clipped-fraction": result.clipped_fraction} if share else {}),
+        "dp.members": slots,
+        "dp.sigma": s.sigma, "dp.clip-norm": s.clip_norm, "dp.local-steps": len(etas), "dp.lr": s.lr,
+        "dp.round-index": s.round_index, "dp.batch-size": min(result.batch_sizes), "dp.prox-alpha": alpha,
+    })
+    arrays = ArrayRecord({k: v.detach().cpu() for k, v in result.total.items()})
+    return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
+
+
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    """Local update on this node's partition, then noise on every uploaded value."""
+    """Local update on this node's partition (or its cohort's), then noise on every uploaded value."""
     torch.set_num_threads(1)
     try:
         s = parse_train_config(msg.content["config"])
@@ -236,6 +288,12 @@ def train(msg: Message, context: Context) -> Message:
         check_node_policy(s, context.node_config)
         share = node_flag(context.node_config, SHARE_METRICS)
         config = run_config(context)
+        slots = _cohort_slots(msg.content["config"], config)
+        if slots is not None:
+            if "partition-id" not in context.node_config:
+                raise Refused("node config has no 'partition-id'")
+            etas = step_sizes(s.schedule, s.lr, s.round_index, s.local_steps)
+            return _train_cohort(msg, context, s, config, slots, etas, share)
         part = _partition(context, config)
         if s.clipping == "per-sample" and s.batch_size > len(part.y_train):
             raise Refused(

@@ -52,7 +52,7 @@ from fl_dp_flower.privacy.records import RoundRecord
 from fl_dp_flower.reporting.rounds import RoundOutcome, dp_metrics
 
 from .budget import BudgetExhausted, check_before_broadcast, check_replies
-from .replies import (Applied, average_arrays, average_metrics, mismatches, reconcile, screen,
+from .replies import (Applied, average_arrays, average_metrics, member_id, mismatches, reconcile, screen,
                       weights_for)
 
 log = logging.getLogger("flwr").getChild(__name__)  # Flower's handlers: shows in `flwr log`
@@ -69,6 +69,7 @@ class PendingRound:
     planned: Applied  # the settings sent (schedule index t = planned.round_index)
     sent: list[Message]  # instructions; the Grid sets their message ids when pushing
     reference: ArrayRecord  # the broadcast global model
+    slots: dict[int, tuple[int, ...]] | None = None  # cohort mode: node -> sampled member slots
     record: RoundRecord | None = None  # set once accounted
     report: PrivacyReport | None = None
     metrics: dict[str, Any] | None = None
@@ -155,49 +156,72 @@ class NoisyStrategyMixin:
         if self.budget is not None:
             check_before_broadcast(self.accountant, self.budget)
         t = self.round_index
-        node_ids, available = self._sample(grid, t)
-        log.info("round %d (t=%d): sampled %d of %d nodes", server_round, t, len(node_ids), len(available))
-        self._event("round-open", {"round": t + 1, "node_ids": sorted(node_ids)})  # write-ahead
-        config = ConfigRecord(dict(config))  # start() reuses one record for all rounds: never alias it
-        config["server-round"] = server_round
+        c = self.dp_config
+        slots, available = self._sample(grid, t)
+        members = sorted(member_id(n, j, c.clients_per_node) for n, js in slots.items() for j in js) \
+            if self.cohort else sorted(slots)
+        log.info("round %d (t=%d): sampled %d clients on %d of %d nodes", server_round, t, len(members),
+                 len(slots), len(available))
+        self._event("round-open", {"round": t + 1, "node_ids": members})  # write-ahead
+        base = ConfigRecord(dict(config))  # start() reuses one record for all rounds: never alias it
+        base["server-round"] = server_round
         for key, value in self.train_settings(t).items():
-            config[key] = value
+            base[key] = value
         if isinstance(self, FedProx):
-            config["proximal-mu"] = float(self.proximal_mu)
-        record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
-        messages = [Message(content=record, dst_node_id=n, message_type=MessageType.TRAIN) for n in node_ids]
+            base["proximal-mu"] = float(self.proximal_mu)
+        messages = []
+        for node, js in slots.items():
+            node_config = base
+            if self.cohort:  # each node trains the virtual clients sampled on it
+                node_config = ConfigRecord(dict(base))
+                node_config["dp.members"] = list(js)
+            record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: node_config})
+            messages.append(Message(content=record, dst_node_id=node, message_type=MessageType.TRAIN))
         # the Grid sets each message's id when it pushes it: kept to name the node of an error reply
-        self._round = PendingRound(server_round, self.planned(t), messages, arrays)
+        self._round = PendingRound(server_round, self.planned(t), messages, arrays,
+                                   slots=slots if self.cohort else None)
         return messages
+
+    @property
+    def cohort(self) -> bool:
+        """Cohort mode: every node stands for ``clients-per-node`` virtual clients."""
+        return self.dp_config.clients_per_node > 1
 
     @property
     def excluded_nodes(self) -> dict[int, str]:
         """Nodes no longer sampled, with their last refusal reason."""
         return {n: r.last_reason for n, r in self.refusals.items() if r.excluded_at_round is not None}
 
-    def _sample(self, grid: Grid, t: int) -> tuple[list[int], list[int]]:
-        """``clients-per-round`` distinct eligible nodes (waits until enough are connected).
+    def _sample(self, grid: Grid, t: int) -> tuple[dict[int, tuple[int, ...]], list[int]]:
+        """``clients-per-round`` distinct clients of eligible nodes, grouped by node: node -> its
+        sampled member slots (``(0,)`` outside cohort mode). Waits until enough nodes are connected.
 
-        Eligible: connected and not excluded for refusing. With ``seed`` >= 0 the sample is a
-        function of (seed, t, exclusions) only, so a resumed run samples like an uninterrupted
-        one; otherwise it uses OS entropy.
+        Eligible: connected and not excluded for refusing. In cohort mode every eligible node
+        offers ``clients-per-node`` slots and the clients are sampled uniformly among all slots.
+        With ``seed`` >= 0 the sample is a function of (seed, t, exclusions) only, so a resumed
+        run samples like an uninterrupted one; otherwise it uses OS entropy.
         """
         c = self.dp_config
-        _, available = sample_nodes(grid, self.min_available_nodes, c.clients_per_round)  # waits for >= k
+        cpn = c.clients_per_node
+        _, available = sample_nodes(grid, self.min_available_nodes, self.min_available_nodes)  # waits
         excluded = self.excluded_nodes
         eligible = sorted(n for n in available if n not in excluded)
-        if len(eligible) < c.min_replies:
+        if len(eligible) * cpn < c.min_replies:
             raise NotEnoughNodes(
                 f"only {len(eligible)} eligible node(s) left, fewer than min-replies = {c.min_replies}: "
                 f"{len(excluded)} node(s) excluded after {c.max_node_refusals} consecutive refusals ("
                 + "; ".join(f"node {n}: {why}" for n, why in sorted(excluded.items())) + ")"
             )
-        k = min(c.clients_per_round, len(eligible))
+        population = [(n, j) for n in eligible for j in range(cpn)]
+        k = min(c.clients_per_round, len(population))
         if k < c.clients_per_round:
-            log.warning("round t=%d: only %d eligible nodes (%d excluded for refusing): sampling all of them",
-                        t, len(eligible), len(excluded))
+            log.warning("round t=%d: only %d eligible clients (%d nodes excluded for refusing): sampling all of them",
+                        t, len(population), len(excluded))
         rng = random.Random(f"{c.seed}:{t}") if c.seed >= 0 else random.SystemRandom()
-        return rng.sample(eligible, k), available
+        slots: dict[int, list[int]] = {}
+        for node, j in sorted(rng.sample(population, k)):
+            slots.setdefault(node, []).append(j)
+        return {n: tuple(js) for n, js in slots.items()}, available
 
     def _event(self, kind: str, data: dict[str, Any]) -> None:
         if self.on_event is not None:
@@ -234,7 +258,8 @@ class NoisyStrategyMixin:
         asked = {m.metadata.dst_node_id: m.metadata.message_id for m in pending.sent}
         usable, dropped = screen(
             list(replies), asked=asked, reference=reference, arrays_key=self.arrayrecord_key,
-            fedprox=self.dp_config.algorithm == "fedprox",
+            fedprox=self.dp_config.algorithm == "fedprox", slots=pending.slots,
+            clients_per_node=self.dp_config.clients_per_node,
         )
         for node, reason, refused in dropped:
             log.warning("round %d: dropped reply of node %d: %s%s", server_round, node, reason,
@@ -259,12 +284,13 @@ class NoisyStrategyMixin:
         before = self.accountant.report().certified.epsilon
         expected = self.accountant.peek(self.accountant.config.planned_round(record.round)).certified.epsilon
         report = self.accountant.step(record)
-        aggregated = len(usable) >= self.dp_config.min_replies
+        arrived = sum(len(u.members) for u in usable)
+        aggregated = arrived >= self.dp_config.min_replies
         arrays = average_arrays(usable, weights, reference) if aggregated else None
         if not aggregated:
             log.warning(
-                "round %d: %d usable replies < min-replies %d: global model kept; round accounted "
-                "with the %d clients that replied", server_round, len(usable), self.dp_config.min_replies, len(usable),
+                "round %d: %d usable clients < min-replies %d: global model kept; round accounted "
+                "with the %d clients that replied", server_round, arrived, self.dp_config.min_replies, arrived,
             )
         metrics = {**average_metrics(usable, weights), **dp_metrics(report), "dp-aggregated": int(aggregated),
                    "dp-dropped": len(dropped), "dp-echo-mismatch": self._last_mismatch,
@@ -289,7 +315,7 @@ class NoisyStrategyMixin:
         return RoundRecord(
             round=planned.round_index + 1, algorithm=c.algorithm, step_sizes=etas, clip_norm=worst.clip_norm,
             sigma=worst.sigma, weights=weights, clipping=c.clipping, batch_size=worst.batch_size,
-            prox_alpha=worst.prox_alpha, node_ids=tuple(u.node_id for u in usable),
+            prox_alpha=worst.prox_alpha, node_ids=tuple(m for u in usable for m in u.members),
         )
 
     # ------------------------------------------------------------ round closing
@@ -347,12 +373,17 @@ class NoisyStrategyMixin:
         )
 
 
+def nodes_needed(config: AppConfig) -> int:
+    """Connected nodes a round waits for: enough to offer ``clients-per-round`` clients."""
+    return -(-config.clients_per_round // config.clients_per_node)
+
+
 class NoisyFedAvg(NoisyStrategyMixin, FedAvg):
     """FedAvg whose clients upload K clipped GD steps + N(0, sigma^2 I) (Noisy-FedAvg)."""
 
     def __init__(self, config: AppConfig, accountant: PrivacyAccountant, *, reporters: Sequence[Any] = (),
                  fraction_evaluate: float = 0.0, **fedavg_kwargs: Any) -> None:
-        m = config.clients_per_round
+        m = nodes_needed(config)
         super().__init__(fraction_train=1.0, fraction_evaluate=fraction_evaluate, min_train_nodes=m,
                          min_evaluate_nodes=m if fraction_evaluate > 0 else 0, min_available_nodes=m, **fedavg_kwargs)
         self._init_dp(config, accountant, reporters)
@@ -363,7 +394,7 @@ class NoisyFedProx(NoisyStrategyMixin, FedProx):
 
     def __init__(self, config: AppConfig, accountant: PrivacyAccountant, *, reporters: Sequence[Any] = (),
                  fraction_evaluate: float = 0.0, **fedprox_kwargs: Any) -> None:
-        m = config.clients_per_round
+        m = nodes_needed(config)
         super().__init__(fraction_train=1.0, fraction_evaluate=fraction_evaluate, min_train_nodes=m,
                          min_evaluate_nodes=m if fraction_evaluate > 0 else 0, min_available_nodes=m,
                          proximal_mu=config.prox_alpha, **fedprox_kwargs)

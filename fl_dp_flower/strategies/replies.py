@@ -16,7 +16,7 @@ monotone in these directions, so the accounted round dominates what actually ran
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import zip_longest
 
@@ -46,13 +46,29 @@ class Applied:
 
 @dataclass(frozen=True)
 class Usable:
-    """A reply that passed screening."""
+    """A reply that passed screening. ``arrays`` is the sum of the uploads of ``members`` (one
+    member, the node itself, outside cohort mode; ``member_id`` ids in cohort mode)."""
 
     node_id: int
     arrays: ArrayRecord
     metrics: MetricRecord
     applied: Applied
     num_examples: int
+    members: tuple[int, ...] = ()
+
+
+def member_id(node_id: int, slot: int, clients_per_node: int) -> int:
+    """The id of virtual client ``slot`` of a cohort node (the ledger's ``node_ids`` in cohort mode)."""
+    return node_id * clients_per_node + slot
+
+
+def _members(metrics: MetricRecord, node: int, slots: Sequence[int] | None, clients_per_node: int) -> tuple[int, ...]:
+    if slots is None:
+        return (node,)
+    got = metrics.get("dp.members")
+    if not isinstance(got, list) or [int(v) for v in got] != list(slots):
+        raise ValueError(f"dp.members = {got!r} differs from the cohort slots asked for {list(slots)}")
+    return tuple(member_id(node, j, clients_per_node) for j in slots)
 
 
 def _number(metrics: MetricRecord, key: str, *, integer: bool, minimum: float, strict: bool) -> float | int:
@@ -107,12 +123,15 @@ def addressee(msg: Message, by_message_id: Mapping[str, int]) -> int:
 
 
 def screen(
-    replies: list[Message], *, asked: Mapping[int, str], reference: ArrayRecord, arrays_key: str, fedprox: bool
+    replies: list[Message], *, asked: Mapping[int, str], reference: ArrayRecord, arrays_key: str, fedprox: bool,
+    slots: Mapping[int, Sequence[int]] | None = None, clients_per_node: int = 1,
 ) -> tuple[list[Usable], list[tuple[int, str, bool]]]:
     """Split replies into usable ones and ``(node_id, reason, is_refusal)`` of dropped ones.
 
     ``asked`` maps each node asked this round to the id of its instruction message (the Grid
     sets it when pushing; empty for in-process grids, where the reply's source is used).
+    ``slots`` (cohort mode): node -> the member slots it was asked to train; its reply must echo
+    exactly those in ``dp.members``, and carries their summed uploads.
     """
     usable: list[Usable] = []
     dropped: list[tuple[int, str, bool]] = []
@@ -143,11 +162,12 @@ def screen(
             metrics = next(iter(content.metric_records.values()))
             n = _number(metrics, "num-examples", integer=True, minimum=1, strict=False)
             applied = parse_applied(metrics, fedprox=fedprox)
+            members = _members(metrics, node, None if slots is None else slots.get(node, ()), clients_per_node)
         except ValueError as err:
             dropped.append((node, str(err), is_refusal(msg)))
             continue
         seen.add(node)
-        usable.append(Usable(node, arrays, metrics, applied, int(n)))
+        usable.append(Usable(node, arrays, metrics, applied, int(n), members))
     return usable, dropped
 
 
@@ -188,21 +208,42 @@ def reconcile(planned: Applied, echoed: list[Applied], schedule: str, per_sample
 
 
 def weights_for(usable: list[Usable], weighting: str) -> tuple[float, ...]:
-    """Aggregation weights p_i: uniform 1/m (the paper's model) or proportional to num-examples."""
+    """Aggregation weights p_i, one per member in reply order: uniform 1/m over all members (the
+    paper's model) or proportional to num-examples (single-client replies only)."""
+    members = [len(u.members) for u in usable]
     if weighting == "uniform":
-        return tuple(1.0 / len(usable) for _ in usable)
+        total = sum(members)
+        return tuple(1.0 / total for _ in range(total))
     if weighting == "examples":
+        if any(k != 1 for k in members):
+            raise ValueError("weighting 'examples' needs one client per reply (no cohorts)")
         total = math.fsum(u.num_examples for u in usable)
         return tuple(u.num_examples / total for u in usable)
     raise ValueError(f"weighting must be 'uniform' or 'examples', got {weighting!r}")
 
 
+def reply_coefficients(usable: list[Usable], weights: tuple[float, ...]) -> list[float]:
+    """The coefficient of each reply's summed upload: its members' (equal) weight."""
+    out, offset = [], 0
+    for u in usable:
+        own = weights[offset:offset + len(u.members)]
+        if max(own) - min(own) > 1e-15:
+            raise ValueError("the members of one reply must share one weight (their uploads arrive summed)")
+        out.append(own[0])
+        offset += len(u.members)
+    if offset != len(weights):
+        raise ValueError(f"{len(weights)} weights for {offset} members")
+    return out
+
+
 def average_arrays(usable: list[Usable], weights: tuple[float, ...], reference: ArrayRecord) -> ArrayRecord:
-    """sum_i p_i * arrays_i in float64, cast back to the broadcast dtypes (key order kept)."""
+    """sum over members of p_i * upload_i in float64 (each reply's arrays are its members' summed
+    uploads), cast back to the broadcast dtypes (key order kept)."""
+    coefficients = reply_coefficients(usable, weights)
     out: dict[str, Array] = {}
     for key, ref in reference.items():
         acc = np.zeros(ref.shape, dtype=np.float64)
-        for u, p in zip(usable, weights, strict=True):
+        for u, p in zip(usable, coefficients, strict=True):
             acc += p * u.arrays[key].numpy().astype(np.float64)
         dtype = ref.numpy().dtype
         if np.issubdtype(dtype, np.integer):
@@ -213,6 +254,7 @@ def average_arrays(usable: list[Usable], weights: tuple[float, ...], reference: 
 
 def average_metrics(usable: list[Usable], weights: tuple[float, ...]) -> dict[str, float | int]:
     """p-weighted mean of the scalar metrics all replies share (echoes excluded), plus totals."""
+    weights = tuple(c * len(u.members) for c, u in zip(reply_coefficients(usable, weights), usable))
     shared = set.intersection(*(set(u.metrics.keys()) for u in usable))
     keys = sorted(k for k in shared if not k.startswith("dp.") and k != "num-examples")
     out: dict[str, float | int] = {}

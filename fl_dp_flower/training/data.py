@@ -160,7 +160,7 @@ def partition_indices(
     return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
 
 
-@functools.lru_cache(maxsize=64)  # one simulation process may serve many nodes
+@functools.lru_cache(maxsize=8192)  # one process may serve many nodes, or a cohort of many clients
 def load_partition(
     name: str,
     data_dir: str,
