@@ -16,7 +16,7 @@ if [ -x .venv/bin/python ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]
   exit 0
 fi
 started=$(date +%s)
-echo "setup: installing fl-dp-flower and its dependencies into .venv (first time: a few minutes) ..."
+echo "setup: installing fl-dp-flower and its dependencies into .venv (first time: a few minutes) ..." >&2
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
@@ -28,4 +28,4 @@ fi
   PYTHONWARNINGS=ignore .venv/bin/python -m pip install -e ".[test]"
 } > .venv/setup.log 2>&1 || { tail -40 .venv/setup.log >&2; echo "setup: pip failed (full log: .venv/setup.log)" >&2; exit 1; }
 echo "$want" > "$STAMP"
-echo "setup: done in $(( $(date +%s) - started )) s (log: .venv/setup.log)"
+echo "setup: done in $(( $(date +%s) - started )) s (log: .venv/setup.log)" >&2

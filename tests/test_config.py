@@ -77,6 +77,7 @@ BAD = [
     ("metrics-port", -1, "an integer >= 0 and <= 65535"),
     ("metrics-linger", -1.0, "a finite number >= 0 and <= 86400"),
     ("max-node-refusals", 0, "an integer >= 1"),
+    ("clients-per-node", 0, "an integer >= 1"),
     ("resume-unfinished-round", "ignore", "one of 'refuse', 'account'"),
     ("metrics-host", "", "a non-empty string"),
 ]

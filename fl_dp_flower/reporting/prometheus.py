@@ -10,7 +10,7 @@ the port. Exported metrics (all gauges, prefix ``fl_dp_``):
 - ``fl_dp_bound_mu{bound, sound}``, ``fl_dp_bound_epsilon{bound, sound}``
 - ``fl_dp_accuracy`` (NaN until known)
 - ``fl_dp_budget_epsilon`` and ``fl_dp_budget_remaining_epsilon`` (only once a budget is given),
-  ``fl_dp_budget_exhausted`` (1 once the run stopped because the next round would exceed it)
+  ``fl_dp_stopped_by_budget`` (1 once the run stopped because the next round would exceed it)
 - ``fl_dp_last_round_timestamp_seconds`` (Unix time of the last accounted round), ``fl_dp_min_replies``
 - ``fl_dp_round_epsilon_increase`` (what the last round added to the certified epsilon) and
   ``fl_dp_expected_round_epsilon_increase`` (what it would have added had it run as planned)
@@ -142,7 +142,7 @@ class PrivacyMetricsExporter:
                                "Certified epsilon added by the last round", registry=r)
         self._expected = Gauge("fl_dp_expected_round_epsilon_increase",
                                "Certified epsilon the last round would have added had it run as planned", registry=r)
-        self._exhausted = Gauge("fl_dp_budget_exhausted", "1 once the run stopped on its budget", registry=r)
+        self._exhausted = Gauge("fl_dp_stopped_by_budget", "1 once the run stopped on its budget", registry=r)
         self._budget: Gauge | None = None
         self._budget_remaining: Gauge | None = None
         for g in (self._delta, self._cert_mu, self._cert_eps, self._paper_mu, self._paper_eps,
