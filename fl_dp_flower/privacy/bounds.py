@@ -20,6 +20,7 @@ Only ``math``, ``numpy`` and ``scipy`` are used.
 from __future__ import annotations
 
 import math
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -28,7 +29,7 @@ from scipy.special import logsumexp, zeta
 
 from .records import ALGORITHMS, BOUND_NAMES, AccountantConfig
 from .schedules import SCHEDULES
-from .terms import planned_terms, planned_theta, resolve_cyclic_c, resolve_iterative_z
+from .terms import bound_terms, planned_theta, resolve_cyclic_c, resolve_iterative_z
 from .validate import int_at_least, positive
 
 __all__ = [
@@ -509,14 +510,27 @@ def _sum_log1p_inv_sq(lo: int, hi: int) -> float:
 
 
 def _is_constant_terms(config: AccountantConfig) -> bool:
-    return config.algorithm == "fedprox" or config.schedule in ("constant", "cyclic")
+    """Every planned round has the same terms (then final model = composition, docs/MATH.md §7.2)."""
+    return config.schedule in ("constant", "cyclic")
 
 
 def _planned_sum_gamma_sq(config: AccountantConfig, first: int, last: int) -> float:
-    """sum_{t=first}^{last} gamma_t^2 of the Table 2 terms (0-based t), O(1)/O(2^20)."""
+    """sum_{t=first}^{last} gamma_t^2 of the planned terms (0-based t), O(1)/O(2^20)."""
     if last < first:
         return 0.0
-    gamma0 = float(planned_terms(config, 1)[1][0])
+    if config.algorithm == "fedprox" and not _is_constant_terms(config):
+        # exact per-round FedProx terms (terms.planned_terms): summed directly to 2^20 rounds; beyond,
+        # bounded by FedAvg's per-batch terms of the same schedule (1 - prod(1 - eta alpha) <= alpha sum eta)
+        direct_last = min(last, _DIRECT_SUM_MAX - 1)
+        total = 0.0
+        if first <= direct_last:
+            g = bound_terms(config, direct_last + 1)[1][first:direct_last + 1]
+            total += float(np.sum(np.square(g[::-1])))
+        if last > direct_last:
+            fedavg = dataclasses.replace(config, algorithm="fedavg", prox_alpha=None, clipping="per-batch")
+            total += _planned_sum_gamma_sq(fedavg, max(first, direct_last + 1), last)
+        return total
+    gamma0 = float(bound_terms(config, 1)[1][0])
     if _is_constant_terms(config):
         return (last - first + 1) * gamma0 * gamma0
     if config.schedule == "stage":  # gamma_t = gamma_0/(t+1)
@@ -551,7 +565,7 @@ def planned_bounds(config: AccountantConfig, rounds: int) -> dict[str, float]:
         final = composition
     else:
         n0 = min(T, FINAL_MODEL_EXACT_ROUNDS)
-        log_rho, gamma = planned_terms(config, n0)
+        log_rho, gamma = bound_terms(config, n0)
         s = sigma / math.sqrt(m)
         model = OnlineFinalModel()
         model._extend_arrays(log_rho, gamma, np.full(n0, s))
@@ -582,7 +596,7 @@ def planned_curve(config: AccountantConfig, rounds: int) -> dict[str, np.ndarray
         paper = coef * np.sqrt(2.0 - 1.0 / t)
     else:
         paper = coef * np.sqrt(tanh_ratio(a, t))
-    log_rho, gamma = planned_terms(config, T)
+    log_rho, gamma = bound_terms(config, T)
     cum_sq = _prefix_sums(np.square(gamma))
     composition = np.sqrt(m * cum_sq) / sigma
     local_dp = m * np.sqrt(cum_sq) / sigma

@@ -336,6 +336,42 @@ def planned_theta(config: AccountantConfig) -> float:
     return per_sample_theta(kappa, config.batch_size)
 
 
+def _log_prod_one_minus(config: AccountantConfig, T: int, rate: float) -> np.ndarray:
+    """sum_k log1p(-eta_{k,t} * rate) for t = 0..T-1 (rate: alpha or alpha - L; eta * alpha <= 1)."""
+    lr, K = float(config.lr), config.local_steps
+    with np.errstate(divide="ignore"):
+        if config.schedule in ("constant", "cyclic"):  # the same steps every round
+            etas = np.asarray(step_sizes_for(config, 0), dtype=float)
+            return np.full(T, float(np.sum(np.log1p(-np.minimum(etas * rate, 1.0)))))
+        t = np.arange(T, dtype=float)
+        if config.schedule == "stage":
+            return K * np.log1p(-np.minimum(lr * rate / (t + 1.0), 1.0))
+        out = np.empty(T)  # iterative: eta_{k,t} = lr / (tK + k + 1), in chunks of rounds
+        k = np.arange(K, dtype=float)
+        chunk = max(1, (1 << 22) // K)
+        for lo in range(0, T, chunk):
+            tt = t[lo:lo + chunk, None]
+            out[lo:lo + chunk] = np.sum(np.log1p(-np.minimum(lr * rate / (tt * K + k + 1.0), 1.0)), axis=1)
+        return out
+
+
+def step_sizes_for(config: AccountantConfig, t: int) -> tuple[float, ...]:
+    from .schedules import step_sizes
+
+    return step_sizes(config.schedule, config.lr, t, config.local_steps)
+
+
+def _planned_fedprox_terms(config: AccountantConfig, T: int) -> tuple[np.ndarray, np.ndarray]:
+    """Exact per-round FedProx terms of the planned rounds (what :func:`round_terms` gives them)."""
+    alpha, L, V, m = float(config.prox_alpha), float(config.smoothness), float(config.clip_norm), config.clients
+    log_rho = np.full(T, math.log1p(L / (alpha - L)))
+    client = 2.0 * V * -np.expm1(_log_prod_one_minus(config, T, alpha)) / alpha
+    if config.clipping == "per-sample":
+        gap = alpha - L
+        client = np.minimum(client, (2.0 * V / config.batch_size) * -np.expm1(_log_prod_one_minus(config, T, gap)) / gap)
+    return log_rho, client / m
+
+
 def planned_terms(config: AccountantConfig, rounds: int) -> tuple[np.ndarray, np.ndarray]:
     """Table 2 terms (log rho_t, gamma_t) for t = 0..T-1 of a planned run (docs/MATH.md §4, §13).
 
@@ -349,6 +385,9 @@ def planned_terms(config: AccountantConfig, rounds: int) -> tuple[np.ndarray, np
     | SD      | K log1p(lr L/(t+1))       | 2 lr V K / (m (t+1))             |
     | ID      | z lr L log1p(1/(t+1))     | 2 z lr V log1p(1/(t+1)) / m      |
     | FedProx | log1p(L/(alpha - L))      | 2V / (m alpha)                   |
+
+    These are the companions of the paper's closed forms. The planner's sound bounds use
+    :func:`bound_terms` instead, which differ for FedProx.
 
     Vectorized (O(T) numpy).
     """
@@ -383,3 +422,18 @@ def planned_terms(config: AccountantConfig, rounds: int) -> tuple[np.ndarray, np
         log_rho = (z * lr * L) * l1p
         gamma = (theta * 2.0 * z * lr * V / m) * l1p
     return log_rho, gamma
+
+
+def bound_terms(config: AccountantConfig, rounds: int) -> tuple[np.ndarray, np.ndarray]:
+    """The terms the planner's sound bounds (composition, final model, local DP) use.
+
+    FedAvg: :func:`planned_terms`. FedProx: the exact telescoped sensitivity of each planned
+    round's own step sizes, 2V (1 - prod_k(1 - eta_k alpha)) / (m alpha) (with the per-sample
+    minimum of docs/MATH.md §13), i.e. what the accountant's :func:`round_terms` gives those
+    rounds, instead of the paper's 2V/(m alpha), which ignores lr and K (at lr 0.05, K 5,
+    alpha 2 it is 2.4 times larger).
+    """
+    T = int_at_least("rounds", rounds, 1)
+    if config.algorithm == "fedprox":
+        return _planned_fedprox_terms(config, T)
+    return planned_terms(config, T)
