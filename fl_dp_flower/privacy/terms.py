@@ -33,6 +33,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from .records import AccountantConfig, RoundRecord
+from .schedules import step_sizes
 from .validate import int_at_least, nonnegative, positive
 
 __all__ = [
@@ -341,7 +342,7 @@ def _log_prod_one_minus(config: AccountantConfig, T: int, rate: float) -> np.nda
     lr, K = float(config.lr), config.local_steps
     with np.errstate(divide="ignore"):
         if config.schedule in ("constant", "cyclic"):  # the same steps every round
-            etas = np.asarray(step_sizes_for(config, 0), dtype=float)
+            etas = np.asarray(step_sizes(config.schedule, config.lr, 0, config.local_steps), dtype=float)
             return np.full(T, float(np.sum(np.log1p(-np.minimum(etas * rate, 1.0)))))
         t = np.arange(T, dtype=float)
         if config.schedule == "stage":
@@ -353,12 +354,6 @@ def _log_prod_one_minus(config: AccountantConfig, T: int, rate: float) -> np.nda
             tt = t[lo:lo + chunk, None]
             out[lo:lo + chunk] = np.sum(np.log1p(-np.minimum(lr * rate / (tt * K + k + 1.0), 1.0)), axis=1)
         return out
-
-
-def step_sizes_for(config: AccountantConfig, t: int) -> tuple[float, ...]:
-    from .schedules import step_sizes
-
-    return step_sizes(config.schedule, config.lr, t, config.local_steps)
 
 
 def _planned_fedprox_terms(config: AccountantConfig, T: int) -> tuple[np.ndarray, np.ndarray]:
