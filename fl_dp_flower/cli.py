@@ -1,8 +1,10 @@
-"""Command line: ``fl-dp-flower run``, ``fl-dp-flower privacy`` and ``fl-dp-flower calibrate``.
+"""Command line: ``fl-dp-flower run | verify | watch | privacy | audit | sensitivity | calibrate``.
 
 ``run`` runs the main job in Flower's simulation engine (:mod:`fl_dp_flower.launcher`);
 ``privacy`` prints every bound for a planned run of T identical rounds;
-``calibrate`` finds the sigma that meets a target epsilon under a chosen bound.
+``calibrate`` finds the sigma that meets a target epsilon under a chosen bound;
+``audit`` attacks the worst-case canary and checks every bound (docs/audit.md);
+``sensitivity`` measures the real trainer's sensitivity against its bounds.
 Output is a table (rich) or JSON (``--json``). Bad input exits with status 2 and
 a message naming the flag and the allowed range. Defaults are shown in ``--help`` and
 in the table's title. The math (numpy, scipy) is imported only once a command runs.
@@ -109,6 +111,21 @@ def build_parser() -> argparse.ArgumentParser:
     privacy = commands.add_parser("privacy", help="all privacy bounds of a planned run", formatter_class=formatter)
     _add_common(privacy)
     privacy.add_argument("--sigma", type=_POSITIVE, required=True, help="per-client noise std (> 0)")
+    audit = commands.add_parser("audit", help="attack the worst-case canary and check every printed bound",
+                                formatter_class=formatter)
+    _add_common(audit)
+    audit.add_argument("--sigma", type=_POSITIVE, required=True, help="per-client noise std (> 0)")
+    audit.add_argument("--trials", type=_number(int, 10, False), default=100_000,
+                       help="evaluation trials per world (>= 10; as many shadow trials fit the test)")
+    audit.add_argument("--seed", type=_number(int, 0, False), default=0, help="seed of the trials (>= 0)")
+    audit.add_argument("--confidence", type=_PROBABILITY, default=0.95,
+                       help="confidence of the lower bounds and intervals, in (0, 1)")
+    audit.add_argument("--plot", default=None, help="write the trade-off plot (PNG) to this path")
+    audit.add_argument("--device", default="auto", help="torch device of the trials (auto: cuda if present)")
+    sens = commands.add_parser("sensitivity", help="measured ||w_T - w'_T|| of the real trainer against its bounds",
+                               formatter_class=formatter)
+    from .audit.commands import add_sensitivity_arguments
+    add_sensitivity_arguments(sens, _POSITIVE, _COUNT, _NONNEGATIVE)
     calib = commands.add_parser("calibrate", help="the sigma that meets a target epsilon", formatter_class=formatter)
     _add_common(calib)
     calib.add_argument("--target-epsilon", type=_POSITIVE, required=True, help="target epsilon (> 0)")
@@ -227,6 +244,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "watch":
         from .reporting.watch import main as watch_main
         return watch_main(args)
+    if args.command == "audit":
+        from .audit.commands import audit_command
+        return audit_command(args, parser)
+    if args.command == "sensitivity":
+        from .audit.commands import sensitivity_command
+        return sensitivity_command(args, parser)
     from .privacy.planning import calibrate, plan  # numpy/scipy: only now
     from .reporting.durable import json_safe
 

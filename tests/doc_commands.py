@@ -62,3 +62,18 @@ def parse_overrides(text: str) -> dict:
 
 def pyproject_defaults() -> dict:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+
+
+def documented_cli_commands() -> list[tuple[str, list[str]]]:
+    """(source, argv) of every ``fl-dp-flower <command> ...`` line in a code block of README/docs."""
+    import shlex
+
+    found = []
+    for path in DOCS:
+        for line, block in _joined_blocks(path.read_text()):
+            for n, text in enumerate(block.splitlines()):
+                m = re.match(r"\s*(?:\.venv/bin/)?fl-dp-flower\s+(.*)", text)
+                if m:
+                    argv = shlex.split(m.group(1).split(" #")[0])
+                    found.append((f"{path.name}:{line + n}", argv))
+    return found

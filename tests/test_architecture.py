@@ -31,6 +31,7 @@ def _loaded_after_import(modules: list[str]) -> set[str]:
         (["fl_dp_flower.cli"], {"torch", "flwr", "pydantic", "torchvision", "numpy", "scipy", "matplotlib"}),
         (["fl_dp_flower.launcher"], {"torch", "flwr", "torchvision", "numpy", "scipy", "matplotlib"}),
         (REPORTING, {"torch", "flwr", "torchvision"}),
+        (["fl_dp_flower.audit.attack"], {"torch", "flwr", "pydantic", "torchvision"}),
     ],
 )
 def test_layers_do_not_import_heavier_layers(modules, forbidden):

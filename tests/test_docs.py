@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from doc_commands import ROOT, DocRunConfig, documented_run_configs, parse_overrides, pyproject_defaults
+from doc_commands import ROOT, DocRunConfig, documented_cli_commands, documented_run_configs, parse_overrides, pyproject_defaults
 from fl_dp_flower.config import AppConfig
 from fl_dp_flower.privacy.accountant import Budget, PrivacyAccountant
 from fl_dp_flower.strategies.budget import check_before_broadcast, check_replies, BudgetExhausted
@@ -75,3 +75,21 @@ def test_every_math_reference_points_at_a_section_of_docs_math():
     missing = {ref: where for ref, where in cited.items() if ref not in headings}
     assert not missing, missing
     assert not any("SPEC §" in p.read_text() for p in ROOT.glob("fl_dp_flower/**/*.py"))
+
+
+CLI_COMMANDS = documented_cli_commands()
+
+
+def test_the_docs_show_cli_commands():
+    assert {argv[0] for _, argv in CLI_COMMANDS} >= {"privacy", "calibrate", "audit", "watch", "verify", "sensitivity"}
+
+
+@pytest.mark.parametrize("source, argv", CLI_COMMANDS, ids=[s for s, _ in CLI_COMMANDS])
+def test_documented_cli_command_parses(source, argv):
+    """Every documented ``fl-dp-flower`` command is accepted by the CLI's parser (flags and ranges)."""
+    from fl_dp_flower.cli import build_parser
+
+    try:
+        build_parser().parse_args(argv)
+    except SystemExit as exc:  # argparse's error exit
+        raise AssertionError(f"{source}: fl-dp-flower {' '.join(argv)} is rejected (exit {exc.code})") from None
