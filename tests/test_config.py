@@ -78,6 +78,7 @@ BAD = [
     ("metrics-linger", -1.0, "a finite number >= 0 and <= 86400"),
     ("max-node-refusals", 0, "an integer >= 1"),
     ("clients-per-node", 0, "an integer >= 1"),
+    ("cohort-noise", "each", "one of 'summed', 'per-member'"),
     ("resume-unfinished-round", "ignore", "one of 'refuse', 'account'"),
     ("metrics-host", "", "a non-empty string"),
 ]

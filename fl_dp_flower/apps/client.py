@@ -242,8 +242,9 @@ def _cohort_slots(cfg: Mapping, config: AppConfig) -> list[int] | None:
 
 def _train_cohort(msg: Message, context: Context, s: TrainSettings, config: AppConfig, slots: list[int],
                   etas: tuple[float, ...], share: bool) -> Message:
-    """Cohort mode: every sampled virtual client of this node runs the local update and adds its own
-    noise; the reply carries the sum of their noisy uploads (training.cohort)."""
+    """Cohort mode: every sampled virtual client of this node runs the local update; the reply
+    carries the sum of their noisy uploads (training.cohort). Noise: ``cohort-noise = "summed"``
+    draws the sum's noise at once (the same distribution), ``"per-member"`` one stream per member."""
     nc = context.node_config
     if s.clipping != "per-batch":
         raise Refused("cohort mode supports per-batch clipping only")
@@ -261,11 +262,16 @@ def _train_cohort(msg: Message, context: Context, s: TrainSettings, config: AppC
         batch_gen = torch.Generator(device="cpu")
         batch_gen.manual_seed(_derived_seed(s.seed, client, s.round_index, 1) if s.seed >= 0 else secrets.randbits(63))
         noise_seed = -1 if s.seed == -1 else _derived_seed(s.seed, client, s.round_index, 0)
-        members.append(Member(part.x_train, part.y_train, batch_gen, make_generator(device, noise_seed)))
+        per_member = config.cohort_noise == "per-member"
+        members.append(Member(part.x_train, part.y_train, batch_gen,
+                              make_generator(device, noise_seed) if per_member else None))
+    summed = None
+    if config.cohort_noise == "summed":  # one draw of the members' summed noise (training.cohort)
+        summed = make_generator(device, -1 if s.seed == -1 else _derived_seed(s.seed, pid, s.round_index, 2))
     alpha = s.prox_alpha if s.algorithm == "fedprox" else 0.0
     started = time.perf_counter()
     result = cohort_update(model, members, step_sizes=etas, clip_norm=s.clip_norm, batch_size=s.batch_size,
-                           sigma=s.sigma, prox_alpha=alpha)
+                           sigma=s.sigma, prox_alpha=alpha, summed_noise=summed)
     metrics = MetricRecord({
         "num-examples": sum(len(m.y) for m in members),
         "train-seconds": time.perf_counter() - started,

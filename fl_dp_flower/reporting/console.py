@@ -64,10 +64,21 @@ def format_round_line(report: dict[str, Any], *, accuracy: float | None, clients
     return " | ".join(parts)
 
 
-def summary_table(history: list[dict[str, Any]]) -> Table:
+def shown_rounds(count: int, max_rows: int | None) -> list[int]:
+    """Indices of the rows a table of ``count`` rounds shows: all, or ``max_rows`` evenly spaced
+    ones that include the first and the last."""
+    if max_rows is None or count <= max_rows:
+        return list(range(count))
+    if max_rows < 2:
+        raise ValueError(f"max_rows must be >= 2, got {max_rows!r}")
+    return sorted({round(i * (count - 1) / (max_rows - 1)) for i in range(max_rows)})
+
+
+def summary_table(history: list[dict[str, Any]], max_rows: int | None = None) -> Table:
     """Per-round table: accuracy, loss, certified (mu, eps) and eps of every bound.
 
-    Unsound bounds are marked with ``*`` and explained in the caption.
+    Unsound bounds are marked with ``*`` and explained in the caption. ``max_rows``: show at most
+    that many rounds, evenly spaced, first and last included (the caption says so).
     """
     delta = history[-1]["report"]["delta"] if history else None
     title = "Privacy summary" + (f" (delta={delta:g})" if delta is not None else "")
@@ -79,7 +90,8 @@ def summary_table(history: list[dict[str, Any]]) -> Table:
     for name in BOUND_NAMES:
         table.add_column(f"{name} eps", justify="right")
     any_unsound = False
-    for entry in history:
+    rows = shown_rounds(len(history), max_rows)
+    for entry in (history[i] for i in rows):
         report, metrics = entry["report"], entry.get("metrics") or {}
         cert = report["certified"]
         cells = [str(entry["round"]), str(report.get("clients", "")),
@@ -94,15 +106,20 @@ def summary_table(history: list[dict[str, Any]]) -> Table:
             any_unsound = any_unsound or not bound.get("sound")
             cells.append(fmt_num(bound["epsilon"]) + mark)
         table.add_row(*cells)
+    notes = []
+    if len(rows) < len(history):
+        notes.append(f"{len(rows)} of {len(history)} rounds shown; every round is in ledger.jsonl")
     if any_unsound:
-        table.caption = "* not a guarantee: this bound is not sound for this run (shown for reference)"
+        notes.append("* not a guarantee: this bound is not sound for this run (shown for reference)")
+    if notes:
+        table.caption = "\n".join(notes)
     return table
 
 
-def render_summary(history: list[dict[str, Any]], *, width: int = 132) -> str:
+def render_summary(history: list[dict[str, Any]], *, width: int = 132, max_rows: int | None = None) -> str:
     """The summary table as plain text (no colour or style codes)."""
     buf = io.StringIO()
     console = Console(file=buf, width=width, color_system=None, force_terminal=False,
                       no_color=True, highlight=False)
-    console.print(summary_table(history))
+    console.print(summary_table(history, max_rows))
     return buf.getvalue()

@@ -31,12 +31,13 @@ from .local_update import LossFn
 
 @dataclass(frozen=True)
 class Member:
-    """One virtual client: its data and its two random streams (batch indices, noise)."""
+    """One virtual client: its data and its two random streams (batch indices, noise). The noise
+    stream is unused (may be None) when the cohort draws its summed noise at once."""
 
     x: torch.Tensor
     y: torch.Tensor
     batch_generator: torch.Generator
-    noise_generator: torch.Generator
+    noise_generator: torch.Generator | None = None
 
 
 @dataclass(frozen=True)
@@ -62,11 +63,21 @@ def cohort_update(
     prox_alpha: float = 0.0,
     loss_fn: LossFn = F.cross_entropy,
     keep_members: bool = False,
+    summed_noise: torch.Generator | None = None,
 ) -> CohortResult:
     """K clipped GD steps and Gaussian noise for every member, starting from ``model``'s weights.
 
     ``model`` is not changed. Members whose data sizes give different batch sizes
     (B = min(batch_size, n_i)) are trained in groups of equal batch size.
+
+    Noise: by default each member draws N(0, sigma^2) per value from its own ``noise_generator``
+    (the stream-for-stream equivalent of the single-client update). With ``summed_noise`` (a
+    generator on the model's device) the cohort draws the noise of its *sum* at once,
+    sqrt(M) sigma N(0, 1) per value for M members: the sum of M independent N(0, sigma^2) has
+    exactly this distribution, so the reply is distributed identically and every bound, the
+    per-member curious-server bound included, holds unchanged (docs/MATH.md §14.2). It costs one
+    draw per value instead of M. Members' individual uploads are then never formed
+    (``keep_members`` must be False).
     """
     if not members:
         raise ValueError("a cohort needs at least one member")
@@ -90,6 +101,7 @@ def cohort_update(
 
     per_member_grad = vmap(grad(batch_loss))
     trained: dict[int, dict[str, torch.Tensor]] = {}
+    noiseless = {n: torch.zeros_like(start[n]) for n in names}  # sum of the members' trained weights
     clipped = 0
     for bsz in sorted(set(sizes)):
         group = [i for i, s in enumerate(sizes) if s == bsz]
@@ -116,10 +128,23 @@ def cohort_update(
                     params[n] -= eta * g
         for j, i in enumerate(group):
             trained[i] = {n: params[n][j] for n in names}
+        for n in names:
+            noiseless[n] += params[n].sum(0)
 
     total = {n: torch.zeros_like(start[n]) for n in names}
     kept = {n: [] for n in names} if keep_members else None
     noise_order = [n for n, _ in model.named_parameters()]  # the order add_gaussian_noise_ draws in
+    if summed_noise is not None:
+        if keep_members:
+            raise ValueError("keep_members needs per-member noise (summed_noise=None)")
+        scale = float(sigma) * math.sqrt(len(members))
+        for n in noise_order:
+            t = noiseless[n]
+            total[n] = t + scale * torch.randn(t.shape, generator=summed_noise, device=t.device, dtype=t.dtype)
+        return CohortResult(total=total, members=None, clipped_fraction=clipped / (len(members) * len(etas)),
+                            batch_sizes=tuple(sizes))
+    if any(m.noise_generator is None for m in members):
+        raise ValueError("every member needs a noise_generator (or pass summed_noise)")
     for i, member in enumerate(members):
         gen = member.noise_generator
         for n in noise_order:

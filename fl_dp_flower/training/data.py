@@ -181,7 +181,20 @@ def load_partition(
     xtr, ytr, xte, yte = _load_raw(name, data_dir, float(test_fraction), int(seed))
     kind = "cifar10" if name == "cifar10" else "mnist"
     out = []
-    for x, y in ((xtr, ytr), (xte, yte)):  # normalise only this client's share
-        idx = partition_indices(y, num_partitions, scheme, alpha, seed)[partition_id]
+    for split, (x, y) in enumerate(((xtr, ytr), (xte, yte))):  # normalise only this client's share
+        # More clients than held-out images: the test split is cut into len(y) parts and client i
+        # evaluates on part i mod len(y) (test parts are then shared; training parts never are).
+        parts = min(num_partitions, len(y)) if split else num_partitions
+        idx = _split_indices(name, data_dir, float(test_fraction), int(seed), split, parts, scheme, alpha)
+        idx = idx[partition_id % parts]
         out += [_normalise(x[idx], kind), torch.from_numpy(y[idx])]
     return Partition(*out)
+
+
+@functools.lru_cache(maxsize=16)
+def _split_indices(name: str, data_dir: str, test_fraction: float, seed: int, split: int, parts: int,
+                   scheme: str, alpha: float) -> list[np.ndarray]:
+    """partition_indices of the train (split 0) or test (split 1) labels, computed once per setting
+    (a cohort node loads hundreds of partitions of the same split)."""
+    labels = _load_raw(name, data_dir, test_fraction, seed)[1 + 2 * split]
+    return partition_indices(labels, parts, scheme, alpha, seed)
