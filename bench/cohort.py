@@ -133,6 +133,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    import logging
+
+    logging.getLogger("flwr").setLevel(logging.ERROR)  # the in-process rounds' Flower log
     k = 10
     samples = args.members * 4 * k
     cohort, summed, plain = [], [], []
