@@ -135,7 +135,9 @@ def main() -> None:
     torch.set_num_threads(1)
     import logging
 
-    logging.getLogger("flwr").setLevel(logging.ERROR)  # the in-process rounds' Flower log
+    from flwr.common.logger import FLOWER_LOGGER  # imported first: importing it sets its level to DEBUG
+
+    FLOWER_LOGGER.setLevel(logging.ERROR)  # the in-process rounds' Flower log
     k = 10
     samples = args.members * 4 * k
     cohort, summed, plain = [], [], []

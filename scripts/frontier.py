@@ -81,7 +81,9 @@ def main() -> None:
     args = parser.parse_args()
     import logging
 
-    logging.getLogger("flwr").setLevel(logging.ERROR)
+    from flwr.common.logger import FLOWER_LOGGER  # imported first: importing it sets its level to DEBUG
+
+    FLOWER_LOGGER.setLevel(logging.ERROR)  # the in-process rounds' Flower log
     points = []
     for m in args.clients:
         for epsilon in EPSILONS:
