@@ -111,6 +111,13 @@ def test_quick_start_word_for_word():
         assert summary["rounds_accounted"] == total and summary["final_accuracy"] > 0.7
         assert summary["final_report"]["certified"]["epsilon"] < 4.0
         assert f"finished:completed; privacy spent: {total} rounds accounted" in job.text
+        # cohort mode in `flwr run`: the ledger counts members (4,000 virtual clients), not the 10 nodes
+        assert "4000 clients per round, 10 simulated SuperNodes x 400 clients each (cohorts)" in job.text
+        for entry in read_ledger(run_dir / "ledger.jsonl").rounds:
+            ids = entry["record"]["node_ids"]
+            assert len(ids) == len(set(ids)) == 4000 and entry["report"]["clients"] == 4000
+            assert entry["record"]["weights"] == pytest.approx([1 / 4000] * 4000)
+            assert len({i // 400 for i in ids}) == 10  # member id = node id x 400 + slot: every node's cohort
         _no_leftovers((ROOT / ".flwr-home").resolve())
     finally:
         for d in made:
@@ -181,21 +188,3 @@ def test_resume_of_an_unknown_run_names_the_ledger(tmp_path):
     assert r.returncode == 2 and f"no ledger at {tmp_path / 'nope' / 'ledger.jsonl'}" in r.stderr
 
 
-# ------------------------------------------------------------------ cohort mode in the simulation engine
-@pytest.mark.slow
-@pytest.mark.timeout(1500)
-def test_cohort_mode_in_flwr_run_counts_members(tmp_path):
-    home, out = tmp_path / "flwr-home", tmp_path / "out"
-    job = Job(["--run-name", "cohort", "--output-dir", str(out), "--supernodes", "2",
-               "clients-per-node=10 clients-per-round=15 num-partitions=2 num-server-rounds=2 "
-               "local-steps=3 batch-size=4"], home)
-    assert job.wait() == 0, job.text[-3000:]
-    assert "15 clients per round, 2 simulated SuperNodes x 10 clients each (cohorts)" in job.text
-    contents = read_ledger(out / "cohort" / "ledger.jsonl")
-    assert [r["round"] for r in contents.rounds] == [1, 2]
-    for entry in contents.rounds:
-        ids = entry["record"]["node_ids"]
-        assert len(ids) == len(set(ids)) == 15 and entry["report"]["clients"] == 15
-        assert entry["record"]["weights"] == pytest.approx([1 / 15] * 15)
-        assert len({i // 10 for i in ids}) == 2  # member id = node id x 10 + slot: both nodes' cohorts
-    _no_leftovers(home)
