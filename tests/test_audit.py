@@ -165,7 +165,7 @@ def test_fedprox_shrinks_sensitivity_and_its_bound():
 
 
 def test_sensitivity_setup_rejects_bad_input():
-    with pytest.raises(ValueError, match="lr must be <= 1/prox_alpha"):
+    with pytest.raises(ValueError, match=r"lr \(largest step size 0.1\) must be <= 1/prox_alpha"):
         SensitivitySetup(algorithm="fedprox", prox_alpha=20.0, lr=0.1)
     with pytest.raises(ValueError, match="clients"):
         SensitivitySetup(clients=0)

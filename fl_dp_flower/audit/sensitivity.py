@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fl_dp_flower.privacy.records import RoundRecord
+from fl_dp_flower.privacy.records import RoundRecord, check_prox
 from fl_dp_flower.privacy.schedules import step_sizes
 from fl_dp_flower.privacy.terms import round_terms
 from fl_dp_flower.privacy.validate import choice, int_at_least, nonnegative, positive
@@ -85,11 +85,10 @@ class SensitivitySetup:
         int_at_least("seed", self.seed, 0)
         if self.samples_per_client is not None:
             int_at_least("samples_per_client", self.samples_per_client, 1)
-        if self.algorithm == "fedprox":
-            alpha = positive("prox_alpha", self.prox_alpha)
-            if self.lr > 1.0 / alpha:
-                raise ValueError(f"lr must be <= 1/prox_alpha = {1.0 / alpha:g} for fedprox, got {self.lr!r}")
-        elif self.prox_alpha is not None:
+        # L = 0: the clipping-only bound needs only eta <= 1/alpha (the smooth bound's alpha > L is
+        # checked by the accountant's terms, which report when it fails)
+        check_prox(self.algorithm, self.prox_alpha, 0.0, self.lr)
+        if self.algorithm != "fedprox" and self.prox_alpha is not None:
             raise ValueError("prox_alpha is only used with algorithm 'fedprox'")
 
     @property

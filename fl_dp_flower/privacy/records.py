@@ -47,7 +47,8 @@ def _fields_of(cls: type, data: Any, what: str) -> dict[str, Any]:
     return dict(data)
 
 
-def _check_prox(algorithm: str, prox_alpha: float | None, smoothness: float, max_step: float) -> None:
+def check_prox(algorithm: str, prox_alpha: float | None, smoothness: float, max_step: float) -> None:
+    """FedProx's conditions: alpha given, alpha > L, and every step size eta <= 1/alpha."""
     if algorithm != "fedprox":
         return
     if prox_alpha is None:
@@ -119,7 +120,7 @@ class AccountantConfig:
             positive("cyclic_c", self.cyclic_c)
         if self.iterative_z is not None:
             positive("iterative_z", self.iterative_z)
-        _check_prox(self.algorithm, self.prox_alpha, self.smoothness, self.lr)
+        check_prox(self.algorithm, self.prox_alpha, self.smoothness, self.lr)
 
     def planned_round(self, round_index: int, clients: int | None = None) -> "RoundRecord":
         """The record of round ``round_index`` (1-based) if it runs exactly as planned."""

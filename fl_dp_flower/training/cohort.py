@@ -92,6 +92,8 @@ def cohort_update(
     start = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
     buffers = dict(model.named_buffers())
     device = next(iter(start.values())).device
+    if summed_noise is not None and keep_members:
+        raise ValueError("keep_members needs per-member noise (summed_noise=None)")
     sizes = [min(int(batch_size), len(m.y)) for m in members]
     if min(sizes) < 1:
         raise ValueError("every member needs data and batch_size >= 1")
@@ -126,17 +128,17 @@ def cohort_update(
                     if prox_alpha > 0:  # FedProx: the pull to w_t, added after clipping
                         g = g + prox_alpha * (params[n] - start[n])
                     params[n] -= eta * g
-        for j, i in enumerate(group):
-            trained[i] = {n: params[n][j] for n in names}
-        for n in names:
-            noiseless[n] += params[n].sum(0)
+        if summed_noise is None:  # each member's trained weights get their own noise below
+            for j, i in enumerate(group):
+                trained[i] = {n: params[n][j] for n in names}
+        else:  # only the sum is noised and sent
+            for n in names:
+                noiseless[n] += params[n].sum(0)
 
     total = {n: torch.zeros_like(start[n]) for n in names}
     kept = {n: [] for n in names} if keep_members else None
     noise_order = [n for n, _ in model.named_parameters()]  # the order add_gaussian_noise_ draws in
     if summed_noise is not None:
-        if keep_members:
-            raise ValueError("keep_members needs per-member noise (summed_noise=None)")
         scale = float(sigma) * math.sqrt(len(members))
         for n in noise_order:
             t = noiseless[n]
