@@ -193,8 +193,12 @@ def test_supernode_killed_mid_round(fed, tmp_path):
     seen: set[int] = set()
 
     def round1_done():
-        seen.update(fed.clientapp_pids(victim))  # round-1 ClientApps of the victim
-        return len(ledger_rounds(ledger)) >= 1
+        if len(ledger_rounds(ledger)) >= 1:
+            return True
+        # round-1 ClientApps of the victim, collected only while round 1 is open: once its ledger line
+        # is written, round 2 may be broadcast at once, and its ClientApp must not count as seen
+        seen.update(fed.clientapp_pids(victim))
+        return False
 
     wait_until(round1_done, QUIET, "round 1 in the ledger", interval=0.3, progress=lambda: fed.progress(ledger))
     # round 2 is in flight once the victim's SuperNode has started a new ClientApp process for it
