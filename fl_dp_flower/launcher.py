@@ -38,6 +38,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Sequence
 
+from .presets import PRESETS
+
 ROOT = Path(__file__).resolve().parents[1]
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 #: Flower's own split of a ``--run-config`` string into pairs (flwr/common/config.py).
@@ -45,19 +47,6 @@ _PAIR = re.compile(r"(\S+?)=('[^']*'|\"[^\"]*\"|\S+)")
 STOP_GRACE = 30.0  # seconds a stopped run gets to end before its processes are killed
 ROUND_LINES = 20  # a longer run prints every k-th round line (k = ceil(rounds / 20)) and its last
 SUMMARY_ROWS = 12  # the final table shows at most this many rounds (all are in the ledger)
-
-
-#: Named run configs of ``--preset``: laid over the pyproject defaults, under the user's overrides.
-#: ``main``: 4,000 clients of one image each, all sampled every round (10 simulated SuperNodes x 400
-#: virtual clients), one local step of lr 2 on its clipped (V = 1) gradient, sigma calibrated so that
-#: 60 rounds certify epsilon 3.83 at delta 1e-5 under all-rounds composition (README, Results).
-#: ``quick``: the pyproject defaults, 10 clients per round for 10 rounds (about 40 s; epsilon in
-#: the thousands).
-PRESETS: dict[str, dict[str, Any]] = {
-    "main": {"clients-per-node": 400, "clients-per-round": 4000, "num-partitions": 10, "schedule": "constant",
-             "local-steps": 1, "batch-size": 1, "lr": 2.0, "clip-norm": 1.0, "sigma": 0.55, "num-server-rounds": 60},
-    "quick": {},
-}
 
 
 class UsageError(ValueError):

@@ -15,7 +15,7 @@ import pytest
 
 from doc_commands import ROOT, DocRunConfig, documented_cli_commands, documented_run_configs, parse_overrides, pyproject_defaults
 from fl_dp_flower.config import AppConfig
-from fl_dp_flower.launcher import PRESETS
+from fl_dp_flower.presets import PRESETS
 from fl_dp_flower.privacy.accountant import Budget, PrivacyAccountant
 from fl_dp_flower.strategies.budget import check_before_broadcast, check_replies, BudgetExhausted
 

@@ -26,7 +26,8 @@ from pathlib import Path
 import pytest
 
 from deploy_harness import wait_until
-from fl_dp_flower.launcher import PRESETS, processes_of
+from fl_dp_flower.launcher import processes_of
+from fl_dp_flower.presets import PRESETS
 from fl_dp_flower.reporting import read_ledger
 
 ROOT = Path(__file__).resolve().parents[1]
