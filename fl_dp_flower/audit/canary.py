@@ -43,7 +43,7 @@ M_b = (f_b(w_t) + (m - 1) o(w_t))/m and std s = sigma/sqrt(m), so the log likeli
 all-rounds view (w_1, ..., w_T) is sum_t <w_{t+1} - (M_0 + M_1)/2, M_1 - M_0> / s^2: the exact
 Neyman-Pearson statistic (s is the same every round here, so it is dropped). A participating client
 (client 1, an ordinary one) also knows its own noise n_1 and subtracts its upload: w_{t+1} - n_1/m
-has the same means and the smaller std sigma sqrt(m - 1)/m (SPEC §14.2a); its statistic is the
+has the same means and the smaller std sigma sqrt(m - 1)/m (docs/audit.md §2); its statistic is the
 same sum with w_{t+1} - n_1/m in place of w_{t+1}.
 """
 
@@ -139,10 +139,14 @@ def _client_data(config: AccountantConfig, rows: int, sign: float, canary: str, 
 
 
 def run_canary(config: AccountantConfig, rounds: int, trials: int, shadow_trials: int, *,
-               canary: str = "linear", seed: int = 0, device: str | torch.device = "cpu") -> CanaryRun:
+               canary: str = "linear", seed: int = 0, device: str | torch.device = "cpu",
+               statistics: bool = True) -> CanaryRun:
     """Run ``rounds`` rounds of m clients on the ``canary`` instance for both worlds at once.
 
     ``config`` supplies algorithm, schedule, lr, K, V, m, sigma, FedProx alpha, clipping and B.
+    ``statistics``: accumulate the all-rounds and participant statistics, which needs the canary
+    client's update in both worlds at every row (one more local update per round); without it
+    ``all_rounds`` is zeros and ``participant`` None (the final models are the same either way).
     """
     if canary not in CANARIES:
         raise ValueError(f"canary must be one of {CANARIES}, got {canary!r}")
@@ -153,10 +157,14 @@ def run_canary(config: AccountantConfig, rounds: int, trials: int, shadow_trials
     world1 = torch.zeros(rows, 1, dtype=torch.bool, device=device)
     world1[shadow_trials:WORLDS * shadow_trials] = True  # shadow world 1
     world1[WORLDS * shadow_trials + trials:] = True  # evaluation world 1
-    data = {"plus": _client_data(config, rows, 1.0, canary, "canary", device),  # world 0
-            "minus": _client_data(config, rows, -1.0, canary, "canary", device),  # world 1
-            "other": _client_data(config, rows, 0.0, canary, "other", device)}
-    targets = torch.zeros(len(data["plus"]), dtype=torch.long, device=device)
+    plus = _client_data(config, rows, 1.0, canary, "canary", device)  # world 0
+    minus = _client_data(config, rows, -1.0, canary, "canary", device)  # world 1
+    other = _client_data(config, rows, 0.0, canary, "other", device)
+    if statistics:
+        data = {"plus": plus, "minus": minus, "other": other}
+    else:  # each row's own world only
+        data = {"actual": torch.where(world1[None], minus, plus), "other": other}
+    targets = torch.zeros(len(other), dtype=torch.long, device=device)
     batch_size = config.batch_size or 1
     # every row's gradient has norm exactly V (or 0): the joint norm is at most V sqrt(rows)
     joint_clip = float(config.clip_norm) * math.sqrt(rows) * (1.0 + 1e-12)
@@ -181,7 +189,8 @@ def run_canary(config: AccountantConfig, rounds: int, trials: int, shadow_trials
             if stats.clipped_fraction != 0.0:
                 raise AssertionError(f"round {t}: the canary's gradients were clipped ({stats.clipped_fraction})")
             trained[name] = model.w.detach()
-        canary_update = torch.where(world1, trained["minus"], trained["plus"])
+        canary_update = (torch.where(world1, trained["minus"], trained["plus"]) if statistics
+                         else trained["actual"])
         usable, own_noise = [], None
         for client in range(m):
             clean = canary_update if client == 0 else trained["other"]
@@ -194,6 +203,8 @@ def run_canary(config: AccountantConfig, rounds: int, trials: int, shadow_trials
                                  members=(client + 1,)))
         averaged = average_arrays(usable, weights_for(usable, "uniform"), reference)
         w = torch.from_numpy(averaged["w"].numpy()).to(device)
+        if not statistics:
+            continue
         # the adversaries' log likelihood ratios (times s^2), world 1 against world 0
         gap = (trained["minus"] - trained["plus"]) / m
         middle = ((trained["plus"] + trained["minus"]) / 2 + (m - 1) * trained["other"]) / m
@@ -201,6 +212,6 @@ def run_canary(config: AccountantConfig, rounds: int, trials: int, shadow_trials
         if own_noise is not None:
             participant += ((w - own_noise / m - middle) * gap).sum(dim=1)
     return CanaryRun(final=w.cpu().numpy(), all_rounds=all_rounds.cpu().numpy(),
-                     participant=participant.cpu().numpy() if m >= 2 else None,
+                     participant=participant.cpu().numpy() if m >= 2 and statistics else None,
                      shadow_trials=shadow_trials, trials=trials,
                      seconds=time.perf_counter() - started, rounds=rounds, canary=canary)

@@ -8,7 +8,7 @@ Adversaries (docs/audit.md §2):
   test of canary.py). Covered by composition and local DP; final_model and paper cover the final
   model only, so they are *not applicable* to it.
 - ``participant``: one participating client who sees every global model and subtracts its own upload
-  (SPEC §14.2a). Covered by local DP, and by composition when composition counts only the noise of
+  (docs/audit.md §2). Covered by local DP, and by composition when composition counts only the noise of
   clients outside the adversary (``AccountantConfig.colluders`` >= 1).
 
 Verdicts (``Verdict.outcome``), for a bound (mu_B, epsilon_B at delta) and the attack's lower bounds
@@ -148,7 +148,8 @@ def run_audit(config: AccountantConfig, rounds: int, *, canary: str = "linear", 
     if adversary == "participant" and config.clients < 2:
         raise ValueError(f"the participant adversary needs clients >= 2 (one besides the canary), got {config.clients}")
     planned = plan(config, rounds)
-    run = run_canary(config, rounds, trials, trials, canary=canary, seed=seed, device=device)
+    run = run_canary(config, rounds, trials, trials, canary=canary, seed=seed, device=device,
+                     statistics=adversary != "final-model")
     if adversary == "final-model":
         attack = audit_attack(run.shadow, run.evaluation, delta=config.delta, fprs=fprs, confidence=confidence)
     else:
