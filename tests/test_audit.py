@@ -237,8 +237,8 @@ def test_participant_attack_new_rule_holds_and_colluders_zero_is_flagged():
 
 
 # The kink instance of issue 16 item 2: per-sample clipping, K = 5, B = 32, lr = 0.1, V = 1, L = 1.
-KINK = dict(algorithm="fedavg", schedule="constant", lr=0.1, local_steps=5, clip_norm=1.0, smoothness=1.0,
-            delta=1e-5, clipping="per-sample", batch_size=32)
+KINK = {"algorithm": "fedavg", "schedule": "constant", "lr": 0.1, "local_steps": 5, "clip_norm": 1.0,
+        "smoothness": 1.0, "delta": 1e-5, "clipping": "per-sample", "batch_size": 32}
 
 
 def test_kink_sensitivity_through_local_update_is_the_clipping_only_one():
@@ -293,8 +293,8 @@ def test_kink_canary_new_theta_rule_holds_and_asserted_smoothness_is_an_assumpti
 
 
 # Issue 16 item 4: the final-model bound at L = 0.1 on the kink instance (per-batch clipping, stage).
-SMOOTH_FINAL = dict(algorithm="fedavg", schedule="stage", lr=0.1, local_steps=5, clip_norm=1.0, clients=10,
-                    sigma=0.5, smoothness=0.1, delta=1e-5, threat_model="final-model")
+SMOOTH_FINAL = {"algorithm": "fedavg", "schedule": "stage", "lr": 0.1, "local_steps": 5, "clip_norm": 1.0,
+                "clients": 10, "sigma": 0.5, "smoothness": 0.1, "delta": 1e-5, "threat_model": "final-model"}
 
 
 def _final_model_config(**kw) -> AccountantConfig:

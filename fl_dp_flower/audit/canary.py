@@ -168,7 +168,7 @@ def run_canary(config: AccountantConfig, rounds: int, trials: int, shadow_trials
     batch_size = config.batch_size or 1
     # every row's gradient has norm exactly V (or 0): the joint norm is at most V sqrt(rows)
     joint_clip = float(config.clip_norm) * math.sqrt(rows) * (1.0 + 1e-12)
-    alpha = float(config.prox_alpha) if config.algorithm == "fedprox" else 0.0
+    alpha = float(config.prox_alpha) if config.algorithm == "fedprox" and config.prox_alpha is not None else 0.0
     batch_gen = torch.Generator(device=device).manual_seed(seed)
     noise_gen = torch.Generator(device=device).manual_seed(seed + 1)
     w = torch.zeros(rows, 1, dtype=torch.float64, device=device)
