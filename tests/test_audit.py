@@ -150,6 +150,9 @@ needs_smooth_assertion = pytest.mark.xfail(not HAS_SMOOTH_ASSERTION, strict=True
                                                   "(issue 16 items 2 and 4, engineer B)")
 
 SMALL_TRIALS = 5000
+#: an outside observer's bounds (colluders = 0), where the config has the field: the all-rounds and
+#: final-model adversaries below are outsiders, and their closed forms count all m clients' noise
+OUTSIDE = {"colluders": 0} if HAS_COLLUDERS else {}
 
 
 def _exact_linear_all_rounds_mu(config: AccountantConfig, rounds: int, noise_std: float) -> float:
@@ -167,7 +170,7 @@ def test_all_rounds_attack_on_the_linear_canary_reaches_composition(schedule, si
     """The exact likelihood-ratio test of every round's model reaches composition for every schedule
     (the final-model attack reaches it only where final model = composition): the linear canary is
     tight for composition, against this adversary."""
-    config = _config(schedule=schedule, clients=5, sigma=sigma)
+    config = _config(schedule=schedule, clients=5, sigma=sigma, **OUTSIDE)
     rounds = 40
     report = run_audit(config, rounds, adversary="all-rounds", trials=SMALL_TRIALS, seed=1)
     exact = _exact_linear_all_rounds_mu(config, rounds, config.sigma / math.sqrt(config.clients))
@@ -265,7 +268,7 @@ def _old_theta_composition(config: AccountantConfig, rounds: int) -> float:
 
 
 def test_kink_canary_flags_the_theta_rule_with_configured_l():
-    config = AccountantConfig(**KINK, clients=10, sigma=0.1)
+    config = AccountantConfig(**KINK, **OUTSIDE, clients=10, sigma=0.1)
     report = run_audit(config, 1, canary="kink", adversary="all-rounds", trials=SMALL_TRIALS, seed=3)
     exact = 0.1 * 2 * (1 / 32 + 4) / (0.1 * math.sqrt(10))  # one Gaussian round: gap / (sigma/sqrt(m))
     old = _old_theta_composition(config, 1)
@@ -281,11 +284,11 @@ def test_kink_canary_flags_the_theta_rule_with_configured_l():
 
 @needs_smooth_assertion
 def test_kink_canary_new_theta_rule_holds_and_asserted_smoothness_is_an_assumption_violation():
-    config = AccountantConfig(**KINK, clients=10, sigma=0.1)
+    config = AccountantConfig(**KINK, **OUTSIDE, clients=10, sigma=0.1)
     report = run_audit(config, 1, canary="kink", adversary="all-rounds", trials=SMALL_TRIALS, seed=3)
     assert report.verdict("composition").mu == pytest.approx(2 * 0.1 * 5 / (0.1 * math.sqrt(10)))
     assert report.verdict("composition").outcome == "holds" and not report.package_bug
-    asserted = AccountantConfig(**KINK, clients=10, sigma=0.1, assume_smooth_losses=True)
+    asserted = AccountantConfig(**KINK, **OUTSIDE, clients=10, sigma=0.1, assume_smooth_losses=True)
     flagged = run_audit(asserted, 1, canary="kink", adversary="all-rounds", trials=SMALL_TRIALS, seed=3)
     composition = flagged.verdict("composition")
     assert composition.mu == pytest.approx(_old_theta_composition(asserted, 1))
@@ -299,7 +302,7 @@ SMOOTH_FINAL = {"algorithm": "fedavg", "schedule": "stage", "lr": 0.1, "local_st
 
 def _final_model_config(**kw) -> AccountantConfig:
     extra = {"assume_smooth_losses": True} if HAS_SMOOTH_ASSERTION else {}
-    return AccountantConfig(**SMOOTH_FINAL, **extra, **kw)
+    return AccountantConfig(**SMOOTH_FINAL, **OUTSIDE, **extra, **kw)
 
 
 def test_kink_canary_flags_the_final_model_bound_at_small_l():
