@@ -31,7 +31,8 @@ when it released nothing (no usable reply, or replies discarded by the budget be
 aggregation). A round that is open at the end of the ledger (:attr:`LedgerContents.open_round`)
 was broadcast, so its uploads may have reached the server, but its accounting never became
 durable: a crash, or a torn write of its round line. Resuming must not silently drop it (the
-ServerApp refuses, or accounts it conservatively on the operator's explicit choice).
+ServerApp refuses, or, on the operator's explicit choice, charges it as the planned round, not
+applied: its aggregate was never saved or broadcast, since a round line precedes both).
 
 Applied rounds (docs/MATH.md §14.3a): a round record's ``"applied": false`` says its aggregate
 never reached the released model (under quorum, or accounted by an unfinished-round resume).
