@@ -231,11 +231,7 @@ class RoundTerms:
     client_sensitivity: float
     noise_std: float
     sigma: float
-    target_noise_std: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.target_noise_std == 0.0:  # built without a coalition: the plain aggregate noise
-            object.__setattr__(self, "target_noise_std", self.noise_std)
+    target_noise_std: float
 
 
 def _fedprox_parts(etas: np.ndarray, alpha: float, L: float) -> tuple[float, float]:
