@@ -15,7 +15,7 @@ Every file is written owner-only (0600) in an owner-only (0700) run folder.
 
 Order per round: ledger ``round-open`` (fsync) -> broadcast -> replies -> budget check ->
 aggregate -> accountant.step -> central evaluation -> ledger round line (fsync) -> save model
--> client evaluation broadcast (if any) -> log line / Prometheus -> next round. A round's
+-> log line / Prometheus -> client evaluation broadcast (if any) -> next round. A round's
 aggregate is never saved or broadcast before its round line is durable (the strategy closes
 the round before any evaluation broadcast), so after a crash:
 
