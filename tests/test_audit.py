@@ -8,6 +8,7 @@ samples of known mu.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -37,6 +38,11 @@ def _one_torch_thread():
 BASE = dict(algorithm="fedavg", lr=0.05, local_steps=5, clip_norm=1.0, clients=20, sigma=0.5,
             smoothness=1.0, delta=1e-5)
 TRIALS = 20_000  # per world; 100,000 takes ~20 s (bench/audit.py)
+
+
+#: an outside observer's bounds (colluders = 0), where the config has the field: the final-model and
+#: all-rounds adversaries are outsiders, and the closed forms below count all m clients' noise
+OUTSIDE = {"colluders": 0} if "colluders" in {f.name for f in dataclasses.fields(AccountantConfig)} else {}
 
 
 def _config(**kw) -> AccountantConfig:
@@ -90,7 +96,7 @@ def test_mu_lower_bound_is_below_the_truth_and_close_to_it():
 
 
 def test_constant_schedule_violates_the_paper_bound_and_not_the_sound_ones():
-    report = run_audit(_config(schedule="constant"), 100, trials=TRIALS, seed=0)
+    report = run_audit(_config(schedule="constant", **OUTSIDE), 100, trials=TRIALS, seed=0)
     verdict = {v.bound: v for v in report.verdicts}
     assert verdict["paper"].violated and not verdict["paper"].sound
     for name in ("composition", "final_model", "local_dp", "certified"):
@@ -139,20 +145,14 @@ from fl_dp_flower.privacy import terms  # noqa: E402
 from fl_dp_flower.privacy.schedules import step_sizes  # noqa: E402
 
 _CONFIG_FIELDS = {f.name for f in fields(AccountantConfig)}
-#: engineer A's AccountantConfig.colluders and engineer B's AccountantConfig.assume_smooth_losses
-#: (CONTRACTS.md). The tests of the new rules below are marked xfail(strict) until those land.
-HAS_COLLUDERS = "colluders" in _CONFIG_FIELDS
+#: engineer B's AccountantConfig.assume_smooth_losses (CONTRACTS.md): the tests of the new rules of
+#: issue 16 items 2 and 4 below are marked xfail(strict) until it lands on main.
 HAS_SMOOTH_ASSERTION = "assume_smooth_losses" in _CONFIG_FIELDS
-needs_colluders = pytest.mark.xfail(not HAS_COLLUDERS, strict=True,
-                                    reason="new rule: needs AccountantConfig.colluders (issue 16 item 3, engineer A)")
 needs_smooth_assertion = pytest.mark.xfail(not HAS_SMOOTH_ASSERTION, strict=True,
                                            reason="new rule: needs AccountantConfig.assume_smooth_losses "
                                                   "(issue 16 items 2 and 4, engineer B)")
 
 SMALL_TRIALS = 5000
-#: an outside observer's bounds (colluders = 0), where the config has the field: the all-rounds and
-#: final-model adversaries below are outsiders, and their closed forms count all m clients' noise
-OUTSIDE = {"colluders": 0} if HAS_COLLUDERS else {}
 
 
 def _exact_linear_all_rounds_mu(config: AccountantConfig, rounds: int, noise_std: float) -> float:
@@ -220,12 +220,8 @@ def test_participant_attack_flags_the_old_noise_rule_on_two_clients():
     outside = run_audit(config, rounds, adversary="all-rounds", trials=SMALL_TRIALS, seed=2)
     assert outside.attack.mu_lower <= old
     assert outside.attack.mu_estimate == pytest.approx(old, abs=0.12)
-    if not HAS_COLLUDERS:  # the package still counts sigma sqrt(m)/m: a package bug, exit 1
-        assert report.verdict("composition").mu == pytest.approx(old)
-        assert report.verdict("composition").outcome == "VIOLATED" and report.package_bug
 
 
-@needs_colluders
 def test_participant_attack_new_rule_holds_and_colluders_zero_is_flagged():
     rounds = 4
     report = run_audit(_two_clients(colluders=1), rounds, adversary="participant", trials=SMALL_TRIALS, seed=2)
