@@ -22,6 +22,7 @@ from fl_dp_flower.audit.run import run_audit
 from fl_dp_flower.cli import main
 from fl_dp_flower.privacy.records import AccountantConfig
 
+
 @pytest.fixture(autouse=True, scope="module")
 def _one_torch_thread():
     """The canary's tensors are small: on a loaded 2-core machine two intra-op threads contend and
@@ -35,8 +36,8 @@ def _one_torch_thread():
 
 
 # The issue's configuration: m = 20, K = 5, lr = 0.05, sigma = 0.5, V = 1, L = 1, T = 100.
-BASE = dict(algorithm="fedavg", lr=0.05, local_steps=5, clip_norm=1.0, clients=20, sigma=0.5,
-            smoothness=1.0, delta=1e-5)
+BASE = {"algorithm": "fedavg", "lr": 0.05, "local_steps": 5, "clip_norm": 1.0, "clients": 20, "sigma": 0.5,
+        "smoothness": 1.0, "delta": 1e-5}
 TRIALS = 20_000  # per world; 100,000 takes ~20 s (bench/audit.py)
 
 
@@ -86,7 +87,7 @@ def test_clopper_pearson_matches_scipy_exact_interval(k, n):
 def test_mu_lower_bound_is_below_the_truth_and_close_to_it():
     rng = np.random.default_rng(11)
     mu, n = 1.5, 50_000
-    draw = lambda shift: rng.normal(shift, 1.0, size=(n, 1))  # noqa: E731
+    draw = lambda shift: rng.normal(shift, 1.0, size=(n, 1))
     result = audit_attack((draw(0.0), draw(mu)), (draw(0.0), draw(mu)), delta=1e-5)
     assert 1.35 < result.mu_lower < mu
     assert result.mu_estimate == pytest.approx(mu, abs=0.05)
@@ -138,11 +139,11 @@ def test_cli_audit_rejects_bad_input_naming_the_flag(argv, named, capsys):
 
 # ------------------------------------------------------------------ all-rounds, participant, kink (issue 16 item 8)
 
-from dataclasses import fields  # noqa: E402
+from dataclasses import fields
 
-from fl_dp_flower.privacy import bounds as privacy_bounds  # noqa: E402
-from fl_dp_flower.privacy import terms  # noqa: E402
-from fl_dp_flower.privacy.schedules import step_sizes  # noqa: E402
+from fl_dp_flower.privacy import bounds as privacy_bounds
+from fl_dp_flower.privacy import terms
+from fl_dp_flower.privacy.schedules import step_sizes
 
 _CONFIG_FIELDS = {f.name for f in fields(AccountantConfig)}
 #: engineer B's AccountantConfig.assume_smooth_losses (CONTRACTS.md): the tests of the new rules of
@@ -344,11 +345,11 @@ def test_cli_audit_adversary_and_canary_flags(capsys):
 
 # ------------------------------------------------------------------ fl-dp-flower sensitivity
 
-from fl_dp_flower.audit.sensitivity import SensitivitySetup, run_sensitivity  # noqa: E402
+from fl_dp_flower.audit.sensitivity import SensitivitySetup, run_sensitivity
 
 # Full-batch local steps (16 images per client, B = 16), so the differing image is in every batch.
-SMALL = dict(clients=10, local_steps=2, batch_size=16, samples_per_client=16, rounds=4, lr=0.1, clip_norm=1.0,
-             sigma=0.01, smoothness=1.0, seed=1)
+SMALL = {"clients": 10, "local_steps": 2, "batch_size": 16, "samples_per_client": 16, "rounds": 4, "lr": 0.1,
+         "clip_norm": 1.0, "sigma": 0.01, "smoothness": 1.0, "seed": 1}
 
 
 @pytest.mark.parametrize("overrides", [
