@@ -197,10 +197,10 @@ class _QuietHandler(WSGIRequestHandler):
             return
         if not self.parse_request():
             return
-        handler = _OneLineServerHandler(self.rfile, self.wfile, self.get_stderr(), self.get_environ(),
-                                        multithread=False)
+        handler: Any = _OneLineServerHandler(self.rfile, cast(Any, self.wfile), self.get_stderr(),
+                                             self.get_environ(), multithread=False)
         handler.request_handler = self
-        handler.run(self.server.get_app())
+        handler.run(cast(Any, self.server).get_app())
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (stdlib signature)
         pass
@@ -261,7 +261,7 @@ class PrivacyMetricsExporter:
             ctx.minimum_version = ssl.TLSVersion.TLSv1_2
             ctx.load_cert_chain(certfile, keyfile)
             server.socket = ctx.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
-        self._server = server
+        self._server: _ThreadingServer | None = server
         self._thread = threading.Thread(target=server.serve_forever, daemon=True)
         self._thread.start()
         self.addr = addr

@@ -128,19 +128,19 @@ CLOSING_EVENTS = ("end", "failed")
 
 def _check_complete(data: bytes, v: Verification, expected_heads: dict[str, str], live: bool) -> None:
     """Check 5: the ledger reaches every published head; without one, it ends with a closing event."""
-    hashes = {}
+    hashes: dict[str, int] = {}
     for number, raw in enumerate(data.split(b"\n")[:v.lines], start=1):
         hashes.setdefault(line_hash(raw), number)
     for source, head in expected_heads.items():
         head = head.strip().lower()
-        number = hashes.get(head)
-        if number is None:
+        found = hashes.get(head)
+        if found is None:
             v.fail(v.lines, f"the head the run published ({source}: {head}) is the hash of no line of this "
                             "ledger: lines were cut from its end (it then under-states the privacy spent), or "
                             "this is not the ledger that run wrote")
             return
-        after = v.lines - number
-        v.heads_checked.append(f"{source}: line {number}" + (f", {after} line(s) appended after it" if after else ""))
+        after = v.lines - found
+        v.heads_checked.append(f"{source}: line {found}" + (f", {after} line(s) appended after it" if after else ""))
         if after == 0:
             v.ended = True  # nothing after the published head: nothing can have been cut
     if v.ended:
