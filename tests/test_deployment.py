@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy_harness import ROOT, Federation, free_port, kill_tree, pids_with_marker, scrape, wait_until
+from deploy_harness import QUIET, ROOT, Federation, free_port, kill_tree, pids_with_marker, scrape, wait_until
 from doc_commands import documented_run_configs, parse_overrides
 from fl_dp_flower.config import AppConfig
 from fl_dp_flower.privacy import PrivacyAccountant
@@ -41,7 +41,6 @@ from fl_dp_flower.reporting import load_round_records, read_ledger
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 NODE_LIMITS = "min-sigma=0.1 max-clip-norm=5.0 max-local-steps=1000 max-lr=0.5"
-QUIET = 240.0  # seconds a wait tolerates without any log or ledger growth
 
 
 def node_config(partition: int, partitions: int, data_dir: Path) -> str:
@@ -164,7 +163,8 @@ def test_tls_auth_two_supernodes_two_rounds(fed, tmp_path):
     assert snap['fl_dp_certified_info{bound="composition"}'] == 1.0
 
     # the unregistered SuperNode was refused (SuperLink: 412 + ApiError 2004; SuperNode: exit code 305)
-    wait_until(lambda: rogue.popen.poll() is not None, 60, "the unregistered SuperNode to give up")
+    wait_until(lambda: rogue.popen.poll() is not None, QUIET, "the unregistered SuperNode to give up",
+               progress=fed.progress)
     rogue_log = rogue.text()
     assert rogue.popen.returncode != 0
     assert "Exit Code: 305" in rogue_log and "[code: 2004] Failed to activate SuperNode" in rogue_log, rogue_log[-2000:]
@@ -254,15 +254,16 @@ def test_serverapp_killed_and_resumed(fed, tmp_path):
         return contents.last_round == 1 and contents.open_round == 2
 
     wait_until(round2_open, QUIET, "round 2 broadcast", interval=0.1, progress=lambda: fed.progress(ledger))
-    victims = wait_until(fed.serverapp_pids, 10, "the flwr-serverapp process")
+    victims = wait_until(fed.serverapp_pids, QUIET, "the flwr-serverapp process", progress=fed.progress)
     for pid in victims:
         kill_tree(pid)
-    wait_until(lambda: not fed.serverapp_pids(), 10, "the ServerApp to die")
+    wait_until(lambda: not fed.serverapp_pids(), QUIET, "the ServerApp to die", progress=fed.progress)
     t_kill = time.monotonic() - t0
     assert [r["round"] for r in ledger_rounds(ledger)] == [1]
     before = ledger.read_bytes()
     fed.cli("stop", str(first), fed.conn)  # what an operator does with the dead run
-    wait_until(lambda: fed.status(first).startswith("finished"), QUIET, "the crashed run to be finished")
+    wait_until(lambda: fed.status(first).startswith("finished"), QUIET, "the crashed run to be finished",
+               progress=fed.progress)
 
     refused = fed.submit(run_config_str({**cfg, "resume": True}))
     info = fed.wait_finished(refused, QUIET, extra=(ledger,))
