@@ -173,6 +173,8 @@ def test_a_cut_tail_without_a_published_head_fails_unless_the_run_is_live(real_l
     result = verify_ledger(path, expected_heads={"prometheus": mid})
     assert not result.ok and "lines follow the published head" in " ".join(result.notes)
     assert verify_ledger(path, expected_heads={"prometheus": mid}, live=True).ok
+    # a mid-run head that happens to be the last line proves nothing about what followed it
+    assert not verify_ledger(path, expected_heads={"prometheus": line_hash(kept[-1])}).ok
 
 
 def test_missing_ledger_exits_2(tmp_path):
