@@ -30,7 +30,9 @@ client (the least private aggregation the server performs: largest weight 1, no 
 averaging), records that in the ledger, and continues. Any refused resume writes nothing.
 
 A run that accounts no round (budget too small for any round, nothing left to resume) fails
-(:class:`RunFailed`) after writing its summary: it never ends as a success.
+(:class:`RunFailed`) after writing its summary: it never ends as a success. Every failure is
+logged at ERROR (what `flwr log` shows), a full disk as one message saying how to resume
+(:mod:`fl_dp_flower.apps.recovery`); a resume keeps the nodes excluded earlier in the run.
 """
 
 from __future__ import annotations
@@ -312,8 +314,9 @@ def _run_server(grid: Grid, config: AppConfig, fraction_evaluate: float,
             exporter.set_ledger_head(ledger.head_line_hash)
         summary = _finish(config, run_dir, ledger, accountant, strategy, result, time.time() - t0)
         if trained == 0:
-            why = strategy.stop_reason or (f"all {config.num_server_rounds} rounds were already accounted"
-                                           if remaining == 0 else "no round could be accounted")
+            why = strategy.stop_reason or (f"all {config.num_server_rounds} rounds were already accounted (raise "
+                                           "num-server-rounds to train more)" if remaining == 0
+                                           else "no round could be accounted")
             raise RunFailed(f"the run accounted no round, so nothing was trained: {why}")  # logged by run_server
         if exporter is not None and config.metrics_linger > 0:
             log.info("serving the final metrics on port %d for %.0f s (metrics-linger)",
