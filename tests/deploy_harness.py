@@ -41,6 +41,7 @@ from typing import Callable, Iterable
 ROOT = Path(__file__).resolve().parents[1]
 QUIET = 240.0        # seconds a wait tolerates without any progress
 HARD_LIMIT = 1200.0  # seconds any single wait may take in all, progress or not
+UMASK = 0o077        # as docs/deployment.md §2.3 runs every component (systemd UMask=0077)
 GEN_CERTS = ROOT / "docker" / "gen-certs.sh"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -227,17 +228,17 @@ class Federation:
     # -------------------------------------------------------------- processes
     def spawn(self, name: str, args: list[str], home: str) -> Proc:
         flwr_home = self.workdir / f"home-{home}"
-        flwr_home.mkdir(exist_ok=True)
+        flwr_home.mkdir(mode=0o700, exist_ok=True)  # as docs/deployment.md §2.3 creates it
         env = dict(self.env, FLWR_HOME=str(flwr_home))
         log = self.workdir / f"{name}.log"
         fh = open(log, "ab")
         popen = subprocess.Popen(args, env=env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 start_new_session=True, cwd=self.workdir)
+                                 start_new_session=True, cwd=self.workdir, umask=UMASK)
         proc = Proc(name, popen, log, fh)
         self.procs.append(proc)
         return proc
 
-    def start_superlink(self, quiet: float = QUIET) -> None:
+    def start_superlink(self, quiet: float = QUIET, *, database: Path | None = None) -> None:
         link = self.certs / "superlink"
         self.superlink = self.spawn("superlink", [
             str(self.bin_dir / "flower-superlink"),
@@ -245,6 +246,7 @@ class Federation:
             "--ssl-keyfile", str(link / "server.key"), "--enable-supernode-auth",
             "--host", "127.0.0.1", "--port", str(self.link_port),
             "--disable-runtime-dependency-installation",
+            *(["--database", str(database)] if database is not None else []),
         ], "superlink")
         wait_until(self.healthy, quiet, "SuperLink /health over HTTPS", check=self._check_alive([self.superlink]),
                    progress=self.progress)

@@ -31,6 +31,7 @@ import json
 import math
 import socket
 import ssl
+import stat
 import threading
 import time
 import tomllib
@@ -213,6 +214,21 @@ def abort_unauthenticated_scrapes(port: int, ca: Path, n: int) -> int:
             conn.close()
         done += 1
     return done
+
+
+# --------------------------------------------------------------------------- state
+def test_superlink_state_is_owner_only_under_the_documented_umask(tmp_path):
+    """docs/deployment.md §2.3: with umask 0077 (the unit's UMask=0077) the SuperLink's state.db and
+    its FLWR_HOME are owner-only (with the usual 0022 they were 0644 / 0755)."""
+    federation = Federation(tmp_path / "fed", supernode_keys=1)
+    try:
+        federation.start_superlink(database=tmp_path / "fed" / "state.db")
+        made = [tmp_path / "fed" / "state.db", *(tmp_path / "fed" / "home-superlink").rglob("*")]
+        modes = {str(p.relative_to(tmp_path)): stat.S_IMODE(p.stat().st_mode) for p in made}
+    finally:
+        federation.stop()
+    assert len(modes) >= 2, modes  # state.db and what the SuperLink put into its FLWR_HOME
+    assert all(mode & 0o077 == 0 for mode in modes.values()), modes
 
 
 # --------------------------------------------------------------------------- b
