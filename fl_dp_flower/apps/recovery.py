@@ -1,5 +1,7 @@
 """What a stopped run leaves its operator to act on (used by the ServerApp, apps/server.py):
 
+- :class:`RunFailed` and :func:`logged_failures`: every failure an operator can act on is in the
+  ServerApp log at ERROR (`flwr log`), once;
 - a full disk (ENOSPC, EDQUOT) anywhere in the run's writes becomes one message saying what
   happened, that nothing unaccounted was released, and how to resume;
 - node exclusions (``node-excluded`` ledger events, ``max-node-refusals``) are carried across a
@@ -10,12 +12,48 @@ from __future__ import annotations
 
 import errno
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from fl_dp_flower.strategies.noisy import NodeRefusals, NoisyStrategyMixin
 
 log = logging.getLogger("flwr").getChild(__name__)  # Flower's handlers: shows in `flwr log`
+
+
+class RunFailed(RuntimeError):
+    """The run did nothing it was asked to (no round accounted) or cannot safely continue.
+
+    ``logged``: its message is already in the ServerApp log at ERROR (otherwise
+    :func:`logged_failures` logs it: `flwr log` must say why a run failed, not only its exit code)."""
+
+    def __init__(self, message: str, *, logged: bool = False) -> None:
+        super().__init__(message)
+        self.logged = logged
+
+
+@contextmanager
+def logged_failures(run_dir: Path) -> Iterator[None]:
+    """Log every failure an operator can act on at ERROR, once (the log `flwr log` shows, which
+    otherwise says only "Exit Code: 201"): a :class:`RunFailed` not logged yet, an existing ledger
+    (``FileExistsError``), and a full disk, re-raised as :class:`RunFailed` saying how to resume."""
+    try:
+        yield
+    except RunFailed as err:
+        if not err.logged:
+            log.error("%s", err)
+        raise
+    except FileExistsError as err:  # an existing ledger without resume = true
+        log.error("%s", err)
+        raise
+    except Exception as err:
+        full = disk_full_cause(err)
+        if full is None:
+            raise
+        message = disk_full_message(full, run_dir)
+        log.error("%s", message)
+        raise RunFailed(message, logged=True) from err
 
 #: errno values of a full file system (no space; quota exceeded)
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
