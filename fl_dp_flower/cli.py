@@ -3,7 +3,7 @@
 ``run`` runs the main job in Flower's simulation engine (:mod:`fl_dp_flower.launcher`);
 ``privacy`` prints every bound for a planned run of T identical rounds;
 ``calibrate`` finds the sigma that meets a target epsilon under a chosen bound;
-``audit`` attacks the worst-case canary and checks every bound (docs/audit.md);
+``audit`` attacks a canary run and checks every bound (docs/audit.md);
 ``sensitivity`` measures the real trainer's sensitivity against its bounds.
 Output is a table (rich) or JSON (``--json``). Bad input exits with status 2 and
 a message naming the flag and the allowed range. Defaults are shown in ``--help`` and
@@ -122,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     privacy = commands.add_parser("privacy", help="all privacy bounds of a planned run", formatter_class=formatter)
     _add_common(privacy)
     privacy.add_argument("--sigma", type=_POSITIVE, required=True, help="per-client noise std (> 0)")
-    audit = commands.add_parser("audit", help="attack the worst-case canary and check every printed bound",
+    audit = commands.add_parser("audit", help="attack a canary (linear or kink) and check every printed bound",
                                 formatter_class=formatter)
     _add_common(audit)
     audit.add_argument("--sigma", type=_POSITIVE, required=True, help="per-client noise std (> 0)")
@@ -133,6 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="confidence of the lower bounds and intervals, in (0, 1)")
     audit.add_argument("--plot", default=None, help="write the trade-off plot (PNG) to this path")
     audit.add_argument("--device", default="auto", help="torch device of the trials (auto: cuda if present)")
+    from .audit.commands import add_audit_arguments
+    add_audit_arguments(audit)
     sens = commands.add_parser("sensitivity", help="measured ||w_T - w'_T|| of the real trainer against its bounds",
                                formatter_class=formatter)
     from .audit.commands import add_sensitivity_arguments
