@@ -107,6 +107,13 @@ def build_parser() -> argparse.ArgumentParser:
                                  formatter_class=formatter)
     verify.add_argument("ledger", help="path of a ledger.jsonl (or of its run folder)")
     verify.add_argument("--json", action="store_true", help="print JSON instead of text")
+    verify.add_argument("--expected-head", action="append", default=[], metavar="SHA256",
+                        help="the ledger head the run published (its log, summary.json 'ledger_head', Prometheus "
+                             "fl_dp_ledger_head_info), kept outside the run folder: the ledger must reach it "
+                             "(a cut tail fails). summary.json beside the ledger is checked too")
+    verify.add_argument("--live", action="store_true",
+                        help="the run is still running (or crashed and awaits its resume): a ledger without an end "
+                             "event is expected instead of failing as possibly cut")
     watch = commands.add_parser("watch", help="live view of a running or finished run, read from its ledger",
                                 formatter_class=formatter)
     watch.add_argument("run_dir", help="the run folder (<output-dir>/<run-name>) or its ledger.jsonl")
@@ -224,7 +231,16 @@ def _verify(args: argparse.Namespace) -> int:
     if not path.is_file():
         print(f"fl-dp-flower verify: no ledger at {path}", file=sys.stderr)
         return 2
-    result = verify_ledger(path)
+    heads = {f"--expected-head #{n}": h for n, h in enumerate(args.expected_head, start=1)}
+    summary = path.parent / "summary.json"
+    if summary.is_file():
+        try:
+            published = json.loads(summary.read_text()).get("ledger_head")
+        except (OSError, ValueError, AttributeError):
+            published = None
+        if isinstance(published, str) and published:
+            heads[str(summary)] = published
+    result = verify_ledger(path, expected_heads=heads, live=args.live)
     if args.json:
         print(json.dumps(json_safe(result.to_dict()), indent=2, allow_nan=False))
         return 0 if result.ok else 1
@@ -234,8 +250,11 @@ def _verify(args: argparse.Namespace) -> int:
           f"{result.rounds_verified} rounds recomputed in {result.seconds:.2f} s")
     for note in result.notes:
         print(f"note: {note}")
+    for checked in result.heads_checked:
+        print(f"published head reached ({checked})")
     if result.ok:
-        print(f"OK: every recorded number follows from the recorded rounds; head {result.head or '-'}")
+        print(f"OK: every recorded number follows from the recorded rounds; head {result.head or '-'}"
+              + ("" if result.ended or not result.chained else " (no end event: the run is live)"))
         return 0
     print(f"FAILED at line {result.failure_line}: {result.failure}")
     return 1
