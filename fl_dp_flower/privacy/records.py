@@ -9,9 +9,13 @@ Units and conventions (see docs/MATH.md §1, §13, §14):
 - ``step_sizes``: the K local step sizes eta_{k,t} used in the round.
 - ``weights``: aggregation weights p_{t,i} of the clients whose replies were
   aggregated (>= 0, summing to 1). Uniform weights 1/m are the paper's model.
-- ``smoothness`` (L): every (per-sample) loss is assumed L-smooth. It only enters
-  the model-sensitivity factor rho_t of the final-model bound and the per-sample
-  drift factor kappa; composition with per-batch clipping does not depend on it.
+- ``smoothness`` (L): the smoothness constant of every (per-sample) loss. It enters the
+  model-sensitivity factor rho_t of the final-model bound (and the paper's closed forms)
+  and, only when ``assume_smooth_losses`` is set, the per-sample drift factor kappa;
+  composition and local DP never depend on it otherwise (docs/MATH.md §13).
+- ``assume_smooth_losses``: the operator's explicit assertion that every (per-sample)
+  loss is L-smooth with the configured L. Without it no bound that depends on L
+  (final_model, paper, per-sample theta < 1) may certify (docs/MATH.md §13, §15).
 """
 
 from __future__ import annotations
@@ -77,6 +81,9 @@ class AccountantConfig:
     - ``final-model``: only the final model is released -> min(composition, final_model,
       the paper's bound where it is sound).
     - ``curious-server``: the server sees each client's noisy upload -> local_dp.
+
+    ``assume_smooth_losses`` (default False) asserts that every (per-sample) loss is
+    L-smooth with L = ``smoothness``; the bounds that rest on it certify only when set.
     """
 
     algorithm: Algorithm = "fedavg"
@@ -94,9 +101,12 @@ class AccountantConfig:
     batch_size: int | None = None
     cyclic_c: float | None = None
     iterative_z: float | None = None
+    assume_smooth_losses: bool = False
 
     def __post_init__(self) -> None:
         choice("algorithm", self.algorithm, ALGORITHMS)
+        if not isinstance(self.assume_smooth_losses, bool):
+            raise ValueError(f"assume_smooth_losses must be true or false, got {self.assume_smooth_losses!r}")
         choice("schedule", self.schedule, SCHEDULES)
         choice("threat_model", self.threat_model, THREAT_MODELS)
         choice("clipping", self.clipping, CLIPPING_MODES)
