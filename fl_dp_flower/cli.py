@@ -40,6 +40,7 @@ _FIELD_FLAGS = {
     "batch_size": "--batch-size",
     "cyclic_c": "--cyclic-c",
     "iterative_z": "--iterative-z",
+    "assume_smooth_losses": "--assume-smooth-losses",
 }
 
 
@@ -87,6 +88,10 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=_COUNT, default=None, help="B, mini-batch size (>= 1)")
     parser.add_argument("--per-sample-clipping", action="store_true", help="clip each sample's gradient (needs --batch-size)")
     parser.add_argument("--threat-model", choices=THREAT_MODELS, default="all-rounds")
+    parser.add_argument("--assume-smooth-losses", action="store_true",
+                        help="assert every (per-sample) loss is L-smooth with L = --smoothness (not true of "
+                             "ReLU/max-pool models); without it no L-dependent bound certifies; needed by "
+                             "--threat-model final-model")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
@@ -134,10 +139,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _config(args: argparse.Namespace, parser: argparse.ArgumentParser, sigma: float) -> "AccountantConfig":
-    from .privacy.records import AccountantConfig
+    from .privacy.records import AccountantConfig, smoothness_problems
 
     if args.per_sample_clipping and args.batch_size is None:
         parser.error("--per-sample-clipping needs --batch-size (an integer >= 1)")
+    assume_smooth = bool(getattr(args, "assume_smooth_losses", False))
+    problems = smoothness_problems(args.threat_model, "per-sample" if args.per_sample_clipping else "per-batch",
+                                   args.local_steps, args.smoothness, assume_smooth)
+    if problems:
+        parser.error(_flagged("; ".join(problems)))
     try:
         return AccountantConfig(
             algorithm=args.algorithm, schedule=args.schedule, lr=args.lr, local_steps=args.local_steps,
@@ -145,6 +155,7 @@ def _config(args: argparse.Namespace, parser: argparse.ArgumentParser, sigma: fl
             prox_alpha=args.prox_alpha, delta=args.delta, threat_model=args.threat_model,
             clipping="per-sample" if args.per_sample_clipping else "per-batch",
             batch_size=args.batch_size, cyclic_c=args.cyclic_c, iterative_z=args.iterative_z,
+            assume_smooth_losses=assume_smooth,
         )
     except ValueError as exc:
         parser.error(_flagged(str(exc)))

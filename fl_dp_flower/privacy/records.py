@@ -31,8 +31,8 @@ from fl_dp_flower.vocabulary import (ALGORITHMS, BOUND_CHOICES, BOUND_NAMES, CLI
 from .schedules import step_sizes
 from .validate import choice, int_at_least, nonnegative, positive
 
-__all__ = ["ALGORITHMS", "BOUND_CHOICES", "BOUND_NAMES", "CLIPPING_MODES", "SCHEDULES", "THREAT_MODELS",
-           "AccountantConfig", "Algorithm", "BoundChoice", "BoundName", "Clipping", "RoundRecord", "Schedule",
+__all__ = ["ALGORITHMS", "BOUND_CHOICES", "BOUND_NAMES", "CLIPPING_MODES", "SCHEDULES", "SMOOTHNESS_FIELDS",
+           "THREAT_MODELS", "AccountantConfig", "smoothness_problems", "Algorithm", "BoundChoice", "BoundName", "Clipping", "RoundRecord", "Schedule",
            "ThreatModel"]
 
 
@@ -67,6 +67,32 @@ def check_prox(algorithm: str, prox_alpha: float | None, smoothness: float, max_
             f"lr (largest step size {max_step!r}) must be <= 1/prox_alpha = {1.0 / prox_alpha!r} "
             "for fedprox (its sensitivity bound needs every step size eta <= 1/alpha)"
         )
+
+
+#: fields the L-smoothness rules name (callers rewrite them as CLI flags or run-config keys)
+SMOOTHNESS_FIELDS = ("assume_smooth_losses", "threat_model", "smoothness", "clipping", "local_steps")
+
+
+def smoothness_problems(threat_model: str, clipping: str, local_steps: int, smoothness: float,
+                        assume_smooth_losses: bool) -> list[str]:
+    """What the planned run asks of the L-smoothness assertion and does not have (docs/MATH.md §13, §15).
+
+    - The final-model threat model is certified only by bounds that rest on L-smooth losses, so
+      choosing it requires the explicit assertion (the shipped ReLU/max-pool models have no finite L).
+    - smoothness = 0 asserted with per-sample clipping and K >= 2 claims linear per-sample losses
+      and would divide the sensitivity by B (the rule docs/MATH.md §13 disproves for other losses):
+      refused. Without the assertion L is ignored there (theta = 1).
+    """
+    problems = []
+    if threat_model == "final-model" and not assume_smooth_losses:
+        problems.append("threat_model 'final-model' requires assume_smooth_losses = true: its bounds rest on "
+                        "L-smooth losses with L = smoothness, which ReLU/max-pool models (LeNet-5, ResNet-18) "
+                        "do not satisfy (use threat_model 'all-rounds' otherwise)")
+    if assume_smooth_losses and clipping == "per-sample" and local_steps >= 2 and smoothness == 0:
+        problems.append("smoothness = 0 with assume_smooth_losses, per-sample clipping and local_steps >= 2 "
+                        "asserts linear per-sample losses (sensitivity divided by the batch size): give the "
+                        "losses' real smoothness > 0, or drop assume_smooth_losses (theta = 1 from clipping alone)")
+    return problems
 
 
 @dataclass(frozen=True)
