@@ -153,3 +153,34 @@ def test_planner_equals_accountant_on_planned_rounds(schedule, clipping, asserte
         assert want["bounds"][got["certified"]["bound"]]["mu"] == pytest.approx(want["certified"]["mu"], rel=1e-9)
         assert got["certified"]["mu"] == pytest.approx(want["certified"]["mu"], rel=1e-9)
         assert got["add_remove"]["mu"] == pytest.approx(want["add_remove"]["mu"], rel=1e-9)
+
+
+def test_final_model_run_publishes_no_per_round_model_outputs(tmp_path):
+    """issue 16 item 5, through the real ServerApp and ClientApp on the in-process grid: under
+    final-model no round line of the ledger (hence no log line, Prometheus gauge, summary table or plot)
+    carries an accuracy or loss; the released model is evaluated once, and the summary names what the
+    final-model certificate assumes. The same run under all-rounds publishes per-round accuracy."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from local_grid import run_local, tiny_config
+
+    final_cfg = tiny_config(tmp_path / "final", **{"threat-model": "final-model", "assume-smooth-losses": True,
+                                                 "schedule": "stage"})
+    outcome, _ = run_local(final_cfg)
+    rounds = [json.loads(line) for line in (outcome.run_dir / "ledger.jsonl").read_text().splitlines()
+              if json.loads(line).get("kind") == "round"]
+    assert rounds and all("accuracy" not in r["metrics"] and "loss" not in r["metrics"] for r in rounds)
+    summary = json.loads((outcome.run_dir / "summary.json").read_text())
+    assert 0.0 <= summary["final_accuracy"] <= 1.0
+    assert summary["threat_model_assumes"] == ["participants do not reveal the global models they receive",
+                                               "L-smooth losses (L = 1)"]
+    assert summary["final_report"]["certified"]["assumes"] == ["L-smooth losses (L = 1)"]
+    assert summary["final_report"]["relation"] == "replace-one"
+
+    all_cfg = tiny_config(tmp_path / "all")
+    outcome, _ = run_local(all_cfg)
+    rounds = [json.loads(line) for line in (outcome.run_dir / "ledger.jsonl").read_text().splitlines()
+              if json.loads(line).get("kind") == "round"]
+    assert all("accuracy" in r["metrics"] for r in rounds)
