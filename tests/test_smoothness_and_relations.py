@@ -184,3 +184,14 @@ def test_final_model_run_publishes_no_per_round_model_outputs(tmp_path):
     rounds = [json.loads(line) for line in (outcome.run_dir / "ledger.jsonl").read_text().splitlines()
               if json.loads(line).get("kind") == "round"]
     assert all("accuracy" in r["metrics"] for r in rounds)
+
+
+def test_per_batch_record_takes_the_largest_echoed_batch_size():
+    """Per-batch clipping: B = 1 halves the add/remove-one sensitivity, so a record keeps the largest
+    batch size of the plan and the echoes (per-sample keeps the smallest, for replace-one)."""
+    from fl_dp_flower.strategies.replies import Applied, reconcile
+
+    planned = Applied(sigma=1.0, clip_norm=1.0, local_steps=1, lr=0.1, round_index=0, batch_size=1)
+    echoed = [Applied(sigma=1.0, clip_norm=1.0, local_steps=1, lr=0.1, round_index=0, batch_size=32)]
+    assert reconcile(planned, echoed, "constant", per_sample=False)[0].batch_size == 32
+    assert reconcile(planned, echoed, "constant", per_sample=True)[0].batch_size == 1

@@ -342,7 +342,7 @@ def _finish(config: AppConfig, run_dir: Path, ledger: PrivacyLedger, accountant:
     last_metrics = history[-1]["metrics"] if history else {}
     if not publishes_per_round_models(config):  # evaluate only the released model (docs/MATH.md §15)
         last_metrics = dict(make_evaluate_fn(config)(accountant.num_releases, final))
-    summary = {
+    summary: dict[str, Any] = {
         "run_dir": str(run_dir),
         "rounds_accounted": accountant.num_releases,
         "num_server_rounds": config.num_server_rounds,

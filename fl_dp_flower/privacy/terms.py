@@ -275,7 +275,7 @@ def _first_step_sensitivity(clipping: str, batch_size: int | None, clip_norm: fl
     """
     V = float(clip_norm)
     if clipping == "per-sample":
-        return 2.0 * V / batch_size, V / batch_size  # type: ignore[operator]
+        return 2.0 * V / (batch_size or 1), V / (batch_size or 1)
     if batch_size == 1:
         return 2.0 * V, V
     return 2.0 * V, 2.0 * V
@@ -334,7 +334,7 @@ def round_terms(record: RoundRecord, smoothness: float, assume_smooth_losses: bo
         if K == 1:  # one step from w_t: the prox term is common, eta times the first-step bound
             client, client_ar = etas[0] * first_ro, etas[0] * first_ar
         elif drift:
-            smooth = (2.0 * V / record.batch_size) * frac_gap / gap
+            smooth = (2.0 * V / (record.batch_size or 1)) * frac_gap / gap
             client, client_ar = min(client, smooth), min(client_ar, smooth / 2.0)
         log_rho = math.log1p(L / gap)
     else:
@@ -346,8 +346,8 @@ def round_terms(record: RoundRecord, smoothness: float, assume_smooth_losses: bo
         client_ar = min(client_ar, client)
         if drift:
             kappa = _kappa_from(log_rho, L * sum_eta) if L > 0 else 1.0
-            smooth = (2.0 * V / record.batch_size) * kappa * sum_eta if math.isfinite(kappa) else math.inf
-            client = clip_only * per_sample_theta(kappa, record.batch_size)
+            smooth = (2.0 * V / (record.batch_size or 1)) * kappa * sum_eta if math.isfinite(kappa) else math.inf
+            client = clip_only * per_sample_theta(kappa, record.batch_size or 1)
             client_ar = min(client_ar, smooth / 2.0)
 
     return RoundTerms(
@@ -377,7 +377,7 @@ def planned_theta(config: AccountantConfig) -> float:
         return 1.0
     K = config.local_steps
     if K == 1:
-        return per_sample_theta(1.0, config.batch_size)
+        return per_sample_theta(1.0, config.batch_size or 1)
     if not drift_bound_allowed(config.clipping, K, config.assume_smooth_losses):
         return 1.0
     L = float(config.smoothness)
@@ -395,7 +395,7 @@ def planned_theta(config: AccountantConfig) -> float:
             n = np.arange(start, min(K, start + _CHUNK - 1) + 1, dtype=float)
             parts.append(float(np.sum(np.log1p(lr * L / n))))
         kappa = _kappa_from(math.fsum(parts), lr * L * harmonic(K))
-    return per_sample_theta(kappa, config.batch_size)
+    return per_sample_theta(kappa, config.batch_size or 1)
 
 
 def _log_prod_one_minus(config: AccountantConfig, T: int, rate: float) -> np.ndarray:
@@ -441,7 +441,7 @@ def _planned_fedprox_terms(config: AccountantConfig, T: int) -> tuple[np.ndarray
         client, client_ar = first * first_ro, first * first_ar
     elif drift_bound_allowed(config.clipping, config.local_steps, config.assume_smooth_losses):
         gap = alpha - L
-        smooth = (2.0 * V / config.batch_size) * -np.expm1(_log_prod_one_minus(config, T, gap)) / gap
+        smooth = (2.0 * V / (config.batch_size or 1)) * -np.expm1(_log_prod_one_minus(config, T, gap)) / gap
         client, client_ar = np.minimum(client, smooth), np.minimum(client_ar, smooth / 2.0)
     return log_rho, client / m, client_ar / m
 
@@ -490,9 +490,9 @@ def _planned_fedavg_terms(config: AccountantConfig, T: int) -> tuple[np.ndarray,
             kappa = np.where(log_rho == 0.0, 1.0, np.where(np.isnan(kappa), np.inf, np.maximum(kappa, 1.0)))
         else:
             kappa = np.ones(T)
-        client = client * np.minimum(1.0, kappa / config.batch_size)
+        client = client * np.minimum(1.0, kappa / (config.batch_size or 1))
         with np.errstate(invalid="ignore"):
-            smooth_half = np.where(np.isfinite(kappa), (V / config.batch_size) * kappa * sum_eta, np.inf)
+            smooth_half = np.where(np.isfinite(kappa), (V / (config.batch_size or 1)) * kappa * sum_eta, np.inf)
         client_ar = np.minimum(client_ar, smooth_half)
     return log_rho, client / m, client_ar / m
 

@@ -152,7 +152,7 @@ def render(view: RunView, source: Path, *, now: float | None = None):
                             f"accuracy {_fmt(metrics.get('accuracy'), 3)}")
     if cert is not None and acct.num_releases == 0:
         head.add_row("certified", "no round accounted yet")
-    elif cert is not None:
+    elif cert is not None and report is not None:
         from .console import FINAL_MODEL_ASSUMES, add_remove_note, conditional_note
 
         final = f", if {FINAL_MODEL_ASSUMES}" if report.threat_model == "final-model" else ""
