@@ -17,7 +17,7 @@ from fl_dp_flower.cli import main
 from fl_dp_flower.privacy import AccountantConfig, PrivacyAccountant
 from fl_dp_flower.privacy.planning import plan
 
-KINK = dict(lr=0.1, local_steps=5, batch_size=32, clip_norm=1.0, smoothness=1.0)
+KINK = {"lr": 0.1, "local_steps": 5, "batch_size": 32, "clip_norm": 1.0, "smoothness": 1.0}
 
 
 def _kink_sensitivity(sign_a: float, sign_b: float) -> float:

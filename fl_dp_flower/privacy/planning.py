@@ -17,10 +17,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import gdp
-from .bounds import (RELATION, BoundValue, add_remove_certified, bound_assumptions, certified_bound,
-                     paper_is_sound, planned_bounds)
-from .terms import drift_bound_allowed
+from .bounds import (
+    RELATION,
+    BoundValue,
+    add_remove_certified,
+    bound_assumptions,
+    certified_bound,
+    paper_is_sound,
+    planned_bounds,
+)
 from .records import BOUND_CHOICES, BOUND_NAMES, AccountantConfig, BoundChoice
+from .terms import drift_bound_allowed
 from .validate import int_at_least
 
 
