@@ -41,6 +41,7 @@ _FIELD_FLAGS = {
     "cyclic_c": "--cyclic-c",
     "iterative_z": "--iterative-z",
     "assume_smooth_losses": "--assume-smooth-losses",
+    "colluders": "--colluding-clients",
 }
 
 
@@ -92,6 +93,9 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
                         help="assert every (per-sample) loss is L-smooth with L = --smoothness (not true of "
                              "ReLU/max-pool models); without it no L-dependent bound certifies; needed by "
                              "--threat-model final-model")
+    parser.add_argument("--colluding-clients", type=_number(int, 0, False), default=1,
+                        help="c, participants colluding with the adversary (0 = outside observer, 1 = any "
+                             "participant, who knows its own upload; docs/MATH.md §14.2a)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
@@ -156,6 +160,7 @@ def _config(args: argparse.Namespace, parser: argparse.ArgumentParser, sigma: fl
             clipping="per-sample" if args.per_sample_clipping else "per-batch",
             batch_size=args.batch_size, cyclic_c=args.cyclic_c, iterative_z=args.iterative_z,
             assume_smooth_losses=assume_smooth,
+            colluders=args.colluding_clients,
         )
     except ValueError as exc:
         parser.error(_flagged(str(exc)))
@@ -186,7 +191,8 @@ def _settings(args: argparse.Namespace) -> str:
     extra = f", alpha {args.prox_alpha:g}" if args.prox_alpha is not None else ""
     return (f"{args.algorithm}{extra}, {args.schedule} schedule, lr {args.lr:g}, K {args.local_steps}, "
             f"V {args.clip_norm:g}, m {args.clients} clients/round, T {args.rounds} rounds, L {args.smoothness:g}, "
-            f"{'per-sample (B ' + str(args.batch_size) + ')' if args.per_sample_clipping else 'per-batch'} clipping")
+            f"{'per-sample (B ' + str(args.batch_size) + ')' if args.per_sample_clipping else 'per-batch'} clipping, "
+            f"{args.colluding_clients} colluding client(s)")
 
 
 _THREAT_RULE = {

@@ -69,6 +69,7 @@ BAD = [
     ("delta", 1.0, "a finite number > 0 and < 1"),
     ("threat-model", "none", "one of 'all-rounds', 'final-model', 'curious-server'"),
     ("assume-smooth-losses", "maybe", "true or false"),
+    ("colluding-clients", -1, "an integer >= 0"),
     ("seed", -2, "an integer >= -1"),
     ("output-dir", "", "a non-empty string"),
     ("run-name", "a/b", "no path separators"),

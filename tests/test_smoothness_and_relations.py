@@ -8,6 +8,7 @@ accountant's record-by-record replay for the planner.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 
@@ -109,8 +110,9 @@ def test_main_job_add_remove_epsilon_matches_dp_accounting():
     dp_accounting = pytest.importorskip("dp_accounting")
     from dp_accounting.pld import pld_privacy_accountant
 
+    # c = 0 (an outside observer): the aggregate noise is sigma/sqrt(m), dp-accounting's setting
     cfg = AccountantConfig(schedule="constant", lr=2.0, local_steps=1, clip_norm=1.0, clients=4000, sigma=0.55,
-                           batch_size=1)
+                           batch_size=1, colluders=0)
     acct = PrivacyAccountant(cfg)
     for t in range(60):
         report = acct.step(cfg.planned_round(t + 1))
@@ -129,6 +131,10 @@ def test_main_job_add_remove_epsilon_matches_dp_accounting():
     ro.compose(dp_accounting.GaussianDpEvent(noise_multiplier), 60)
     assert d["certified"]["epsilon"] == pytest.approx(ro.get_epsilon(1e-5), abs=1e-5)
     assert round(d["add_remove"]["epsilon"], 2) == 1.75
+    # against one participant (c = 1, the default) both move by the factor sqrt(m/(m - 1)): 3.8309, 1.7522
+    participant = dataclasses.replace(cfg, colluders=1)
+    p = PrivacyAccountant.from_records(participant, (participant.planned_round(t) for t in range(1, 61))).report()
+    assert p.add_remove["mu"] == pytest.approx(d["add_remove"]["mu"] * (4000 / 3999) ** 0.5, rel=1e-12)
     # the planner reports the same
     assert plan(cfg, 60).to_dict()["add_remove"]["epsilon"] == pytest.approx(d["add_remove"]["epsilon"], rel=1e-12)
 

@@ -62,6 +62,8 @@ class PrivacyReport:
     bounds: dict[str, BoundValue]
     certified_bound: str
     rdp_orders: tuple[float, ...] = field(default=REPORT_RDP_ORDERS)
+    rounds_applied: int | None = None  # rounds in the final-model bound (None: all rounds)
+    colluders: int | None = None
     #: the certified guarantee under add/remove-one (docs/MATH.md §16): bound, mu, epsilon
     add_remove: dict[str, Any] = field(default_factory=dict)
 
@@ -79,6 +81,8 @@ class PrivacyReport:
             "delta": self.delta,
             "threat_model": self.threat_model,
             "clients": self.clients,
+            "rounds_applied": self.rounds if self.rounds_applied is None else self.rounds_applied,
+            "colluders": self.colluders,
             "bounds": {name: value.to_dict() for name, value in self.bounds.items()},
             "certified": {"bound": self.certified_bound, "mu": mu, "epsilon": self.certified.epsilon,
                           "assumes": list(self.certified.assumes)},
@@ -158,6 +162,7 @@ class PrivacyAccountant:
         self._min_clients: int | None = None
         self._min_sigma: float | None = None
         self._as_planned = True
+        self._applied = 0  # rounds whose aggregate reached the released model
 
     # ------------------------------------------------------------ protocol shape
     @property
@@ -216,22 +221,25 @@ class PrivacyAccountant:
     def peek(self, record: RoundRecord) -> PrivacyReport:
         """The report :meth:`step` would return for ``record``, without accounting it."""
         terms = self._terms_for(record)
-        comp = _ratio_sq(terms.gamma, terms.noise_std)
+        comp = _ratio_sq(terms.gamma, terms.target_noise_std)
         local = _ratio_sq(terms.client_sensitivity, terms.sigma)
         composition = math.sqrt(max(self._composition.value_with(comp), 0.0))
+        final = self._final.peek(terms.log_rho, terms.gamma, terms.noise_std) if record.applied else self._final.mu
         clients = record.clients if self._min_clients is None else min(self._min_clients, record.clients)
         sigma = record.sigma if self._min_sigma is None else min(self._min_sigma, record.sigma)
         mus = {
             "paper": paper_mu(self._config, self.num_releases + 1, clients=clients, sigma=sigma),
             "composition": composition,
-            "final_model": min(self._final.peek(terms.log_rho, terms.gamma, terms.noise_std), composition),
+            "final_model": min(final, composition),
             "local_dp": math.sqrt(max(self._local.value_with(local), 0.0)),
         }
         comp_ar = math.sqrt(max(self._composition_ar.value_with(_ratio_sq(terms.gamma_add_remove,
-                                                                          terms.noise_std)), 0.0))
+                                                                          terms.target_noise_std)), 0.0))
+        final_ar = (self._final_ar.peek(terms.log_rho, terms.gamma_add_remove, terms.noise_std) if record.applied
+                    else self._final_ar.mu)
         ar_mus = {
             "composition": comp_ar,
-            "final_model": min(self._final_ar.peek(terms.log_rho, terms.gamma_add_remove, terms.noise_std), comp_ar),
+            "final_model": min(final_ar, comp_ar),
             "local_dp": math.sqrt(max(self._local_ar.value_with(
                 _ratio_sq(terms.client_sensitivity_add_remove, terms.sigma)), 0.0)),
         }
@@ -239,6 +247,7 @@ class PrivacyAccountant:
         sound = self._soundness(as_planned=self._as_planned and self._matches_plan(record),
                                 starts_at_one=first_round == 1)
         return self._report(mus, sound, record.round, self.num_releases + 1, record.clients,
+                            applied=self._applied + int(record.applied),
                             ar_mus=ar_mus, uses_smoothness=self._uses_smoothness or terms.uses_smoothness)
 
     def report(self, delta: float | None = None) -> PrivacyReport:
@@ -246,11 +255,12 @@ class PrivacyAccountant:
         last = self._records[-1] if self._records else None
         sound = self._soundness(self._as_planned, self._records_start_at_one())
         return self._report(self._mus(), sound, last.round if last else 0, self.num_releases,
-                            last.clients if last else 0, delta, ar_mus=self._ar_mus(),
+                            last.clients if last else 0, delta, applied=self._applied, ar_mus=self._ar_mus(),
                             uses_smoothness=self._uses_smoothness)
 
     def _report(self, mus: dict[str, float], sound: dict[str, bool], round_: int, rounds: int, clients: int,
-                delta: float | None = None, *, ar_mus: dict[str, float], uses_smoothness: bool) -> PrivacyReport:
+                delta: float | None = None, *, applied: int, ar_mus: dict[str, float],
+                uses_smoothness: bool) -> PrivacyReport:
         d = self._config.delta if delta is None else delta
         asserted = self._config.assume_smooth_losses
         assumes = bound_assumptions(self._config.smoothness, uses_smoothness)
@@ -263,7 +273,8 @@ class PrivacyAccountant:
         add_remove = {"bound": ar_name, "mu": ar_mus[ar_name], "epsilon": gdp.epsilon(ar_mus[ar_name], d)}
         return PrivacyReport(
             round=round_, rounds=rounds, delta=d, threat_model=self._config.threat_model, clients=clients,
-            bounds=bounds, certified_bound=certified_bound(self._config.threat_model, bounds, asserted),
+            bounds=bounds, rounds_applied=applied, colluders=self._config.colluders,
+            certified_bound=certified_bound(self._config.threat_model, bounds, asserted),
             add_remove=add_remove,
         )
 
@@ -293,16 +304,19 @@ class PrivacyAccountant:
             raise ValueError(
                 f"record.round must be {self._records[-1].round + 1} (rounds are accounted in order), got {record.round}"
             )
-        return round_terms(record, self._config.smoothness, self._config.assume_smooth_losses)
+        return round_terms(record, self._config.smoothness, self._config.colluders,
+                           self._config.assume_smooth_losses)
 
     def _apply(self, record: RoundRecord, terms: RoundTerms) -> None:
         self._records.append(record)
-        self._composition.add(_ratio_sq(terms.gamma, terms.noise_std))
+        self._composition.add(_ratio_sq(terms.gamma, terms.target_noise_std))
         self._local.add(_ratio_sq(terms.client_sensitivity, terms.sigma))
-        self._final.push(terms.log_rho, terms.gamma, terms.noise_std)
-        self._composition_ar.add(_ratio_sq(terms.gamma_add_remove, terms.noise_std))
+        if record.applied:  # the released model saw only applied rounds (docs/MATH.md §14.3a)
+            self._final.push(terms.log_rho, terms.gamma, terms.noise_std)
+            self._final_ar.push(terms.log_rho, terms.gamma_add_remove, terms.noise_std)
+            self._applied += 1
+        self._composition_ar.add(_ratio_sq(terms.gamma_add_remove, terms.target_noise_std))
         self._local_ar.add(_ratio_sq(terms.client_sensitivity_add_remove, terms.sigma))
-        self._final_ar.push(terms.log_rho, terms.gamma_add_remove, terms.noise_std)
         self._uses_smoothness = self._uses_smoothness or terms.uses_smoothness
         self._min_clients = record.clients if self._min_clients is None else min(self._min_clients, record.clients)
         self._min_sigma = record.sigma if self._min_sigma is None else min(self._min_sigma, record.sigma)

@@ -220,7 +220,11 @@ class RoundTerms:
     - ``log_rho``: log of the model-sensitivity factor rho_t (dimensionless, >= 0).
     - ``gamma``: aggregate data sensitivity gamma_t = max_i p_i * Gamma_t (parameter units).
     - ``client_sensitivity``: Gamma_t, sensitivity of one client's upload (parameter units).
-    - ``noise_std``: aggregate noise std s_t = sigma * sqrt(sum_i p_i^2).
+    - ``noise_std``: aggregate noise std s_t the coalition of c colluding participants cannot
+      subtract, least over every coalition and target (docs/MATH.md §14.2a; c = 0:
+      sigma * sqrt(sum_i p_i^2)); the final-model bound pairs it with ``gamma``.
+    - ``target_noise_std``: the noise hiding the largest-weight client from the worst
+      coalition (>= ``noise_std``; equal for uniform weights); composition uses it.
     - ``sigma``: per-client noise std of the round.
     - ``client_sensitivity_add_remove`` / ``gamma_add_remove``: the same sensitivities under
       add/remove-one with the zero-substitution convention (docs/MATH.md §16), <= the
@@ -229,7 +233,7 @@ class RoundTerms:
       assertion (per-sample clipping, K >= 2, ``assume_smooth_losses``: the drift bound is
       used); then composition and local DP are reported as conditional on L-smooth losses.
 
-    Per-round GDP contributions: gamma/noise_std (central), client_sensitivity/sigma (local).
+    Per-round GDP contributions: gamma/target_noise_std (central), client_sensitivity/sigma (local).
     """
 
     log_rho: float
@@ -237,6 +241,7 @@ class RoundTerms:
     client_sensitivity: float
     noise_std: float
     sigma: float
+    target_noise_std: float
     client_sensitivity_add_remove: float = math.nan
     gamma_add_remove: float = math.nan
     uses_smoothness: bool = False
@@ -281,7 +286,8 @@ def _first_step_sensitivity(clipping: str, batch_size: int | None, clip_norm: fl
     return 2.0 * V, 2.0 * V
 
 
-def round_terms(record: RoundRecord, smoothness: float, assume_smooth_losses: bool = False) -> RoundTerms:
+def round_terms(record: RoundRecord, smoothness: float, colluders: int = 0,
+                assume_smooth_losses: bool = False) -> RoundTerms:
     """Exact per-round terms of docs/MATH.md §14.1 from the step sizes the round actually used.
 
     FedAvg (Lemmas 7, 8): Gamma = 2V sum_k eta_k, log rho = sum_k log1p(eta_k L).
@@ -304,7 +310,9 @@ def round_terms(record: RoundRecord, smoothness: float, assume_smooth_losses: bo
     (FedAvg: Gamma^ar = eta_0 d1 + 2V sum_{k>=1} eta_k; FedProx K >= 2: the replace-one
     value); the drift bound (when allowed) is halved exactly.
 
-    gamma = max_i p_i * Gamma, noise_std = sigma sqrt(sum_i p_i^2).
+    gamma = max_i p_i * Gamma; noise_std and target_noise_std as
+    :meth:`RoundRecord.hidden_noise_stds` for a coalition of ``colluders`` participants
+    (0 = an outside observer: both are sigma sqrt(sum_i p_i^2)).
     """
     if not isinstance(record, RoundRecord):
         raise ValueError(f"record must be a RoundRecord, got {type(record).__name__}")
@@ -350,15 +358,17 @@ def round_terms(record: RoundRecord, smoothness: float, assume_smooth_losses: bo
             client = clip_only * per_sample_theta(kappa, record.batch_size or 1)
             client_ar = min(client_ar, smooth / 2.0)
 
+    s_min, s_target = record.hidden_noise_stds(colluders)
     return RoundTerms(
         log_rho=float(log_rho),
         gamma=record.max_weight * client,
         client_sensitivity=float(client),
-        noise_std=record.noise_std,
+        noise_std=s_min,
         sigma=float(record.sigma),
         client_sensitivity_add_remove=float(client_ar),
         gamma_add_remove=record.max_weight * float(client_ar),
         uses_smoothness=drift,
+        target_noise_std=s_target,
     )
 
 
