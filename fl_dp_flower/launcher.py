@@ -60,6 +60,8 @@ ROUND_LINES = 20  # a longer run prints every k-th round line (k = ceil(rounds /
 SUMMARY_ROWS = 12  # the final table shows at most this many rounds (all are in the ledger)
 SUBMIT_PATIENCE = 900.0  # seconds a running `flwr run` may take to hand the app over
 QUIET_NOTE = 120.0  # seconds without a new round before the launcher says what it waits for
+RAY_ATTEMPTS = 3  # submissions when Ray's startup times out before the first round (a busy machine)
+RAY_START_FAILURE = "The current node timed out during startup"  # ray/_private/node.py (Ray 2.x)
 
 
 # ------------------------------------------------------------------ the run
@@ -114,12 +116,12 @@ class Runner:
         raise Interrupted(signal.Signals(signum).name)
 
     # -------------------------------------------------------------- phases
-    def submit(self) -> str:
+    def submit(self, overrides: dict[str, Any] | None = None) -> str:
         """``flwr run``, saying what it waits for while it takes long; returns the run id."""
         self.plan.run_dir.parent.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(suffix=".toml", prefix="run-config-")
         with os.fdopen(fd, "w") as f:
-            f.write(to_toml(self.plan.overrides))
+            f.write(to_toml(self.plan.overrides if overrides is None else overrides))
         federation = f"num-supernodes={self.plan.supernodes} client-resources-num-cpus=1"
         command = [str(self.flower.bin / "flwr"), "run", str(self.app_dir), "--format", "json", "--run-config", name,
                    "--federation-config", federation]
@@ -212,6 +214,22 @@ class Runner:
         p.start()
         return p, task
 
+    def ray_did_not_start(self, info: dict[str, Any]) -> bool:
+        """The run failed because Ray's startup timed out (Ray waits 30 s, fixed, for its raylet)
+        before any round was opened, so no upload was made and no privacy spent."""
+        from .reporting.ledger import read_ledger
+        if not str(info.get("status", "")).startswith("finished:failed"):
+            return False
+        if self.ledger.exists():
+            try:
+                contents = read_ledger(self.ledger)
+            except (OSError, ValueError):
+                return False
+            if contents.rounds or contents.open_round is not None:
+                return False
+        r = self.flwr("log", str(self.run_id), "--show", timeout=120)
+        return r is not None and RAY_START_FAILURE in r.stdout + r.stderr
+
     def save_flower_log(self) -> Path | None:
         if self.run_id is None or not self.plan.run_dir.exists():
             return None
@@ -287,7 +305,17 @@ class Runner:
                 self.say(f"started run {self.run_id}; certified = the sound bound for threat model "
                          f"'{c.threat_model}', epsilon at delta {c.delta:g}; Flower's log goes to "
                          f"{self.plan.run_dir / 'flower.log'}")
-                return self.finish(self.follow())
+                info = self.follow()
+                for attempt in range(2, RAY_ATTEMPTS + 1):
+                    if not self.ray_did_not_start(info):
+                        break
+                    self.say(f"Ray did not start in time (the machine is busy) and nothing was broadcast; submitting "
+                             f"again (attempt {attempt} of {RAY_ATTEMPTS})")
+                    resume = self.ledger.exists()  # the ledger's header is kept: the run resumes it
+                    self.run_id = self.submit({**self.plan.overrides, **({"resume": True} if resume else {})})
+                    write_marker(self.plan.run_dir, "running", run_id=self.run_id)
+                    info = self.follow()
+                return self.finish(info)
             except Interrupted as why:
                 return self.interrupted(f"{why} received")
         finally:

@@ -220,3 +220,22 @@ def test_listening_pids_names_the_process_that_holds_the_port():
         port = s.getsockname()[1]
         assert listening_pids(port, [os.getpid(), 1]) == [os.getpid()]
     assert listening_pids(port, [os.getpid()]) == []
+
+
+@pytest.mark.parametrize("opened,expected", [(False, True), (True, False)])
+def test_a_ray_startup_timeout_before_any_round_is_retried_only_when_nothing_was_broadcast(tmp_path, opened,
+                                                                                           expected):
+    """Ray waits a fixed 30 s for its raylet; on a busy machine a run can fail there. The launcher
+    submits again (resuming the header-only ledger) only if no round was opened."""
+    plan = make_plan(_args(tmp_path, "num-server-rounds=3"))
+    path = _ledger(tmp_path, 0)
+    if opened:
+        with PrivacyLedger.resume(path, accountant_config=plan.config.accountant_config().to_dict()) as ledger:
+            ledger.append_event("round-open", {"round": 1})
+    stub_dir = tmp_path / "bin"
+    _stub_flwr(stub_dir, "print('Exception: The current node timed out during startup. This could happen ...')")
+    runner = Runner(plan, flwr_home=tmp_path / "home", out=io.StringIO())
+    runner.flower.bin = stub_dir
+    runner.run_id = "7"
+    assert runner.ray_did_not_start({"status": "finished:failed"}) is expected
+    assert not runner.ray_did_not_start({"status": "finished:completed"})
