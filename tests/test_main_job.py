@@ -20,6 +20,7 @@ import re
 import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -46,6 +47,14 @@ def _env(flwr_home: Path | None, tmp: Path | None = None) -> dict[str, str]:
         tmp.mkdir(parents=True, exist_ok=True)
         env["TMPDIR"] = str(tmp)
     return env
+
+
+@pytest.fixture
+def short_tmp():
+    """A short TMPDIR for a job (Ray puts its AF_UNIX sockets under it: at most 107 bytes a path)."""
+    folder = Path(tempfile.mkdtemp(prefix="fldp-", dir="/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _homes_under(folder: Path) -> dict[int, str]:
@@ -93,9 +102,9 @@ def _no_leftovers(flwr_home: Path) -> None:
 # ------------------------------------------------------------------ quick start
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
-def test_quick_start_word_for_word(tmp_path):
+def test_quick_start_word_for_word(short_tmp):
     before = set((ROOT / "outputs").iterdir()) if (ROOT / "outputs").exists() else set()
-    job = Job([], None, tmp_path / "tmp")  # `bash scripts/main-job.sh`, exactly as the README says
+    job = Job([], None, short_tmp)  # `bash scripts/main-job.sh`, exactly as the README says
     rc = job.wait()
     made = sorted(set((ROOT / "outputs").iterdir()) - before)
     try:
@@ -134,8 +143,8 @@ def test_quick_start_word_for_word(tmp_path):
             assert len(ids) == len(set(ids)) == 4000 and entry["report"]["clients"] == 4000
             assert entry["record"]["weights"] == pytest.approx([1 / 4000] * 4000)
             assert len({i // 400 for i in ids}) == 10  # member id = node id x 400 + slot: every node's cohort
-        wait_until(lambda: not _homes_under(tmp_path / "tmp"), 30, "the job's processes to be gone")
-        assert not list((tmp_path / "tmp").glob("fl-dp-flower-*"))  # its private Flower home is removed
+        wait_until(lambda: not _homes_under(short_tmp), 30, "the job's processes to be gone")
+        assert not list(short_tmp.glob("fl-dp-flower-*"))  # its private Flower home is removed
     finally:
         for d in made:
             shutil.rmtree(d, ignore_errors=True)
@@ -185,13 +194,13 @@ def test_ctrl_c_stops_training_and_the_run_resumes_by_name(tmp_path):
 # ------------------------------------------------------------------ two runs at once
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
-def test_two_runs_at_once_on_one_machine_keep_to_themselves(tmp_path):
+def test_two_runs_at_once_on_one_machine_keep_to_themselves(tmp_path, short_tmp):
     """Two quick-preset runs (2 rounds each) started together, each with the launcher's default
     private SuperLink: both complete with their own ledger and the accountant's numbers."""
     from fl_dp_flower.config import AppConfig
     from fl_dp_flower.privacy.accountant import PrivacyAccountant
 
-    out, tmp = tmp_path / "out", tmp_path / "tmp"
+    out, tmp = tmp_path / "out", short_tmp
     jobs = {name: Job(["--preset", "quick", "--run-name", name, "--output-dir", str(out), "num-server-rounds=2"],
                       None, tmp) for name in ("first", "second")}
     wait_until(lambda: len(set(_homes_under(tmp).values())) == 2 or any(j.proc.poll() is not None
