@@ -60,6 +60,8 @@ ROUND_LINES = 20  # a longer run prints every k-th round line (k = ceil(rounds /
 SUMMARY_ROWS = 12  # the final table shows at most this many rounds (all are in the ledger)
 SUBMIT_PATIENCE = 900.0  # seconds a running `flwr run` may take to hand the app over
 QUIET_NOTE = 120.0  # seconds without a new round before the launcher says what it waits for
+END = ("end", "failed")  # the ServerApp's last ledger events of a run
+END_PATIENCE = 300.0  # seconds after the ledger's end the launcher waits for Flower's status before deciding
 RAY_ATTEMPTS = 3  # submissions when Ray's startup times out before the first round (a busy machine)
 RAY_START_FAILURE = "The current node timed out during startup"  # ray/_private/node.py (Ray 2.x)
 
@@ -156,10 +158,14 @@ class Runner:
 
         Status calls run in the background (:class:`StatusPoller`): a slow or failing one is
         said once, retried with backoff, and the ledger is followed meanwhile. A SuperLink that
-        is gone ends the follow with status ``unknown``.
+        is gone ends the follow with status ``unknown``; a run whose ledger ended while the status
+        calls kept failing for ``END_PATIENCE`` seconds is decided from the ledger (completed only
+        with an ``end`` event and a summary).
         """
         from .reporting.ledger import read_ledger  # no matplotlib: reporting/ledger.py only
         shown, failures_said, last_alive_check, last_news = 0, 0, time.monotonic(), time.monotonic()
+        ends_before: int | None = None
+        ended_at: float | None = None
         progress = self._progress()
         poller = self.status_poller()
 
@@ -171,9 +177,12 @@ class Runner:
         try:
             while True:
                 try:
-                    rounds = read_ledger(self.ledger).rounds if self.ledger.exists() else []
+                    contents = read_ledger(self.ledger) if self.ledger.exists() else None
                 except (OSError, ValueError):
-                    rounds = []
+                    contents = None
+                rounds = contents.rounds if contents is not None else []
+                ends = [e["event"] for e in (contents.events if contents is not None else []) if e.get("event") in END]
+                ends_before = len(ends) if ends_before is None else ends_before  # a resumed ledger's old ends
                 every = math.ceil(self.plan.num_rounds / ROUND_LINES)
                 for i, entry in enumerate(rounds[shown:], start=shown + 1):
                     if entry["round"] % every == 0 or entry["round"] in (1, self.plan.num_rounds):
@@ -186,6 +195,12 @@ class Runner:
                 info = poller.poll()
                 if str(info.get("status", "")).startswith("finished"):
                     return info
+                ended_at = (ended_at or now) if len(ends) > ends_before else None
+                if ended_at is not None and poller.failures and now - ended_at > END_PATIENCE:
+                    done = ends[-1] == "end" and (self.plan.run_dir / "summary.json").exists()
+                    return {"status": "finished:completed" if done else "finished:failed",
+                            "status-details": f"decided from the ledger's '{ends[-1]}' event; Flower's status call "
+                                              f"kept failing ({poller.last_error})"}
                 if poller.failures and poller.failures != failures_said and poller.failures in (1, 3, 6, 10):
                     emit(f"Flower's status call failed ({poller.last_error}); retrying in {poller.next_in:.0f} s, "
                          "still following the ledger")

@@ -239,3 +239,36 @@ def test_a_ray_startup_timeout_before_any_round_is_retried_only_when_nothing_was
     runner.run_id = "7"
     assert runner.ray_did_not_start({"status": "finished:failed"}) is expected
     assert not runner.ray_did_not_start({"status": "finished:completed"})
+
+
+def test_a_run_whose_ledger_ended_is_decided_from_the_ledger_when_status_calls_keep_failing(tmp_path, monkeypatch):
+    import fl_dp_flower.launcher as launcher
+    monkeypatch.setattr(launcher, "END_PATIENCE", 1.0)
+    plan = make_plan(_args(tmp_path, "num-server-rounds=2"))
+    path = _ledger(tmp_path, 2)
+
+    def the_run_ends() -> None:  # after the launcher started following
+        time.sleep(1.0)
+        with PrivacyLedger.resume(path, accountant_config=plan.config.accountant_config().to_dict()) as ledger:
+            ledger.append_event("end", {"rounds_accounted": 2})
+        (path.parent / "summary.json").write_text("{}")
+
+    home, stub_dir = tmp_path / "home", tmp_path / "bin"
+    home.mkdir()
+    _stub_flwr(stub_dir, "print('Error: connection refused'); sys.exit(1)")
+    superlink = stub_dir / "flower-superlink"
+    superlink.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(600)\n")
+    superlink.chmod(0o755)
+    proc = subprocess.Popen([str(superlink)], env={**os.environ, "FLWR_HOME": str(home.resolve())})
+    try:
+        runner = Runner(plan, flwr_home=home, out=io.StringIO(), poll=0.05, status_timeout=5.0)
+        runner.flower.bin = stub_dir
+        runner.run_id = "7"
+        threading.Thread(target=the_run_ends, daemon=True).start()
+        info = runner.follow()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert info["status"] == "finished:completed"
+    assert "decided from the ledger's 'end' event" in info["status-details"]
+    assert "connection refused" in info["status-details"]
