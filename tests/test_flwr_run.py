@@ -21,7 +21,6 @@ import re
 import socket
 import subprocess
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -31,7 +30,7 @@ from fl_dp_flower.config import AppConfig
 from fl_dp_flower.launcher import processes_of, pyproject_run_config
 from fl_dp_flower.local_flower import stop_processes
 from fl_dp_flower.reporting import read_ledger
-from fl_dp_flower.strategies import noisy
+from fl_dp_flower.strategies import nodes, noisy
 
 ROOT = Path(__file__).resolve().parents[1]
 QUIET = 240.0
@@ -66,7 +65,7 @@ class Flwr:
         return proc.returncode, "".join(lines)
 
     def call(self, *args: str) -> str:
-        r = subprocess.run(["flwr", *args], cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=600)
+        r = subprocess.run(["flwr", *args], check=False, cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=600)
         return re.sub(r"\x1b\[[0-9;]*m", "", r.stdout + r.stderr)
 
     def status(self, run_id: str) -> str:
@@ -125,11 +124,11 @@ class _Grid:
 def test_too_few_supernodes_warn_with_the_fix(monkeypatch, caplog):
     config = AppConfig.from_run_config({**pyproject_run_config(), "clients-per-round": 10})
     clock = iter(range(0, 10_000, 30))  # each check is 30 s later
-    monkeypatch.setattr(noisy.time, "monotonic", lambda: float(next(clock)))
-    monkeypatch.setattr(noisy.time, "sleep", lambda s: None)
+    monkeypatch.setattr(nodes.time, "monotonic", lambda: float(next(clock)))
+    monkeypatch.setattr(nodes.time, "sleep", lambda s: None)
     grid = _Grid(start=2, wait=4)
     with caplog.at_level(logging.WARNING, logger="flwr"):
-        noisy.warn_until_enough_nodes(grid, noisy.nodes_needed(config), config)
+        nodes.warn_until_enough_nodes(grid, noisy.nodes_needed(config), config)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert grid.calls == 4 + 8  # returned as soon as 10 were connected
     assert warnings and warnings[0].startswith("waiting for SuperNodes: 2 connected, this run needs 10")

@@ -242,7 +242,7 @@ def test_a_ray_startup_timeout_before_any_round_is_retried_only_when_nothing_was
 
 
 def test_a_run_whose_ledger_ended_is_decided_from_the_ledger_when_status_calls_keep_failing(tmp_path, monkeypatch):
-    import fl_dp_flower.launcher as launcher
+    from fl_dp_flower import launcher
     monkeypatch.setattr(launcher, "END_PATIENCE", 1.0)
     plan = make_plan(_args(tmp_path, "num-server-rounds=2"))
     path = _ledger(tmp_path, 2)

@@ -55,6 +55,7 @@ from fl_dp_flower.privacy.records import RoundRecord
 from fl_dp_flower.reporting.rounds import RoundOutcome, dp_metrics
 
 from .budget import BudgetExhausted, check_before_broadcast, check_replies
+from .nodes import warn_until_enough_nodes
 from .replies import (Applied, average_arrays, average_metrics, member_id, mismatches, reconcile, screen,
                       weights_for)
 
@@ -396,26 +397,6 @@ class NoisyStrategyMixin:
             arrays=self.global_arrays, train_metrics_clientapp=dict(self._train_metrics),
             evaluate_metrics_serverapp=dict(self._eval_metrics),
         )
-
-
-NODES_WARNING_EVERY = 60.0  # seconds between warnings while a round waits for SuperNodes
-
-
-def warn_until_enough_nodes(grid: Grid, needed: int, config: AppConfig) -> None:
-    """Wait until ``needed`` SuperNodes are connected, warning (in the ServerApp's log, i.e.
-    ``flwr log``) at once and every minute how many are missing and how to fix it."""
-    said = -NODES_WARNING_EVERY
-    while (connected := len(list(grid.get_node_ids()))) < needed:
-        now = time.monotonic()
-        if now - said >= NODES_WARNING_EVERY:
-            said = now
-            cohort = f" / clients-per-node {config.clients_per_node}" if config.clients_per_node > 1 else ""
-            log.warning("waiting for SuperNodes: %d connected, this run needs %d (clients-per-round %d%s). In "
-                        "Flower's simulation (its default federation has 2 SuperNodes) run `flwr run . "
-                        "--federation-config \"num-supernodes=%d\"`, or lower clients-per-round, or set "
-                        "clients-per-node > 1 (cohort mode); in a deployment, start more SuperNodes",
-                        connected, needed, config.clients_per_round, cohort, needed)
-        time.sleep(1.0)
 
 
 def nodes_needed(config: AppConfig) -> int:
