@@ -316,6 +316,10 @@ class PrivacyLedger:
             hint = (" (a ledger written before 'colluding-clients' existed was certified with c = 0: set "
                     "colluding-clients = 0 to continue it under its own rule, or start a new run)"
                     if "colluders" in diff else "")
+            if "assume_smooth_losses" in diff:
+                hint += (" (a ledger written before 'assume-smooth-losses' existed took L-smooth losses for "
+                         "granted: set assume-smooth-losses = true to continue it under its own rule, or start "
+                         "a new run)")
             raise ValueError(
                 f"cannot resume {path}: accountant config differs in key(s) {diff} ({detail}){hint}"
             )
