@@ -76,7 +76,7 @@ class AppConfig(BaseModel):
     iterative_z: float = Field(0.0, ge=0)
     # --- federation
     num_server_rounds: int = Field(10, ge=1)
-    clients_per_round: int = Field(10, ge=1)
+    clients_per_round: int = Field(2, ge=1)
     clients_per_node: int = Field(1, ge=1)
     cohort_noise: CohortNoise = "summed"
     min_replies: int = Field(1, ge=1)

@@ -40,7 +40,9 @@ the final-model bound leaves it out). That is recorded in the ledger, and the ru
 Any refused resume writes nothing.
 
 A run that accounts no round (budget too small for any round, nothing left to resume) fails
-(:class:`RunFailed`) after writing its summary: it never ends as a success.
+(:class:`RunFailed`) after writing its summary: it never ends as a success. Every failure is
+logged at ERROR (what `flwr log` shows), a full disk as one message saying how to resume
+(:mod:`fl_dp_flower.apps.recovery`); a resume keeps the nodes excluded earlier in the run.
 """
 
 from __future__ import annotations
@@ -57,13 +59,14 @@ from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Result
 
+from fl_dp_flower.apps.recovery import RunFailed, logged_failures, restore_exclusions
 from fl_dp_flower.config import AppConfig, ConfigError
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.privacy.bounds import smoothness_assumption
 from fl_dp_flower.reporting import PrivacyLedger, PrivacyMetricsExporter, plot_privacy_curve, render_summary
 from fl_dp_flower.reporting.console import FINAL_MODEL_ASSUMES, conditional_note
 from fl_dp_flower.reporting.durable import atomic_write, write_json
-from fl_dp_flower.reporting.ledger import NOT_APPLIED_EVENT, LedgerContents, round_records
+from fl_dp_flower.reporting.ledger import NOT_APPLIED_EVENT, LedgerContents, read_ledger, round_records
 from fl_dp_flower.reporting.logfilter import FlowerDumps
 from fl_dp_flower.reporting.rounds import RoundSink
 from fl_dp_flower.strategies import NoisyStrategyMixin, NotEnoughNodes, make_strategy
@@ -83,10 +86,6 @@ STRATEGY_LOG = "flower-strategy.log"  # Flower's per-round MetricRecord dumps an
 app = ServerApp()
 
 
-class RunFailed(RuntimeError):
-    """The run did nothing it was asked to (no round accounted) or cannot safely continue."""
-
-
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Flower entry point: validate the run config (fails the run naming the key), then run.
@@ -102,7 +101,11 @@ def main(grid: Grid, context: Context) -> None:
         except ConfigError as err:
             log.error("%s", err)
             raise
-        run_server(grid, config, on_run_dir=lambda d: dumps.attach_file(d / STRATEGY_LOG))
+        try:
+            run_server(grid, config, on_run_dir=lambda d: dumps.attach_file(d / STRATEGY_LOG))
+        except FileExistsError as err:  # a second run with the same run-name: say why in `flwr log`
+            log.error("%s", err)
+            raise
     finally:
         dumps.detach_file()
 
@@ -212,7 +215,7 @@ def _require_ledger(path: Path) -> None:
             "a new run."
         )
         log.error("%s", message)
-        raise RunFailed(message)
+        raise RunFailed(message, logged=True)
 
 
 def _checkpoint(run_dir: Path, contents: LedgerContents) -> tuple[int, ArrayRecord | None]:
@@ -257,7 +260,7 @@ def _unfinished_round(config: AppConfig, path: Path, contents: LedgerContents, c
             "applied: its aggregate was never saved or broadcast); do not edit the ledger or the checkpoint."
         )
         log.error("%s", message)
-        raise RunFailed(message)
+        raise RunFailed(message, logged=True)
     log.warning("round %d was broadcast but %s%s", open_round, how, where)
     if ckpt_round > open_round:
         raise RunFailed(f"cannot resume {path}: checkpoint round {ckpt_round} is ahead of the open round "
@@ -267,7 +270,14 @@ def _unfinished_round(config: AppConfig, path: Path, contents: LedgerContents, c
 
 def run_server(grid: Grid, config: AppConfig, *, fraction_evaluate: float = 0.0,
                on_run_dir: Callable[[Path], None] | None = None) -> ServerOutcome:
-    """Run the whole server side on ``grid``; returns the outcome after writing every output."""
+    """Run the whole server side on ``grid``; returns the outcome after writing every output.
+    A failure is logged at ERROR in one message, a full disk saying how to resume (:func:`logged_failures`)."""
+    with logged_failures((Path(config.output_dir).expanduser() / config.run_name).resolve()):
+        return _run_server(grid, config, fraction_evaluate, on_run_dir)
+
+
+def _run_server(grid: Grid, config: AppConfig, fraction_evaluate: float,
+                on_run_dir: Callable[[Path], None] | None) -> ServerOutcome:
     t0 = time.time()
     torch.set_num_threads(1)
     if config.seed >= 0:  # node sampling (random.sample) and model init become reproducible
@@ -300,6 +310,8 @@ def run_server(grid: Grid, config: AppConfig, *, fraction_evaluate: float = 0.0,
         strategy = make_strategy(config, accountant, reporters=[sink],
                                  fraction_evaluate=fraction_evaluate if per_round_eval else 0.0)
         strategy.on_event = ledger.append_event
+        if config.resume:
+            restore_exclusions(strategy, read_ledger(run_dir / LEDGER).events)
         remaining = max(config.num_server_rounds - accountant.num_releases, 0)
         log.info("%s: %d rounds to run (%d already accounted)", type(strategy).__name__, remaining,
                  accountant.num_releases)
@@ -311,7 +323,7 @@ def run_server(grid: Grid, config: AppConfig, *, fraction_evaluate: float = 0.0,
             ledger.append_event("failed", {"reason": str(exc), "rounds_accounted": accountant.num_releases})
             _finish(config, run_dir, ledger, accountant, strategy, strategy.partial_result(), time.time() - t0,
                     failure=str(exc))
-            raise RunFailed(str(exc)) from None
+            raise RunFailed(str(exc), logged=True) from None
         if strategy.stop_reason is not None:
             if exporter is not None:
                 exporter.mark_budget_exhausted()
@@ -320,11 +332,14 @@ def run_server(grid: Grid, config: AppConfig, *, fraction_evaluate: float = 0.0,
         trained = accountant.num_releases - accounted_before
         ledger.append_event("end", {"rounds_accounted": accountant.num_releases, "rounds_this_run": trained,
                                     "stopped_by_budget": strategy.stop_reason is not None})
+        if exporter is not None:
+            exporter.set_ledger_head(ledger.head_line_hash)
         summary = _finish(config, run_dir, ledger, accountant, strategy, result, time.time() - t0)
         if trained == 0:
-            why = strategy.stop_reason or (f"all {config.num_server_rounds} rounds were already accounted"
-                                           if remaining == 0 else "no round could be accounted")
-            raise RunFailed(f"the run accounted no round, so nothing was trained: {why}")
+            why = strategy.stop_reason or (f"all {config.num_server_rounds} rounds were already accounted (raise "
+                                           "num-server-rounds to train more)" if remaining == 0
+                                           else "no round could be accounted")
+            raise RunFailed(f"the run accounted no round, so nothing was trained: {why}")  # logged by run_server
         if exporter is not None and config.metrics_linger > 0:
             log.info("serving the final metrics on port %d for %.0f s (metrics-linger)",
                      exporter.port, config.metrics_linger)
