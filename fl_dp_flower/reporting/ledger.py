@@ -309,8 +309,13 @@ class PrivacyLedger:
         diff = sorted(k for k in set(stored) | set(given) if not _same(stored.get(k), given.get(k)))
         if diff:
             detail = ", ".join(f"{k}: ledger {stored.get(k)!r} != now {given.get(k)!r}" for k in diff)
-            hint = (" (a ledger from before 'colluding-clients' was certified with c = 0: set colluding-clients"
-                    " = 0 to continue it under its own rule, or start a new run)" if "colluders" in diff else "")
+            hint = (" (a ledger written before 'colluding-clients' existed was certified with c = 0: set "
+                    "colluding-clients = 0 to continue it under its own rule, or start a new run)"
+                    if "colluders" in diff else "")
+            if "assume_smooth_losses" in diff:
+                hint += (" (a ledger written before 'assume-smooth-losses' existed took L-smooth losses for "
+                         "granted: set assume-smooth-losses = true to continue it under its own rule, or start "
+                         "a new run)")
             raise ValueError(
                 f"cannot resume {path}: accountant config differs in key(s) {diff} ({detail}){hint}"
             )
