@@ -60,9 +60,11 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Result
 
 from fl_dp_flower.apps.recovery import RunFailed, logged_failures, restore_exclusions
+from fl_dp_flower.apps.threat import final_model_assumptions, publishes_per_round_models
 from fl_dp_flower.config import AppConfig, ConfigError
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.reporting import PrivacyLedger, PrivacyMetricsExporter, plot_privacy_curve, render_summary
+from fl_dp_flower.reporting.console import conditional_note
 from fl_dp_flower.reporting.durable import atomic_write, write_json
 from fl_dp_flower.reporting.ledger import NOT_APPLIED_EVENT, LedgerContents, read_ledger, round_records
 from fl_dp_flower.reporting.logfilter import FlowerDumps
@@ -280,7 +282,11 @@ def _run_server(grid: Grid, config: AppConfig, fraction_evaluate: float,
         sink = RoundSink(ledger, lambda round_, saved: atomic_torch_save(
                              {"round": round_, "state_dict": saved.to_torch_state_dict()}, run_dir / CHECKPOINT),
                          log, exporter, config.budget_epsilon)
-        strategy = make_strategy(config, accountant, reporters=[sink], fraction_evaluate=fraction_evaluate)
+        per_round_eval = publishes_per_round_models(config)
+        if not per_round_eval:  # docs/MATH.md §15
+            log.info("final-model: no per-round evaluation is published; the released model is evaluated at the end")
+        strategy = make_strategy(config, accountant, reporters=[sink],
+                                 fraction_evaluate=fraction_evaluate if per_round_eval else 0.0)
         strategy.on_event = ledger.append_event
         if config.resume:
             restore_exclusions(strategy, read_ledger(run_dir / LEDGER).events)
@@ -289,7 +295,7 @@ def _run_server(grid: Grid, config: AppConfig, fraction_evaluate: float,
                  accountant.num_releases)
         try:
             result = strategy.start(grid=grid, initial_arrays=arrays, num_rounds=remaining,
-                                    evaluate_fn=make_evaluate_fn(config))
+                                    evaluate_fn=make_evaluate_fn(config) if per_round_eval else None)
         except NotEnoughNodes as exc:
             log.error("%s", exc)
             ledger.append_event("failed", {"reason": str(exc), "rounds_accounted": accountant.num_releases})
@@ -349,7 +355,9 @@ def _finish(config: AppConfig, run_dir: Path, ledger: PrivacyLedger, accountant:
         log.info("\n%s", render_summary(history))
         plot = str(plot_privacy_curve(history, run_dir / PLOT, delta=config.delta))
     last_metrics = history[-1]["metrics"] if history else {}
-    summary = {
+    if not publishes_per_round_models(config):  # evaluate only the released model (docs/MATH.md §15)
+        last_metrics = dict(make_evaluate_fn(config)(accountant.num_releases, final))
+    summary: dict[str, Any] = {
         "run_dir": str(run_dir),
         "rounds_accounted": accountant.num_releases,
         "num_server_rounds": config.num_server_rounds,
@@ -358,6 +366,7 @@ def _finish(config: AppConfig, run_dir: Path, ledger: PrivacyLedger, accountant:
         "failure": failure,
         "target_epsilon": config.target_epsilon,
         "final_report": accountant.report().to_dict(),
+        "threat_model_assumes": final_model_assumptions(config) if config.threat_model == "final-model" else [],
         "final_accuracy": last_metrics.get("accuracy"),
         "final_loss": last_metrics.get("loss"),
         "echo_mismatches": strategy.echo_mismatches,
@@ -370,10 +379,12 @@ def _finish(config: AppConfig, run_dir: Path, ledger: PrivacyLedger, accountant:
         "accountant_config": accountant.config.to_dict(),
     }
     write_json(run_dir / SUMMARY, summary)
-    cert = summary["final_report"]["certified"]
-    log.info("finished: %d rounds accounted, certified epsilon %s (mu %s, %s) at delta %g%s",
-             accountant.num_releases, cert["epsilon"], cert["mu"], cert["bound"], config.delta,
-             f"; stopped: {strategy.stop_reason}" if strategy.stop_reason else "")
+    cert, assumes = summary["final_report"]["certified"], summary["threat_model_assumes"]
+    log.info("finished: %d rounds accounted, certified epsilon %s (mu %s, %s, replace-one%s) at delta %g; "
+             "add/remove-one epsilon %s%s%s", accountant.num_releases, cert["epsilon"], cert["mu"], cert["bound"],
+             conditional_note(cert), config.delta, summary["final_report"]["add_remove"]["epsilon"],
+             f"; final-model bound assumes {'; '.join(assumes)}; released model accuracy {summary['final_accuracy']}"
+             if assumes else "", f"; stopped: {strategy.stop_reason}" if strategy.stop_reason else "")
     log.info("ledger %s head (SHA-256 of its last line, for `fl-dp-flower verify`): %s",
              run_dir / LEDGER, ledger.head_line_hash)
     if strategy.excluded_nodes:
