@@ -8,7 +8,6 @@ samples of known mu.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 
@@ -45,7 +44,7 @@ TRIALS = 20_000  # per world; 100,000 takes ~20 s (bench/audit.py)
 
 #: an outside observer's bounds (colluders = 0), where the config has the field: the final-model and
 #: all-rounds adversaries are outsiders, and the closed forms below count all m clients' noise
-OUTSIDE = {"colluders": 0} if "colluders" in {f.name for f in dataclasses.fields(AccountantConfig)} else {}
+OUTSIDE = {"colluders": 0}
 
 
 def _config(**kw) -> AccountantConfig:
@@ -141,19 +140,10 @@ def test_cli_audit_rejects_bad_input_naming_the_flag(argv, named, capsys):
 
 # ------------------------------------------------------------------ all-rounds, participant, kink (issue 16 item 8)
 
-from dataclasses import fields
 
 from fl_dp_flower.privacy import bounds as privacy_bounds
 from fl_dp_flower.privacy import terms
 from fl_dp_flower.privacy.schedules import step_sizes
-
-_CONFIG_FIELDS = {f.name for f in fields(AccountantConfig)}
-#: engineer B's AccountantConfig.assume_smooth_losses (CONTRACTS.md): the tests of the new rules of
-#: issue 16 items 2 and 4 below are marked xfail(strict) until it lands on main.
-HAS_SMOOTH_ASSERTION = "assume_smooth_losses" in _CONFIG_FIELDS
-needs_smooth_assertion = pytest.mark.xfail(not HAS_SMOOTH_ASSERTION, strict=True,
-                                           reason="new rule: needs AccountantConfig.assume_smooth_losses "
-                                                  "(issue 16 items 2 and 4, engineer B)")
 
 SMALL_TRIALS = 5000
 
@@ -276,12 +266,8 @@ def test_kink_canary_flags_the_theta_rule_with_configured_l():
     assert report.attack.mu_lower > 15 * old  # flagged by a factor of 15 and more
     clipping_only = 2 * 0.1 * 5 / (0.1 * math.sqrt(10))  # theta = 1
     assert report.attack.mu_lower < clipping_only
-    if not HAS_SMOOTH_ASSERTION:  # the package still uses theta < 1 without any assertion: a bug
-        assert report.verdict("composition").mu == pytest.approx(old)
-        assert report.verdict("composition").outcome == "VIOLATED" and report.package_bug
 
 
-@needs_smooth_assertion
 def test_kink_canary_new_theta_rule_holds_and_asserted_smoothness_is_an_assumption_violation():
     config = AccountantConfig(**KINK, **OUTSIDE, clients=10, sigma=0.1)
     report = run_audit(config, 1, canary="kink", adversary="all-rounds", trials=SMALL_TRIALS, seed=3)
@@ -300,8 +286,8 @@ SMOOTH_FINAL = {"algorithm": "fedavg", "schedule": "stage", "lr": 0.1, "local_st
 
 
 def _final_model_config(**kw) -> AccountantConfig:
-    extra = {"assume_smooth_losses": True} if HAS_SMOOTH_ASSERTION else {}
-    return AccountantConfig(**SMOOTH_FINAL, **OUTSIDE, **extra, **kw)
+    # the final-model threat model needs the operator's assertion of L-smooth losses
+    return AccountantConfig(**SMOOTH_FINAL, **OUTSIDE, assume_smooth_losses=True, **kw)
 
 
 def test_kink_canary_flags_the_final_model_bound_at_small_l():
@@ -317,11 +303,8 @@ def test_kink_canary_flags_the_final_model_bound_at_small_l():
     # control: the linear canary (L-smooth for every L) does not exceed it
     linear = run_audit(config, rounds, canary="linear", trials=SMALL_TRIALS, seed=4)
     assert not linear.verdict("final_model").violated and not linear.package_bug
-    if not HAS_SMOOTH_ASSERTION:  # printed as sound with no condition: a package bug
-        assert final.outcome == "VIOLATED" and kink.package_bug
 
 
-@needs_smooth_assertion
 def test_kink_final_model_violation_is_an_assumption_violation_once_labelled():
     kink = run_audit(_final_model_config(), 30, canary="kink", trials=SMALL_TRIALS, seed=4)
     final = kink.verdict("final_model")
@@ -339,7 +322,13 @@ def test_cli_audit_adversary_and_canary_flags(capsys):
                  "--sigma", "0.1", "--rounds", "1", "--trials", "2000", "--canary", "kink",
                  "--adversary", "all-rounds", "--json"])
     out = json.loads(capsys.readouterr().out)
-    assert out["package_bug"] is (not HAS_SMOOTH_ASSERTION) and code == (0 if HAS_SMOOTH_ASSERTION else 1)
+    assert out["package_bug"] is False and code == 0  # clipping-only composition (theta = 1) holds
+    code = main(["audit", "--per-sample-clipping", "--batch-size", "32", "--lr", "0.1", "--clients", "10",
+                 "--sigma", "0.1", "--rounds", "1", "--trials", "2000", "--canary", "kink",
+                 "--adversary", "all-rounds", "--assume-smooth-losses", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    composition = {v["bound"]: v for v in out["verdicts"]}["composition"]
+    assert code == 0 and composition["outcome"] == "assumption violated" and composition["broken"]
     with pytest.raises(SystemExit) as exc:
         main(["audit", "--sigma", "0.5", "--clients", "1", "--adversary", "participant"])
     assert exc.value.code == 2 and "--clients" in capsys.readouterr().err

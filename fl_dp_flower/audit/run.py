@@ -160,10 +160,10 @@ def run_audit(config: AccountantConfig, rounds: int, *, canary: str = "linear", 
     colluders = config.colluders
     verdicts = []
     for name, value in planned.bounds.items():
-        verdicts.append(_verdict(name, value.mu, value.epsilon, value.sound, tuple(getattr(value, "assumes", ())),
+        verdicts.append(_verdict(name, value.mu, value.epsilon, value.sound, value.assumes,
                                  name in COVERS[adversary], attack, canary, adversary, colluders))
     cert = planned.certified
-    verdicts.append(_verdict("certified", cert.mu, cert.epsilon, True, tuple(getattr(cert, "assumes", ())),
+    verdicts.append(_verdict("certified", cert.mu, cert.epsilon, True, cert.assumes,
                              planned.certified_bound in COVERS[adversary], attack, canary, adversary, colluders))
     return AuditReport(config=config, rounds=rounds, trials=trials, seed=seed, canary=canary, adversary=adversary,
                        plan=planned, attack=attack, verdicts=tuple(verdicts), seconds=run.seconds)
