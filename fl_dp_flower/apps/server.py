@@ -55,7 +55,7 @@ from fl_dp_flower.reporting.durable import atomic_write, write_json
 from fl_dp_flower.reporting.ledger import LedgerContents
 from fl_dp_flower.reporting.logfilter import FlowerDumps
 from fl_dp_flower.reporting.rounds import RoundSink
-from fl_dp_flower.strategies import NoisyStrategyMixin, NotEnoughNodes, make_strategy
+from fl_dp_flower.strategies import ModelNotFinite, NoisyStrategyMixin, NotEnoughNodes, make_strategy
 from fl_dp_flower.training.data import DEFAULT_DATA_SEED, load_dataset
 from fl_dp_flower.training.local_update import evaluate_model
 from fl_dp_flower.training.models import build_model
@@ -260,7 +260,7 @@ def run_server(grid: Grid, config: AppConfig, *, fraction_evaluate: float = 0.0,
         try:
             result = strategy.start(grid=grid, initial_arrays=arrays, num_rounds=remaining,
                                     evaluate_fn=make_evaluate_fn(config))
-        except NotEnoughNodes as exc:
+        except (NotEnoughNodes, ModelNotFinite) as exc:
             log.error("%s", exc)
             ledger.append_event("failed", {"reason": str(exc), "rounds_accounted": accountant.num_releases})
             _finish(config, run_dir, ledger, accountant, strategy, strategy.partial_result(), time.time() - t0,
@@ -320,6 +320,8 @@ def _finish(config: AppConfig, run_dir: Path, ledger: PrivacyLedger, accountant:
         "run_dir": str(run_dir),
         "rounds_accounted": accountant.num_releases,
         "num_server_rounds": config.num_server_rounds,
+        "planned_rounds": config.num_server_rounds,
+        "accounted_rounds": accountant.num_releases,
         "stopped_by_budget": strategy.stop_reason is not None,
         "stop_reason": strategy.stop_reason,
         "failure": failure,
@@ -338,9 +340,13 @@ def _finish(config: AppConfig, run_dir: Path, ledger: PrivacyLedger, accountant:
     }
     write_json(run_dir / SUMMARY, summary)
     cert = summary["final_report"]["certified"]
-    log.info("finished: %d rounds accounted, certified epsilon %s (mu %s, %s) at delta %g%s",
-             accountant.num_releases, cert["epsilon"], cert["mu"], cert["bound"], config.delta,
-             f"; stopped: {strategy.stop_reason}" if strategy.stop_reason else "")
+    log.info("finished: %d of %d planned rounds accounted, certified epsilon %s (mu %s, %s) at delta %g%s",
+             accountant.num_releases, config.num_server_rounds, cert["epsilon"], cert["mu"], cert["bound"],
+             config.delta, f"; stopped: {strategy.stop_reason}" if strategy.stop_reason else "")
+    if accountant.num_releases < config.num_server_rounds:
+        log.warning("the run ends with %d of its %d planned rounds accounted%s", accountant.num_releases,
+                    config.num_server_rounds, f" ({failure or strategy.stop_reason})"
+                    if (failure or strategy.stop_reason) else "")
     log.info("ledger %s head (SHA-256 of its last line, for `fl-dp-flower verify`): %s",
              run_dir / LEDGER, ledger.head_line_hash)
     if strategy.excluded_nodes:

@@ -52,8 +52,10 @@ from fl_dp_flower.privacy.records import RoundRecord
 from fl_dp_flower.reporting.rounds import RoundOutcome, dp_metrics
 
 from .budget import BudgetExhausted, check_before_broadcast, check_replies
+from .guard import ReplyGuard, all_finite
 from .replies import (Applied, average_arrays, average_metrics, member_id, mismatches, reconcile, screen,
                       weights_for)
+from .screening import rules_for
 
 log = logging.getLogger("flwr").getChild(__name__)  # Flower's handlers: shows in `flwr log`
 
@@ -73,6 +75,10 @@ class PendingRound:
     record: RoundRecord | None = None  # set once accounted
     report: PrivacyReport | None = None
     metrics: dict[str, Any] | None = None
+
+
+class ModelNotFinite(RuntimeError):
+    """The aggregated global model has non-finite values: the run cannot continue."""
 
 
 class NotEnoughNodes(RuntimeError):
@@ -117,6 +123,9 @@ class NoisyStrategyMixin:
         self._round: PendingRound | None = None
         self._train_metrics: dict[int, MetricRecord] = {}  # the Result so far, per server round
         self._eval_metrics: dict[int, MetricRecord] = {}
+        self.guard = ReplyGuard(accountant, log)  # duplicate partition ids, per-reply accountant errors
+        self.residual_energies: list[tuple[int, int, float | None]] = []  # (round, node, E): tests, never published
+        self.diverged: str | None = None
 
     # ------------------------------------------------------------------ planning
     @property
@@ -259,8 +268,12 @@ class NoisyStrategyMixin:
         usable, dropped = screen(
             list(replies), asked=asked, reference=reference, arrays_key=self.arrayrecord_key,
             fedprox=self.dp_config.algorithm == "fedprox", slots=pending.slots,
-            clients_per_node=self.dp_config.clients_per_node,
+            clients_per_node=self.dp_config.clients_per_node, rules=rules_for(self.dp_config, planned),
         )
+        usable = self.guard.check_partitions(usable, dropped)
+        usable = self.guard.accountable(
+            usable, dropped, planned, lambda us: self._record(server_round, planned, us, self._weights(us), quiet=True))
+        self.residual_energies.extend((server_round, u.node_id, u.residual_energy) for u in usable)
         for node, reason, refused in dropped:
             log.warning("round %d: dropped reply of node %d: %s%s", server_round, node, reason,
                         " (refusal)" if refused else "")
@@ -273,7 +286,7 @@ class NoisyStrategyMixin:
             self._event("round-void", {"round": planned.round_index + 1, "reason": "no usable reply"})
             return None, None
 
-        weights = weights_for(usable, self.dp_config.weighting)
+        weights = self._weights(usable)
         record = self._record(server_round, planned, usable, weights)
         if self.budget is not None:
             try:
@@ -287,6 +300,9 @@ class NoisyStrategyMixin:
         arrived = sum(len(u.members) for u in usable)
         aggregated = arrived >= self.dp_config.min_replies
         arrays = average_arrays(usable, weights, reference) if aggregated else None
+        if arrays is not None and not all_finite(arrays):  # the round stays accounted; the run fails
+            self.diverged = f"round {server_round}: the aggregated global model has non-finite values"
+            arrays, aggregated = None, False
         if not aggregated:
             log.warning(
                 "round %d: %d usable clients < min-replies %d: global model kept; round accounted "
@@ -301,16 +317,22 @@ class NoisyStrategyMixin:
         self._train_metrics[server_round] = MetricRecord(metrics)
         return arrays, MetricRecord(metrics)
 
-    def _record(self, server_round: int, planned: Applied, usable: list, weights: tuple[float, ...]) -> RoundRecord:
+    def _weights(self, usable: list) -> tuple[float, ...]:
+        return weights_for(usable, self.dp_config.weighting, self.dp_config.examples_cap_ratio)
+
+    def _record(self, server_round: int, planned: Applied, usable: list, weights: tuple[float, ...],
+                quiet: bool = False) -> RoundRecord:
+        """The least private record of the replies; ``quiet``: a trial (ReplyGuard), nothing logged."""
         c = self.dp_config
-        self._last_mismatch = 0
-        for u in usable:
-            diff = mismatches(planned, u.applied)
-            if diff:
-                self._last_mismatch += 1
-                log.error("round %d: node %d applied other settings than sent (%s); accounting the least "
-                          "private values", server_round, u.node_id, "; ".join(diff))
-        self.echo_mismatches += self._last_mismatch
+        if not quiet:
+            self._last_mismatch = 0
+            for u in usable:
+                diff = mismatches(planned, u.applied)
+                if diff:
+                    self._last_mismatch += 1
+                    log.error("round %d: node %d applied other settings than sent (%s); accounting the least "
+                              "private values", server_round, u.node_id, "; ".join(diff))
+            self.echo_mismatches += self._last_mismatch
         worst, etas = reconcile(planned, [u.applied for u in usable], c.schedule, c.clipping == "per-sample")
         return RoundRecord(
             round=planned.round_index + 1, algorithm=c.algorithm, step_sizes=etas, clip_norm=worst.clip_norm,
@@ -331,6 +353,8 @@ class NoisyStrategyMixin:
         outcome = RoundOutcome(pending.record.round, pending.record, pending.report, merged, arrays)
         for reporter in self.reporters:
             reporter(outcome)
+        if self.diverged is not None:  # the round is recorded; the model it produced is not used
+            raise ModelNotFinite(self.diverged)
         return result
 
     def start(
