@@ -17,6 +17,8 @@ from fl_dp_flower.apps.client import app as client_app
 from fl_dp_flower.apps.server import LEDGER, SUMMARY, RunFailed
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.reporting import read_ledger
+from fl_dp_flower.reporting.ledger import line_hash
+from fl_dp_flower.reporting.verify import verify_ledger
 from fl_dp_flower.strategies import noisy
 from fl_dp_flower.strategies.screening import residual_threshold
 from fl_dp_flower.training.data import DEFAULT_DATA_SEED, load_partition
@@ -230,3 +232,24 @@ def test_planned_and_accounted_rounds_in_the_summary(tmp_path):
     assert (summary["planned_rounds"], summary["accounted_rounds"]) == (2, 2)
     replay = PrivacyAccountant.from_records(out.accountant.config, out.accountant.records)
     assert summary["final_report"]["certified"]["epsilon"] == replay.report().certified.epsilon
+
+
+def test_a_300_digit_count_in_a_ledger_is_not_accepted(tmp_path):
+    """A ledger written through the real writer, then its round line's num-examples made 300 digits
+    long (and the hash chain repaired): neither the reader nor `verify` accepts it."""
+    out, _ = run_local(tiny_config(tmp_path, **{"num-server-rounds": 1}))
+    path = out.run_dir / LEDGER
+    lines = path.read_bytes().splitlines()
+    at = next(i for i, raw in enumerate(lines) if json.loads(raw)["kind"] == "round")
+    entry = json.loads(lines[at])
+    entry["metrics"]["num-examples"] = 10**299
+    lines[at] = json.dumps(entry, separators=(",", ":")).encode()
+    for i in range(at + 1, len(lines)):  # re-chain the lines after it
+        nxt = json.loads(lines[i])
+        nxt["prev"] = line_hash(lines[i - 1])
+        lines[i] = json.dumps(nxt, separators=(",", ":")).encode()
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    with pytest.raises(ValueError, match=f"line {at + 1} is not a valid ledger entry"):
+        read_ledger(path)
+    result = verify_ledger(path)
+    assert not result.ok and result.failure_line == at + 1, result.failure

@@ -36,6 +36,7 @@ from fl_dp_flower.privacy.records import AccountantConfig, RoundRecord
 from fl_dp_flower.vocabulary import BOUND_NAMES
 
 from .ledger import ROUND_OPEN_EVENT, SCHEMAS, TORN_TAIL_EVENT, _decode, line_hash
+from .durable import load_json_line
 
 REL_TOL = 1e-9
 
@@ -115,7 +116,7 @@ def _verify(path: Path, data: bytes, v: Verification) -> Verification:
     parsed: list[dict[str, Any] | None] = []
     for raw in raw_lines:
         try:
-            entry = json.loads(raw.decode("utf-8"))
+            entry = load_json_line(raw)
             parsed.append(_decode(entry) if isinstance(entry, dict) else None)
         except (UnicodeDecodeError, json.JSONDecodeError):
             parsed.append(None)
