@@ -259,8 +259,8 @@ def weights_for(usable: list[Usable], weighting: str, examples_cap_ratio: float 
                 log.warning("node %d claims num-examples = %d, more than examples-cap-ratio = %g times the "
                             "round's median claim: weighted as %d", u.node_id, u.num_examples,
                             examples_cap_ratio, n)
-        total = math.fsum(counts)
-        return tuple(n / total for n in counts)
+        mass = math.fsum(counts)
+        return tuple(n / mass for n in counts)
     raise ValueError(f"weighting must be 'uniform' or 'examples', got {weighting!r}")
 
 

@@ -44,6 +44,7 @@ from scipy.stats import chi2
 
 from fl_dp_flower.privacy.records import check_prox
 from fl_dp_flower.privacy.schedules import step_sizes
+from fl_dp_flower.vocabulary import Schedule
 
 if TYPE_CHECKING:
     from fl_dp_flower.config import AppConfig
@@ -63,7 +64,7 @@ class ScreeningRules:
     """The round's plan and the knobs of the three checks (run-config keys in parentheses)."""
 
     planned: Applied
-    schedule: str
+    schedule: Schedule
     fedprox: bool
     smoothness: float
     per_sample: bool

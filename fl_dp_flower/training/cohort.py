@@ -153,10 +153,11 @@ def cohort_update(
     if any(m.noise_generator is None for m in members):
         raise ValueError("every member needs a noise_generator (or pass summed_noise)")
     for i, member in enumerate(members):
-        gen = member.noise_generator
+        source = member.noise_generator
+        assert source is not None  # checked above
         for n in noise_order:
             w = trained[i][n]
-            noisy = gaussian_noised(w, float(sigma), gen)
+            noisy = gaussian_noised(w, float(sigma), source)
             total[n] += noisy
             if kept is not None:
                 kept[n].append(noisy)
