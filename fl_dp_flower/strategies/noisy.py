@@ -6,7 +6,9 @@ Per round (``Strategy.start`` drives it):
    before anything is sent), sample exactly ``clients-per-round`` eligible nodes, add the
    ``dp.*`` keys (and FedProx's ``proximal-mu``) to the train ConfigRecord.
 2. ``aggregate_train``: screen replies (errors and malformed replies are dropped and logged
-   with the real node id), track node refusals, build the :class:`RoundRecord` of what
+   with the real node id; echoes outside the plan, uploads too far from the broadcast model or
+   with too little noise, duplicate partition ids and echoes the accountant cannot account are
+   dropped as refusals: :mod:`.screening`, :mod:`.guard`, docs/MATH.md §16), track node refusals, build the :class:`RoundRecord` of what
    *arrived* (node ids, weights, least private of planned vs echoed settings), the exact
    budget check on that record (threat models that see only global models), then aggregate
    with uniform weights (or by ``num-examples``), ``accountant.step(record)``, and merge
@@ -23,6 +25,9 @@ does not advance t (the next round retries the same schedule position).
 Under-quorum rounds (1 <= usable replies < ``min-replies``): the uploads were seen by the
 server, so the round is accounted with the clients that replied (conservative), but the
 global model is not updated.
+
+A non-finite aggregate (which screening makes impossible short of a bug) is not used: the round
+stays accounted and recorded, then :class:`ModelNotFinite` fails the run.
 
 Refusing nodes: a node that refuses (``Error`` reply from its guardrails or policy)
 ``max-node-refusals`` rounds in a row is no longer sampled (logged at ERROR, reported in
