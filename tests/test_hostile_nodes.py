@@ -230,6 +230,7 @@ def test_planned_and_accounted_rounds_in_the_summary(tmp_path):
     out, _ = run_local(tiny_config(tmp_path))
     summary = _summary(out)
     assert (summary["planned_rounds"], summary["accounted_rounds"]) == (2, 2)
+    assert "honest nodes" in summary["node_assumptions"][0] and "5.77 sigma" in summary["node_assumptions"][1]
     replay = PrivacyAccountant.from_records(out.accountant.config, out.accountant.records)
     assert summary["final_report"]["certified"]["epsilon"] == replay.report().certified.epsilon
 

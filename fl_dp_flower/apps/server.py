@@ -305,6 +305,16 @@ def _start_exporter(config: AppConfig) -> PrivacyMetricsExporter:
     return exporter
 
 
+def node_assumptions(config: AppConfig) -> list[str]:
+    """What every certified number assumes of the nodes and their sampler (printed with it)."""
+    return [
+        "honest nodes: every aggregated client ran the update it echoes and added its own N(0, sigma^2) "
+        f"(replies screened for it at noise-check-alpha = {config.noise_check_alpha:g}; docs/MATH.md §16)",
+        f"an exact Gaussian sampler (noise-mode = {config.noise_mode!r}: truncated at "
+        f"{'8.29' if config.noise_mode == 'secure' else '5.77'} sigma; docs/MATH.md §17)",
+    ]
+
+
 def _finish(config: AppConfig, run_dir: Path, ledger: PrivacyLedger, accountant: PrivacyAccountant,
             strategy: NoisyStrategyMixin, result: Result, seconds: float, failure: str | None = None) -> dict[str, Any]:
     """Final model, summary table, plot and summary.json."""
@@ -330,6 +340,7 @@ def _finish(config: AppConfig, run_dir: Path, ledger: PrivacyLedger, accountant:
         "final_accuracy": last_metrics.get("accuracy"),
         "final_loss": last_metrics.get("loss"),
         "echo_mismatches": strategy.echo_mismatches,
+        "node_assumptions": node_assumptions(config),
         "node_refusals": {str(n): r.to_dict() for n, r in sorted(strategy.refusals.items())},
         "excluded_nodes": {str(n): why for n, why in sorted(strategy.excluded_nodes.items())},
         "wall_seconds": seconds,
@@ -343,6 +354,7 @@ def _finish(config: AppConfig, run_dir: Path, ledger: PrivacyLedger, accountant:
     log.info("finished: %d of %d planned rounds accounted, certified epsilon %s (mu %s, %s) at delta %g%s",
              accountant.num_releases, config.num_server_rounds, cert["epsilon"], cert["mu"], cert["bound"],
              config.delta, f"; stopped: {strategy.stop_reason}" if strategy.stop_reason else "")
+    log.info("every bound assumes %s", "; ".join(summary["node_assumptions"]))
     if accountant.num_releases < config.num_server_rounds:
         log.warning("the run ends with %d of its %d planned rounds accounted%s", accountant.num_releases,
                     config.num_server_rounds, f" ({failure or strategy.stop_reason})"
