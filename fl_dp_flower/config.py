@@ -104,6 +104,14 @@ class AppConfig(BaseModel):
     target_epsilon: float = Field(0.0, ge=0)
     delta: float = Field(1e-5, gt=0, lt=1)
     threat_model: ThreatModel = "all-rounds"
+    colluding_clients: int = Field(
+        1, ge=0,
+        description="c, the participating clients (virtual clients in cohort mode) that collude with the "
+                    "adversary of the all-rounds and final-model bounds: 0 = an outside observer, 1 = any "
+                    "participating client (it knows its own upload and subtracts it from the average), "
+                    "clients-per-node = a node operator who knows its whole cohort. Per-round noise counts "
+                    "only the clients outside the coalition, sigma*sqrt(m - c)/m; a round with m <= c "
+                    "certifies local DP (docs/MATH.md §14.2a).")
     seed: int = Field(-1, ge=-1)
     noise_mode: NoiseMode = Field("standard", description=(
         "The clients' Gaussian sampler. 'standard': torch.randn in the weights' dtype from torch's "
@@ -208,6 +216,7 @@ class AppConfig(BaseModel):
             batch_size=self.batch_size,
             cyclic_c=self.cyclic_c if self.schedule == "cyclic" and self.cyclic_c > 0 else None,
             iterative_z=self.iterative_z if self.schedule == "iterative" and self.iterative_z > 0 else None,
+            colluders=self.colluding_clients,
         )
 
 
