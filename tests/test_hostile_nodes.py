@@ -192,6 +192,7 @@ def test_a_non_finite_global_model_fails_the_run_with_a_summary(tmp_path, monkey
     assert "non-finite" in summary["failure"]
     ledger = read_ledger(tmp_path / "run" / LEDGER)
     assert [r["round"] for r in ledger.rounds] == [1, 2] and ledger.open_round is None
+    assert [r["record"]["applied"] for r in ledger.rounds] == [True, False]  # out of the final-model bound
 
 
 # ------------------------------------------------------------------ 18.8 num-examples
