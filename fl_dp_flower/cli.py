@@ -3,7 +3,7 @@
 ``run`` runs the main job in Flower's simulation engine (:mod:`fl_dp_flower.launcher`);
 ``privacy`` prints every bound for a planned run of T identical rounds;
 ``calibrate`` finds the sigma that meets a target epsilon under a chosen bound;
-``audit`` attacks the worst-case canary and checks every bound (docs/audit.md);
+``audit`` attacks a canary run and checks every bound (docs/audit.md);
 ``sensitivity`` measures the real trainer's sensitivity against its bounds.
 Output is a table (rich) or JSON (``--json``). Bad input exits with status 2 and
 a message naming the flag and the allowed range. Defaults are shown in ``--help`` and
@@ -40,6 +40,7 @@ _FIELD_FLAGS = {
     "batch_size": "--batch-size",
     "cyclic_c": "--cyclic-c",
     "iterative_z": "--iterative-z",
+    "assume_smooth_losses": "--assume-smooth-losses",
     "colluders": "--colluding-clients",
 }
 
@@ -88,6 +89,10 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=_COUNT, default=None, help="B, mini-batch size (>= 1)")
     parser.add_argument("--per-sample-clipping", action="store_true", help="clip each sample's gradient (needs --batch-size)")
     parser.add_argument("--threat-model", choices=THREAT_MODELS, default="all-rounds")
+    parser.add_argument("--assume-smooth-losses", action="store_true",
+                        help="assert every (per-sample) loss is L-smooth with L = --smoothness (not true of "
+                             "ReLU/max-pool models); without it no L-dependent bound certifies; needed by "
+                             "--threat-model final-model")
     parser.add_argument("--colluding-clients", type=_number(int, 0, False), default=1,
                         help="c, participants colluding with the adversary (0 = outside observer, 1 = any "
                              "participant, who knows its own upload; docs/MATH.md §14.2a)")
@@ -107,6 +112,13 @@ def build_parser() -> argparse.ArgumentParser:
                                  formatter_class=formatter)
     verify.add_argument("ledger", help="path of a ledger.jsonl (or of its run folder)")
     verify.add_argument("--json", action="store_true", help="print JSON instead of text")
+    verify.add_argument("--expected-head", action="append", default=[], metavar="SHA256",
+                        help="the ledger head the run published (its log, summary.json 'ledger_head', Prometheus "
+                             "fl_dp_ledger_head_info), kept outside the run folder: the ledger must reach it "
+                             "(a cut tail fails). summary.json beside the ledger is checked too")
+    verify.add_argument("--live", action="store_true",
+                        help="the run is still running (or crashed and awaits its resume): a ledger without an end "
+                             "event is expected instead of failing as possibly cut")
     watch = commands.add_parser("watch", help="live view of a running or finished run, read from its ledger",
                                 formatter_class=formatter)
     watch.add_argument("run_dir", help="the run folder (<output-dir>/<run-name>) or its ledger.jsonl")
@@ -115,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     privacy = commands.add_parser("privacy", help="all privacy bounds of a planned run", formatter_class=formatter)
     _add_common(privacy)
     privacy.add_argument("--sigma", type=_POSITIVE, required=True, help="per-client noise std (> 0)")
-    audit = commands.add_parser("audit", help="attack the worst-case canary and check every printed bound",
+    audit = commands.add_parser("audit", help="attack a canary (linear or kink) and check every printed bound",
                                 formatter_class=formatter)
     _add_common(audit)
     audit.add_argument("--sigma", type=_POSITIVE, required=True, help="per-client noise std (> 0)")
@@ -126,6 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="confidence of the lower bounds and intervals, in (0, 1)")
     audit.add_argument("--plot", default=None, help="write the trade-off plot (PNG) to this path")
     audit.add_argument("--device", default="auto", help="torch device of the trials (auto: cuda if present)")
+    from .audit.commands import add_audit_arguments
+    add_audit_arguments(audit)
     sens = commands.add_parser("sensitivity", help="measured ||w_T - w'_T|| of the real trainer against its bounds",
                                formatter_class=formatter)
     from .audit.commands import add_sensitivity_arguments
@@ -138,10 +152,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _config(args: argparse.Namespace, parser: argparse.ArgumentParser, sigma: float) -> "AccountantConfig":
-    from .privacy.records import AccountantConfig
+    from .privacy.records import AccountantConfig, smoothness_problems
 
     if args.per_sample_clipping and args.batch_size is None:
         parser.error("--per-sample-clipping needs --batch-size (an integer >= 1)")
+    assume_smooth = bool(getattr(args, "assume_smooth_losses", False))
+    problems = smoothness_problems(args.threat_model, "per-sample" if args.per_sample_clipping else "per-batch",
+                                   args.local_steps, args.smoothness, assume_smooth)
+    if problems:
+        parser.error(_flagged("; ".join(problems)))
     try:
         return AccountantConfig(
             algorithm=args.algorithm, schedule=args.schedule, lr=args.lr, local_steps=args.local_steps,
@@ -149,6 +168,7 @@ def _config(args: argparse.Namespace, parser: argparse.ArgumentParser, sigma: fl
             prox_alpha=args.prox_alpha, delta=args.delta, threat_model=args.threat_model,
             clipping="per-sample" if args.per_sample_clipping else "per-batch",
             batch_size=args.batch_size, cyclic_c=args.cyclic_c, iterative_z=args.iterative_z,
+            assume_smooth_losses=assume_smooth,
             colluders=args.colluding_clients,
         )
     except ValueError as exc:
@@ -186,7 +206,7 @@ def _settings(args: argparse.Namespace) -> str:
 
 _THREAT_RULE = {
     "all-rounds": "composition (the adversary sees every global model)",
-    "final-model": "the smallest sound final-model bound",
+    "final-model": "the smallest certifiable final-model bound",
     "curious-server": "local_dp (the server sees every upload)",
 }
 
@@ -199,14 +219,20 @@ def _print_plan(result: dict[str, Any], args: argparse.Namespace) -> None:
                         f"sigma = {args.sigma:g})\n{_settings(args)}")
     for col in ("bound", "adversary sees", "mu (GDP)", "epsilon", "status"):
         table.add_column(col)
+    from .reporting.console import FINAL_MODEL_ASSUMES, add_remove_note, conditional_note
+
     for name, value in result["bounds"].items():
         status = "sound" if value["sound"] else "paper's stated bound - NOT a guarantee"
-        table.add_row(name, _ADVERSARY[name], _fmt(value["mu"]), _fmt(value["epsilon"]), status)
+        table.add_row(name, _ADVERSARY[name], _fmt(value["mu"]), _fmt(value["epsilon"]),
+                      status + conditional_note(value))
     cert = result["certified"]
     console = Console(width=None if sys.stdout.isatty() else 160)  # no wrapping when piped
     console.print(table)
+    assumes = conditional_note(cert) + (f", if {FINAL_MODEL_ASSUMES}" if args.threat_model == "final-model" else "")
     console.print(f"certified ({cert['bound']}, chosen by threat model {args.threat_model}: "
-                  f"{_THREAT_RULE[args.threat_model]}): mu = {_fmt(cert['mu'])}, epsilon = {_fmt(cert['epsilon'])}")
+                  f"{_THREAT_RULE[args.threat_model]}{assumes}): mu = {_fmt(cert['mu'])}, "
+                  f"epsilon = {_fmt(cert['epsilon'])} for {result['relation']} neighbours; "
+                  f"{add_remove_note(result)}")
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -222,7 +248,16 @@ def _verify(args: argparse.Namespace) -> int:
     if not path.is_file():
         print(f"fl-dp-flower verify: no ledger at {path}", file=sys.stderr)
         return 2
-    result = verify_ledger(path)
+    heads = {f"--expected-head #{n}": h for n, h in enumerate(args.expected_head, start=1)}
+    summary = path.parent / "summary.json"
+    if summary.is_file():
+        try:
+            published = json.loads(summary.read_text()).get("ledger_head")
+        except (OSError, ValueError, AttributeError):
+            published = None
+        if isinstance(published, str) and published:
+            heads[str(summary)] = published
+    result = verify_ledger(path, expected_heads=heads, live=args.live)
     if args.json:
         print(json.dumps(json_safe(result.to_dict()), indent=2, allow_nan=False))
         return 0 if result.ok else 1
@@ -232,8 +267,11 @@ def _verify(args: argparse.Namespace) -> int:
           f"{result.rounds_verified} rounds recomputed in {result.seconds:.2f} s")
     for note in result.notes:
         print(f"note: {note}")
+    for checked in result.heads_checked:
+        print(f"published head reached ({checked})")
     if result.ok:
-        print(f"OK: every recorded number follows from the recorded rounds; head {result.head or '-'}")
+        print(f"OK: every recorded number follows from the recorded rounds; head {result.head or '-'}"
+              + ("" if result.ended or not result.chained else " (no end event: the run is live)"))
         return 0
     print(f"FAILED at line {result.failure_line}: {result.failure}")
     return 1
@@ -278,7 +316,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         print(json.dumps(json_safe(result), indent=2, allow_nan=False))
     else:
-        status = "" if result["sound"] else "  (paper's stated bound - NOT a guarantee)"
+        from .reporting.console import conditional_note
+
+        status = ("" if result["sound"] else "  (paper's stated bound - NOT a guarantee)") + conditional_note(result)
         print(f"{_settings(args)}, threat model {args.threat_model}")
         print(f"sigma = {result['sigma']:.6g} gives {result['bound']}: mu = {_fmt(result['mu'])}, "
               f"epsilon = {_fmt(result['epsilon'])} at delta = {args.delta:g}{status}")

@@ -22,7 +22,7 @@ from typing import Any, Literal, Mapping, get_args, get_origin
 import annotated_types as at
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from .privacy.records import AccountantConfig
+from .privacy.records import SMOOTHNESS_FIELDS, AccountantConfig, smoothness_problems
 from .vocabulary import (Algorithm, Clipping, CohortNoise, Dataset, NoiseMode, Partitioning, Schedule, ThreatModel,
                          UnfinishedRoundPolicy, Weighting)
 from .privacy.terms import SCHEDULE_CONSTANTS, default_cyclic_c, default_iterative_z, resolve_constant
@@ -65,18 +65,25 @@ class AppConfig(BaseModel):
     sigma: float = Field(0.05, gt=0)
     prox_alpha: float = Field(0.0, ge=0)
     smoothness: float = Field(1.0, ge=0)
+    assume_smooth_losses: bool = Field(
+        False,
+        description="The operator's explicit assertion that every (per-sample) loss is L-smooth with "
+        "L = 'smoothness'. Without it no bound that rests on L certifies: per-sample clipping with "
+        "local-steps >= 2 is accounted at the clipping-only sensitivity (theta = 1), and the final-model "
+        "and paper bounds are reported as conditional on L-smooth losses. Required by threat-model "
+        "'final-model'. The shipped models (LeNet-5, ResNet-18: ReLU, max-pool) are not L-smooth.")
     cyclic_c: float = Field(0.0, ge=0)
     iterative_z: float = Field(0.0, ge=0)
     # --- federation
     num_server_rounds: int = Field(10, ge=1)
-    clients_per_round: int = Field(10, ge=1)
+    clients_per_round: int = Field(2, ge=1)
     clients_per_node: int = Field(1, ge=1)
     cohort_noise: CohortNoise = "summed"
     min_replies: int = Field(1, ge=1)
     round_timeout: float = Field(600.0, gt=0)
     weighting: Weighting = "uniform"
     max_node_refusals: int = Field(3, ge=1)
-    # --- screening of replies (strategies/screening.py, docs/MATH.md §16)
+    # --- screening of replies (strategies/screening.py, docs/MATH.md §17)
     echo_tolerance: float = Field(1.0, ge=1, description=(
         "Factor by which a reply's echoed settings (dp.sigma, dp.clip-norm, dp.lr, dp.local-steps, "
         "dp.batch-size, dp.prox-alpha) may differ from the plan and still be accepted; accepted "
@@ -118,7 +125,7 @@ class AppConfig(BaseModel):
         "MT19937 generator seeded from OS entropy (float32 normals from 24-bit uniforms, no value "
         "beyond about 5.77 sigma). 'secure': 53-bit uniforms from os.urandom through the inverse "
         "normal CDF in float64 (tails to about 8.29 sigma), added in float64 and rounded once; needs "
-        "seed = -1. docs/MATH.md §17 says what each certifies."))
+        "seed = -1. docs/MATH.md §18 says what each certifies."))
     output_dir: str = Field("outputs", min_length=1)
     run_name: str = Field("run", min_length=1, pattern=_RUN_NAME.pattern)
     resume: bool = False
@@ -164,6 +171,10 @@ class AppConfig(BaseModel):
                     f"'{key}' = {value!r}: must be 0 (use {constant.formula.split(' = ')[0]}) or >= {constant.formula} = "
                     f"{minimum:.6g} for 'local-steps' = {self.local_steps} (smaller constants give no valid bound)"
                 )
+        for problem in smoothness_problems(self.threat_model, self.clipping, self.local_steps, self.smoothness,
+                                           self.assume_smooth_losses):
+            problems.append(re.sub(rf"\b({'|'.join(SMOOTHNESS_FIELDS)})\b", lambda m: f"'{_dash(m.group(1))}'",
+                                   problem))
         if self.min_replies > self.clients_per_round:
             problems.append(
                 f"'min-replies' = {self.min_replies}: must be an integer in [1, 'clients-per-round' = "
@@ -216,6 +227,7 @@ class AppConfig(BaseModel):
             batch_size=self.batch_size,
             cyclic_c=self.cyclic_c if self.schedule == "cyclic" and self.cyclic_c > 0 else None,
             iterative_z=self.iterative_z if self.schedule == "iterative" and self.iterative_z > 0 else None,
+            assume_smooth_losses=self.assume_smooth_losses,
             colluders=self.colluding_clients,
         )
 

@@ -40,7 +40,9 @@ the final-model bound leaves it out). That is recorded in the ledger, and the ru
 Any refused resume writes nothing.
 
 A run that accounts no round (budget too small for any round, nothing left to resume) fails
-(:class:`RunFailed`) after writing its summary: it never ends as a success.
+(:class:`RunFailed`) after writing its summary: it never ends as a success. Every failure is
+logged at ERROR (what `flwr log` shows), a full disk as one message saying how to resume
+(:mod:`fl_dp_flower.apps.recovery`); a resume keeps the nodes excluded earlier in the run.
 """
 
 from __future__ import annotations
@@ -57,11 +59,14 @@ from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Result
 
+from fl_dp_flower.apps.recovery import RunFailed, logged_failures, restore_exclusions
 from fl_dp_flower.config import AppConfig, ConfigError
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
+from fl_dp_flower.privacy.bounds import smoothness_assumption
 from fl_dp_flower.reporting import PrivacyLedger, PrivacyMetricsExporter, plot_privacy_curve, render_summary
+from fl_dp_flower.reporting.console import FINAL_MODEL_ASSUMES, conditional_note
 from fl_dp_flower.reporting.durable import atomic_write, write_json
-from fl_dp_flower.reporting.ledger import NOT_APPLIED_EVENT, LedgerContents, round_records
+from fl_dp_flower.reporting.ledger import NOT_APPLIED_EVENT, LedgerContents, read_ledger, round_records
 from fl_dp_flower.reporting.logfilter import FlowerDumps
 from fl_dp_flower.reporting.rounds import RoundSink
 from fl_dp_flower.strategies import ModelNotFinite, NoisyStrategyMixin, NotEnoughNodes, make_strategy
@@ -81,10 +86,6 @@ STRATEGY_LOG = "flower-strategy.log"  # Flower's per-round MetricRecord dumps an
 app = ServerApp()
 
 
-class RunFailed(RuntimeError):
-    """The run did nothing it was asked to (no round accounted) or cannot safely continue."""
-
-
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Flower entry point: validate the run config (fails the run naming the key), then run.
@@ -100,7 +101,11 @@ def main(grid: Grid, context: Context) -> None:
         except ConfigError as err:
             log.error("%s", err)
             raise
-        run_server(grid, config, on_run_dir=lambda d: dumps.attach_file(d / STRATEGY_LOG))
+        try:
+            run_server(grid, config, on_run_dir=lambda d: dumps.attach_file(d / STRATEGY_LOG))
+        except FileExistsError as err:  # a second run with the same run-name: say why in `flwr log`
+            log.error("%s", err)
+            raise
     finally:
         dumps.detach_file()
 
@@ -124,6 +129,22 @@ def make_evaluate_fn(config: AppConfig):
         return MetricRecord({"accuracy": float(acc), "loss": float(loss)})
 
     return evaluate_fn
+
+
+def publishes_per_round_models(config: AppConfig) -> bool:
+    """Whether the run publishes model-derived per-round outputs (accuracy, loss, federated evaluation).
+
+    Not under the final-model threat model: its bound covers the released model only, so the run
+    evaluates that model once at the end and publishes nothing derived from the intermediate global
+    models (docs/MATH.md §15). Every sampled client still receives every global model: the bound assumes
+    that participants do not reveal them.
+    """
+    return config.threat_model != "final-model"
+
+
+def final_model_assumptions(config: AppConfig) -> list[str]:
+    """What a final-model certificate assumes, printed next to it."""
+    return [FINAL_MODEL_ASSUMES, smoothness_assumption(config.smoothness)]
 
 
 # ------------------------------------------------------------------ run
@@ -194,7 +215,7 @@ def _require_ledger(path: Path) -> None:
             "a new run."
         )
         log.error("%s", message)
-        raise RunFailed(message)
+        raise RunFailed(message, logged=True)
 
 
 def _checkpoint(run_dir: Path, contents: LedgerContents) -> tuple[int, ArrayRecord | None]:
@@ -239,7 +260,7 @@ def _unfinished_round(config: AppConfig, path: Path, contents: LedgerContents, c
             "applied: its aggregate was never saved or broadcast); do not edit the ledger or the checkpoint."
         )
         log.error("%s", message)
-        raise RunFailed(message)
+        raise RunFailed(message, logged=True)
     log.warning("round %d was broadcast but %s%s", open_round, how, where)
     if ckpt_round > open_round:
         raise RunFailed(f"cannot resume {path}: checkpoint round {ckpt_round} is ahead of the open round "
@@ -249,7 +270,14 @@ def _unfinished_round(config: AppConfig, path: Path, contents: LedgerContents, c
 
 def run_server(grid: Grid, config: AppConfig, *, fraction_evaluate: float = 0.0,
                on_run_dir: Callable[[Path], None] | None = None) -> ServerOutcome:
-    """Run the whole server side on ``grid``; returns the outcome after writing every output."""
+    """Run the whole server side on ``grid``; returns the outcome after writing every output.
+    A failure is logged at ERROR in one message, a full disk saying how to resume (:func:`logged_failures`)."""
+    with logged_failures((Path(config.output_dir).expanduser() / config.run_name).resolve()):
+        return _run_server(grid, config, fraction_evaluate, on_run_dir)
+
+
+def _run_server(grid: Grid, config: AppConfig, fraction_evaluate: float,
+                on_run_dir: Callable[[Path], None] | None) -> ServerOutcome:
     t0 = time.time()
     torch.set_num_threads(1)
     if config.seed >= 0:  # node sampling (random.sample) and model init become reproducible
@@ -274,20 +302,28 @@ def run_server(grid: Grid, config: AppConfig, *, fraction_evaluate: float = 0.0,
         sink = RoundSink(ledger, lambda round_, saved: atomic_torch_save(
                              {"round": round_, "state_dict": saved.to_torch_state_dict()}, run_dir / CHECKPOINT),
                          log, exporter, config.budget_epsilon)
-        strategy = make_strategy(config, accountant, reporters=[sink], fraction_evaluate=fraction_evaluate)
+        per_round_eval = publishes_per_round_models(config)
+        if not per_round_eval:
+            log.info("threat model 'final-model': no per-round evaluation is published (the bound covers only "
+                     "the released model, which is evaluated once at the end); it assumes %s",
+                     "; ".join(final_model_assumptions(config)))
+        strategy = make_strategy(config, accountant, reporters=[sink],
+                                 fraction_evaluate=fraction_evaluate if per_round_eval else 0.0)
         strategy.on_event = ledger.append_event
+        if config.resume:
+            restore_exclusions(strategy, read_ledger(run_dir / LEDGER).events)
         remaining = max(config.num_server_rounds - accountant.num_releases, 0)
         log.info("%s: %d rounds to run (%d already accounted)", type(strategy).__name__, remaining,
                  accountant.num_releases)
         try:
             result = strategy.start(grid=grid, initial_arrays=arrays, num_rounds=remaining,
-                                    evaluate_fn=make_evaluate_fn(config))
+                                    evaluate_fn=make_evaluate_fn(config) if per_round_eval else None)
         except (NotEnoughNodes, ModelNotFinite) as exc:
             log.error("%s", exc)
             ledger.append_event("failed", {"reason": str(exc), "rounds_accounted": accountant.num_releases})
             _finish(config, run_dir, ledger, accountant, strategy, strategy.partial_result(), time.time() - t0,
                     failure=str(exc))
-            raise RunFailed(str(exc)) from None
+            raise RunFailed(str(exc), logged=True) from None
         if strategy.stop_reason is not None:
             if exporter is not None:
                 exporter.mark_budget_exhausted()
@@ -296,11 +332,14 @@ def run_server(grid: Grid, config: AppConfig, *, fraction_evaluate: float = 0.0,
         trained = accountant.num_releases - accounted_before
         ledger.append_event("end", {"rounds_accounted": accountant.num_releases, "rounds_this_run": trained,
                                     "stopped_by_budget": strategy.stop_reason is not None})
+        if exporter is not None:
+            exporter.set_ledger_head(ledger.head_line_hash)
         summary = _finish(config, run_dir, ledger, accountant, strategy, result, time.time() - t0)
         if trained == 0:
-            why = strategy.stop_reason or (f"all {config.num_server_rounds} rounds were already accounted"
-                                           if remaining == 0 else "no round could be accounted")
-            raise RunFailed(f"the run accounted no round, so nothing was trained: {why}")
+            why = strategy.stop_reason or (f"all {config.num_server_rounds} rounds were already accounted (raise "
+                                           "num-server-rounds to train more)" if remaining == 0
+                                           else "no round could be accounted")
+            raise RunFailed(f"the run accounted no round, so nothing was trained: {why}")  # logged by run_server
         if exporter is not None and config.metrics_linger > 0:
             log.info("serving the final metrics on port %d for %.0f s (metrics-linger)",
                      exporter.port, config.metrics_linger)
@@ -331,9 +370,9 @@ def node_assumptions(config: AppConfig) -> list[str]:
     """What every certified number assumes of the nodes and their sampler (printed with it)."""
     return [
         "honest nodes: every aggregated client ran the update it echoes and added its own N(0, sigma^2) "
-        f"(replies screened for it at noise-check-alpha = {config.noise_check_alpha:g}; docs/MATH.md §16)",
+        f"(replies screened for it at noise-check-alpha = {config.noise_check_alpha:g}; docs/MATH.md §17)",
         f"an exact Gaussian sampler (noise-mode = {config.noise_mode!r}: truncated at "
-        f"{'8.29' if config.noise_mode == 'secure' else '5.77'} sigma; docs/MATH.md §17)",
+        f"{'8.29' if config.noise_mode == 'secure' else '5.77'} sigma; docs/MATH.md §18)",
     ]
 
 
@@ -348,7 +387,9 @@ def _finish(config: AppConfig, run_dir: Path, ledger: PrivacyLedger, accountant:
         log.info("\n%s", render_summary(history))
         plot = str(plot_privacy_curve(history, run_dir / PLOT, delta=config.delta))
     last_metrics = history[-1]["metrics"] if history else {}
-    summary = {
+    if not publishes_per_round_models(config):  # evaluate only the released model (docs/MATH.md §15)
+        last_metrics = dict(make_evaluate_fn(config)(accountant.num_releases, final))
+    summary: dict[str, Any] = {
         "run_dir": str(run_dir),
         "rounds_accounted": accountant.num_releases,
         "num_server_rounds": config.num_server_rounds,
@@ -359,6 +400,7 @@ def _finish(config: AppConfig, run_dir: Path, ledger: PrivacyLedger, accountant:
         "failure": failure,
         "target_epsilon": config.target_epsilon,
         "final_report": accountant.report().to_dict(),
+        "threat_model_assumes": final_model_assumptions(config) if config.threat_model == "final-model" else [],
         "final_accuracy": last_metrics.get("accuracy"),
         "final_loss": last_metrics.get("loss"),
         "echo_mismatches": strategy.echo_mismatches,
@@ -373,14 +415,20 @@ def _finish(config: AppConfig, run_dir: Path, ledger: PrivacyLedger, accountant:
     }
     write_json(run_dir / SUMMARY, summary)
     cert = summary["final_report"]["certified"]
-    log.info("finished: %d of %d planned rounds accounted, certified epsilon %s (mu %s, %s) at delta %g%s",
-             accountant.num_releases, config.num_server_rounds, cert["epsilon"], cert["mu"], cert["bound"],
-             config.delta, f"; stopped: {strategy.stop_reason}" if strategy.stop_reason else "")
+    add_remove = summary["final_report"]["add_remove"]
+    log.info("finished: %d of %d planned rounds accounted, certified epsilon %s (mu %s, %s, replace-one%s) at "
+             "delta %g; add/remove-one epsilon %s%s%s", accountant.num_releases, config.num_server_rounds,
+             cert["epsilon"], cert["mu"], cert["bound"], conditional_note(cert), config.delta, add_remove["epsilon"],
+             f"; final-model bound assumes {'; '.join(summary['threat_model_assumes'])}"
+             if summary["threat_model_assumes"] else "",
+             f"; stopped: {strategy.stop_reason}" if strategy.stop_reason else "")
     log.info("every bound assumes %s", "; ".join(summary["node_assumptions"]))
     if accountant.num_releases < config.num_server_rounds:
         log.warning("the run ends with %d of its %d planned rounds accounted%s", accountant.num_releases,
                     config.num_server_rounds, f" ({failure or strategy.stop_reason})"
                     if (failure or strategy.stop_reason) else "")
+    if summary["threat_model_assumes"]:
+        log.info("released model: accuracy %s, loss %s", summary["final_accuracy"], summary["final_loss"])
     log.info("ledger %s head (SHA-256 of its last line, for `fl-dp-flower verify`): %s",
              run_dir / LEDGER, ledger.head_line_hash)
     if strategy.excluded_nodes:

@@ -5,7 +5,7 @@
   the one-sample-of-one-client unit of every bound (a sample would sit in two clients). The
   first node to echo a partition id owns it for the run; a reply of another node echoing the
   same id is dropped as a refusal (so that node is excluded after ``max-node-refusals``). Only
-  a misconfiguration is caught: a hostile node can echo any id (docs/MATH.md §16).
+  a misconfiguration is caught: a hostile node can echo any id (docs/MATH.md §17).
 - **Accountant errors per reply**: a reply whose echoes (accepted within ``echo-tolerance``)
   make the round's terms fail (ValueError, OverflowError, any ArithmeticError) is dropped as a
   refusal, so no reply can fail the run. Replies echoing exactly the plan are never the cause

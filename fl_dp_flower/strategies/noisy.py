@@ -8,7 +8,7 @@ Per round (``Strategy.start`` drives it):
 2. ``aggregate_train``: screen replies (errors and malformed replies are dropped and logged
    with the real node id; echoes outside the plan, uploads too far from the broadcast model or
    with too little noise, duplicate partition ids and echoes the accountant cannot account are
-   dropped as refusals: :mod:`.screening`, :mod:`.guard`, docs/MATH.md §16), track node refusals, build the :class:`RoundRecord` of what
+   dropped as refusals: :mod:`.screening`, :mod:`.guard`, docs/MATH.md §17), track node refusals, build the :class:`RoundRecord` of what
    *arrived* (node ids, weights, least private of planned vs echoed settings), the exact
    budget check on that record (threat models that see only global models), then aggregate
    with uniform weights (or by ``num-examples``), ``accountant.step(record)``, and merge
@@ -61,6 +61,7 @@ from fl_dp_flower.reporting.rounds import RoundOutcome, dp_metrics
 
 from .budget import BudgetExhausted, check_before_broadcast, check_replies
 from .guard import ReplyGuard, all_finite
+from .nodes import warn_until_enough_nodes
 from .replies import (Applied, average_arrays, average_metrics, member_id, mismatches, reconcile, screen,
                       weights_for)
 from .screening import rules_for
@@ -222,6 +223,7 @@ class NoisyStrategyMixin:
         """
         c = self.dp_config
         cpn = c.clients_per_node
+        warn_until_enough_nodes(grid, self.min_available_nodes, c)
         _, available = sample_nodes(grid, self.min_available_nodes, self.min_available_nodes)  # waits
         excluded = self.excluded_nodes
         eligible = sorted(n for n in available if n not in excluded)

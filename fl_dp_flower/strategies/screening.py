@@ -26,7 +26,7 @@
    no noise (or much less than it claims) has E close to ``lambda / d``, far below 1, and is
    caught. The check cannot catch noise a little below the claimed sigma (the threshold for
    d = 61,706 and alpha = 1e-9 is E >= 0.966, so a node adding 0.98 sigma passes), and it is
-   weak for small d (the chi2_d quantile spreads as sqrt(2/d)). docs/MATH.md §16 states the
+   weak for small d (the chi2_d quantile spreads as sqrt(2/d)). docs/MATH.md §17 states the
    honest-node assumption every bound rests on.
 """
 

@@ -10,7 +10,7 @@ reproducible -- useful for experiments, never for real privacy (whoever knows th
 the noise). torch's generators are not cryptographically secure PRNGs; the OS-entropy seed only
 ensures that the seed itself is unpredictable.
 
-Two samplers (run config ``noise-mode``; docs/MATH.md §17 says what each certifies):
+Two samplers (run config ``noise-mode``; docs/MATH.md §18 says what each certifies):
 
 - ``standard`` (a ``torch.Generator``): ``torch.randn`` in the tensor's dtype. For float32 that
   is Box-Muller on 24-bit uniforms from MT19937: no draw beyond about 5.77 sigma, values on a
