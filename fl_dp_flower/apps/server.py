@@ -60,11 +60,11 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Result
 
 from fl_dp_flower.apps.recovery import RunFailed, logged_failures, restore_exclusions
+from fl_dp_flower.apps.threat import final_model_assumptions, node_assumptions, publishes_per_round_models
 from fl_dp_flower.config import AppConfig, ConfigError
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
-from fl_dp_flower.privacy.bounds import smoothness_assumption
 from fl_dp_flower.reporting import PrivacyLedger, PrivacyMetricsExporter, plot_privacy_curve, render_summary
-from fl_dp_flower.reporting.console import FINAL_MODEL_ASSUMES, conditional_note
+from fl_dp_flower.reporting.console import conditional_note
 from fl_dp_flower.reporting.durable import atomic_write, write_json
 from fl_dp_flower.reporting.ledger import NOT_APPLIED_EVENT, LedgerContents, read_ledger, round_records
 from fl_dp_flower.reporting.logfilter import FlowerDumps
@@ -129,22 +129,6 @@ def make_evaluate_fn(config: AppConfig):
         return MetricRecord({"accuracy": float(acc), "loss": float(loss)})
 
     return evaluate_fn
-
-
-def publishes_per_round_models(config: AppConfig) -> bool:
-    """Whether the run publishes model-derived per-round outputs (accuracy, loss, federated evaluation).
-
-    Not under the final-model threat model: its bound covers the released model only, so the run
-    evaluates that model once at the end and publishes nothing derived from the intermediate global
-    models (docs/MATH.md §15). Every sampled client still receives every global model: the bound assumes
-    that participants do not reveal them.
-    """
-    return config.threat_model != "final-model"
-
-
-def final_model_assumptions(config: AppConfig) -> list[str]:
-    """What a final-model certificate assumes, printed next to it."""
-    return [FINAL_MODEL_ASSUMES, smoothness_assumption(config.smoothness)]
 
 
 # ------------------------------------------------------------------ run
@@ -303,10 +287,8 @@ def _run_server(grid: Grid, config: AppConfig, fraction_evaluate: float,
                              {"round": round_, "state_dict": saved.to_torch_state_dict()}, run_dir / CHECKPOINT),
                          log, exporter, config.budget_epsilon)
         per_round_eval = publishes_per_round_models(config)
-        if not per_round_eval:
-            log.info("threat model 'final-model': no per-round evaluation is published (the bound covers only "
-                     "the released model, which is evaluated once at the end); it assumes %s",
-                     "; ".join(final_model_assumptions(config)))
+        if not per_round_eval:  # docs/MATH.md §15
+            log.info("final-model: no per-round evaluation is published; the released model is evaluated at the end")
         strategy = make_strategy(config, accountant, reporters=[sink],
                                  fraction_evaluate=fraction_evaluate if per_round_eval else 0.0)
         strategy.on_event = ledger.append_event
@@ -366,16 +348,6 @@ def _start_exporter(config: AppConfig) -> PrivacyMetricsExporter:
     return exporter
 
 
-def node_assumptions(config: AppConfig) -> list[str]:
-    """What every certified number assumes of the nodes and their sampler (printed with it)."""
-    return [
-        "honest nodes: every aggregated client ran the update it echoes and added its own N(0, sigma^2) "
-        f"(replies screened for it at noise-check-alpha = {config.noise_check_alpha:g}; docs/MATH.md §17)",
-        f"an exact Gaussian sampler (noise-mode = {config.noise_mode!r}: truncated at "
-        f"{'8.29' if config.noise_mode == 'secure' else '5.77'} sigma; docs/MATH.md §18)",
-    ]
-
-
 def _finish(config: AppConfig, run_dir: Path, ledger: PrivacyLedger, accountant: PrivacyAccountant,
             strategy: NoisyStrategyMixin, result: Result, seconds: float, failure: str | None = None) -> dict[str, Any]:
     """Final model, summary table, plot and summary.json."""
@@ -414,21 +386,18 @@ def _finish(config: AppConfig, run_dir: Path, ledger: PrivacyLedger, accountant:
         "accountant_config": accountant.config.to_dict(),
     }
     write_json(run_dir / SUMMARY, summary)
-    cert = summary["final_report"]["certified"]
-    add_remove = summary["final_report"]["add_remove"]
+    cert, assumes = summary["final_report"]["certified"], summary["threat_model_assumes"]
     log.info("finished: %d of %d planned rounds accounted, certified epsilon %s (mu %s, %s, replace-one%s) at "
              "delta %g; add/remove-one epsilon %s%s%s", accountant.num_releases, config.num_server_rounds,
-             cert["epsilon"], cert["mu"], cert["bound"], conditional_note(cert), config.delta, add_remove["epsilon"],
-             f"; final-model bound assumes {'; '.join(summary['threat_model_assumes'])}"
-             if summary["threat_model_assumes"] else "",
-             f"; stopped: {strategy.stop_reason}" if strategy.stop_reason else "")
+             cert["epsilon"], cert["mu"], cert["bound"], conditional_note(cert), config.delta,
+             summary["final_report"]["add_remove"]["epsilon"],
+             f"; final-model bound assumes {'; '.join(assumes)}; released model accuracy {summary['final_accuracy']}"
+             if assumes else "", f"; stopped: {strategy.stop_reason}" if strategy.stop_reason else "")
     log.info("every bound assumes %s", "; ".join(summary["node_assumptions"]))
     if accountant.num_releases < config.num_server_rounds:
         log.warning("the run ends with %d of its %d planned rounds accounted%s", accountant.num_releases,
                     config.num_server_rounds, f" ({failure or strategy.stop_reason})"
                     if (failure or strategy.stop_reason) else "")
-    if summary["threat_model_assumes"]:
-        log.info("released model: accuracy %s, loss %s", summary["final_accuracy"], summary["final_loss"])
     log.info("ledger %s head (SHA-256 of its last line, for `fl-dp-flower verify`): %s",
              run_dir / LEDGER, ledger.head_line_hash)
     if strategy.excluded_nodes:
