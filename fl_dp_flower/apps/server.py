@@ -101,11 +101,7 @@ def main(grid: Grid, context: Context) -> None:
         except ConfigError as err:
             log.error("%s", err)
             raise
-        try:
-            run_server(grid, config, on_run_dir=lambda d: dumps.attach_file(d / STRATEGY_LOG))
-        except FileExistsError as err:  # a second run with the same run-name: say why in `flwr log`
-            log.error("%s", err)
-            raise
+        run_server(grid, config, on_run_dir=lambda d: dumps.attach_file(d / STRATEGY_LOG))
     finally:
         dumps.detach_file()
 
