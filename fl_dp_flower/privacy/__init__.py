@@ -1,8 +1,9 @@
 """Privacy math and accounting. Imports numpy/scipy only (no torch, no flwr, no pydantic).
 
 Submodules: ``validate`` (argument checks), ``schedules`` (step sizes), ``records`` (validated
-inputs), ``gdp`` (Gaussian-DP numerics), ``terms`` (per-round sensitivities), ``bounds`` (the
-four bounds and the certified rule), ``accountant`` (the stateful accountant), ``planning``
+inputs), ``gdp`` (Gaussian-DP numerics), ``terms`` / ``planned_terms`` (per-round sensitivities,
+recorded / planned), ``bounds`` (composition, local DP, the certified rule), ``closed_forms``,
+``final_model``, ``planned_bounds`` (the other bounds), ``accountant`` (the stateful accountant), ``planning``
 (planned runs, calibration). The math is in docs/MATH.md.
 """
 

@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from . import gdp
-from .bounds import (RELATION, BoundValue, OnlineFinalModel, add_remove_certified, bound_assumptions,
-                     certified_bound, paper_is_sound, paper_mu)
+from .bounds import RELATION, BoundValue, add_remove_certified, bound_assumptions, certified_bound, paper_is_sound
+from .closed_forms import paper_mu
+from .final_model import OnlineFinalModel
 from .records import BOUND_NAMES, AccountantConfig, RoundRecord
 from .schedules import step_sizes
 from .terms import RoundTerms, round_terms

@@ -3,7 +3,7 @@ that meets a target (epsilon, delta) after T rounds.
 
 Planning evaluates T identical planned rounds. The certified bounds (composition, final model,
 local DP) use the exact per-round terms the accountant computes for those rounds
-(:func:`terms.bound_terms`), so the planner and the accountant agree on a run that goes as
+(:func:`planned_terms.bound_terms`), so the planner and the accountant agree on a run that goes as
 planned; the paper's closed form keeps its Table 2 terms (docs/MATH.md §4, §13). Every bound here is proportional to 1/sigma, so calibration
 is exact: sigma = sigma_0 * mu(sigma_0) / mu*, with mu* the largest mu meeting the
 target (docs/MATH.md §9.2).
@@ -24,8 +24,8 @@ from .bounds import (
     bound_assumptions,
     certified_bound,
     paper_is_sound,
-    planned_bounds,
 )
+from .planned_bounds import planned_bounds
 from .records import BOUND_CHOICES, BOUND_NAMES, AccountantConfig, BoundChoice
 from .terms import drift_bound_allowed
 from .validate import int_at_least
