@@ -24,8 +24,9 @@ import math
 import time
 
 from fl_dp_flower.privacy import AccountantConfig, Budget, PrivacyAccountant
-from fl_dp_flower.privacy.bounds import final_model_mu, planned_curve
-from fl_dp_flower.privacy.terms import planned_terms
+from fl_dp_flower.privacy.final_model import final_model_mu
+from fl_dp_flower.privacy.planned_bounds import planned_curve
+from fl_dp_flower.privacy.planned_terms import planned_terms
 
 DELTA = 1e-5
 

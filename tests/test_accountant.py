@@ -76,7 +76,8 @@ def test_replay_of_many_heterogeneous_rounds_equals_the_array_bounds():
     equals the array computation whose reference values tests/test_bounds.py pins."""
     import numpy as np
 
-    from fl_dp_flower.privacy.bounds import composition_mu, final_model_mu
+    from fl_dp_flower.privacy.bounds import composition_mu
+    from fl_dp_flower.privacy.final_model import final_model_mu
 
     T = 20_000
     cfg = _config()
@@ -92,7 +93,8 @@ def test_replay_of_many_heterogeneous_rounds_equals_the_array_bounds():
 def test_iterative_record_based_terms_spec_example():
     """docs/MATH.md §14.3's iterative example through the accountant equals the record-term bounds
     (whose reference values tests/test_bounds.py pins)."""
-    from fl_dp_flower.privacy.bounds import composition_mu, final_model_mu
+    from fl_dp_flower.privacy.bounds import composition_mu
+    from fl_dp_flower.privacy.final_model import final_model_mu
     from fl_dp_flower.privacy.terms import round_terms
 
     cfg = _config(schedule="iterative", threat_model="final-model", assume_smooth_losses=True)
@@ -350,7 +352,7 @@ def test_colluders_with_weights_against_every_coalition_and_target(weights, c):
 @pytest.mark.parametrize("schedule", ["constant", "stage"])  # (ID: Table 2 terms differ from the exact ones)
 @pytest.mark.parametrize("c", [0, 1, 4])
 def test_planned_bounds_equal_the_accountant_with_colluders(schedule, c):
-    from fl_dp_flower.privacy.bounds import planned_bounds
+    from fl_dp_flower.privacy.planned_bounds import planned_bounds
 
     cfg = _config(schedule=schedule, clients=5, colluders=c, threat_model="final-model")
     acct = PrivacyAccountant(cfg)

@@ -9,7 +9,8 @@ import sys
 import pytest
 
 PRIVACY = [f"fl_dp_flower.privacy.{m}" for m in
-           ("schedules", "records", "gdp", "terms", "bounds", "accountant", "planning")]
+           ("schedules", "records", "gdp", "terms", "planned_terms", "bounds", "closed_forms", "final_model",
+            "planned_bounds", "accountant", "planning")]
 REPORTING = [f"fl_dp_flower.reporting.{m}" for m in ("ledger", "console", "prometheus", "plot", "durable",
                                                                 "logfilter")]
 

@@ -12,22 +12,14 @@ import numpy as np
 import pytest
 from scipy.optimize import minimize
 
-from fl_dp_flower.privacy import bounds as bounds_mod
-from fl_dp_flower.privacy.bounds import (
-    BOUND_KEYS,
-    OnlineFinalModel,
-    cauchy_schwarz_mu,
-    composition_mu,
-    final_model_mu,
-    local_dp_mu,
-    paper_is_sound,
-    paper_mu,
-    planned_bounds,
-    planned_curve,
-    tanh_ratio,
-)
+from fl_dp_flower.privacy import planned_bounds as bounds_mod
+from fl_dp_flower.privacy.bounds import BOUND_KEYS, composition_mu, local_dp_mu, paper_is_sound
+from fl_dp_flower.privacy.closed_forms import paper_mu, tanh_ratio
+from fl_dp_flower.privacy.final_model import OnlineFinalModel, cauchy_schwarz_mu, final_model_mu
+from fl_dp_flower.privacy.planned_bounds import planned_bounds, planned_curve
+from fl_dp_flower.privacy.planned_terms import bound_terms, planned_terms, planned_theta
 from fl_dp_flower.privacy.records import AccountantConfig, RoundRecord
-from fl_dp_flower.privacy.terms import bound_terms, planned_terms, planned_theta, round_terms
+from fl_dp_flower.privacy.terms import round_terms
 
 # colluders=0: the reference tables (SPEC §6-§14) are for an outside observer; the participant's
 # view (c >= 1, SPEC §14.2a) has its own tests (test_colluders_*).

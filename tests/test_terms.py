@@ -18,10 +18,9 @@ from fl_dp_flower.privacy.terms import (
     drift_kappa,
     harmonic,
     per_sample_theta,
-    planned_terms,
-    planned_theta,
     round_terms,
 )
+from fl_dp_flower.privacy.planned_terms import planned_terms, planned_theta
 
 BASE = dict(lr=0.1, smoothness=1.0, local_steps=5, clients=20, sigma=1.0, clip_norm=1.0)
 
