@@ -22,7 +22,9 @@ from typing import Any, Literal, Mapping, get_args, get_origin
 import annotated_types as at
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from .privacy.accountant import Budget
 from .privacy.records import AccountantConfig
+from .settings import DPSettings, FederationSettings
 from .vocabulary import (Algorithm, Clipping, CohortNoise, Dataset, Partitioning, Schedule, ThreatModel,
                          UnfinishedRoundPolicy, Weighting)
 from .privacy.terms import SCHEDULE_CONSTANTS, default_cyclic_c, default_iterative_z, resolve_constant
@@ -163,6 +165,24 @@ class AppConfig(BaseModel):
     def to_run_config(self) -> dict[str, Any]:
         """The configuration in run-config form (dash keys)."""
         return self.model_dump(by_alias=True)
+
+    def dp_settings(self) -> DPSettings:
+        """What every client does (the library's :class:`DPSettings`)."""
+        return DPSettings(sigma=self.sigma, clip_norm=self.clip_norm, local_steps=self.local_steps,
+                          batch_size=self.batch_size, lr=self.lr, schedule=self.schedule, clipping=self.clipping,
+                          algorithm=self.algorithm, prox_alpha=self.prox_alpha, seed=self.seed)
+
+    def federation_settings(self) -> FederationSettings:
+        """How the server runs rounds (the library's :class:`FederationSettings`)."""
+        return FederationSettings(
+            clients_per_round=self.clients_per_round, min_replies=self.min_replies,
+            clients_per_node=self.clients_per_node, num_server_rounds=self.num_server_rounds,
+            round_timeout=self.round_timeout, weighting=self.weighting, max_node_refusals=self.max_node_refusals,
+            seed=self.seed)
+
+    def budget(self) -> Budget | None:
+        """The (target-epsilon, delta) budget, or None when ``target-epsilon`` is 0."""
+        return Budget(self.target_epsilon, self.delta) if self.target_epsilon > 0 else None
 
     def accountant_config(self) -> AccountantConfig:
         """The planned run as the accountant sees it (m = ``clients-per-round``)."""

@@ -252,8 +252,7 @@ def run_server(grid: Grid, config: AppConfig, *, fraction_evaluate: float = 0.0,
         sink = RoundSink(ledger, lambda round_, saved: atomic_torch_save(
                              {"round": round_, "state_dict": saved.to_torch_state_dict()}, run_dir / CHECKPOINT),
                          log, exporter, config.budget_epsilon)
-        strategy = make_strategy(config, accountant, reporters=[sink], fraction_evaluate=fraction_evaluate)
-        strategy.on_event = ledger.append_event
+        strategy = make_strategy(config, accountant, sinks=[sink], fraction_evaluate=fraction_evaluate)
         remaining = max(config.num_server_rounds - accountant.num_releases, 0)
         log.info("%s: %d rounds to run (%d already accounted)", type(strategy).__name__, remaining,
                  accountant.num_releases)

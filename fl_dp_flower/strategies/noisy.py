@@ -11,9 +11,15 @@ Per round (``Strategy.start`` drives it):
    budget check on that record (threat models that see only global models), then aggregate
    with uniform weights (or by ``num-examples``), ``accountant.step(record)``, and merge
    ``dp-*`` numbers into the metrics.
-3. after central evaluation (the wrapped ``evaluate_fn``): call the reporters
-   ``on_round(round, record, report, metrics)`` in order (the ServerApp wires ledger ->
-   checkpoint -> log line -> Prometheus), then the next round is broadcast.
+3. after central evaluation (the wrapped ``evaluate_fn``): hand each sink the closed round
+   (``on_round(RoundOutcome)``, in order: the ServerApp wires ledger -> checkpoint -> log line ->
+   Prometheus), then the next round is broadcast. Ledger events (``round-open`` write-ahead,
+   ``round-void``, ``node-excluded``) go to the same sinks' ``on_event``.
+
+Construction (library use): ``NoisyFedAvg(DPSettings(...), accountant, federation=...,
+budget=..., sinks=[...])`` with any initial ``ArrayRecord`` in any ServerApp; the accountant's
+plan must match the settings (checked, naming the differing field). The reference app builds the
+same objects from its run config (:func:`make_strategy`).
 
 Round numbering: the schedule index t (``dp.round-index``, 0-based) is the number of rounds
 accounted so far, so after a resume it continues from the ledger; the record's ``round`` is
@@ -45,11 +51,12 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, FedProx, Result
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
+from fl_dp_flower import protocol
 from fl_dp_flower.config import AppConfig
-from fl_dp_flower.privacy.accountant import Budget, PrivacyAccountant, PrivacyReport
+from fl_dp_flower.privacy.accountant import Budget, PrivacyAccountant, PrivacyReport, PrivacySpent
 from fl_dp_flower.privacy.records import RoundRecord
-
-from fl_dp_flower.reporting.rounds import RoundOutcome, dp_metrics
+from fl_dp_flower.reporting.rounds import PrivacySink, RoundOutcome, dp_metrics
+from fl_dp_flower.settings import DPSettings, FederationSettings
 
 from .budget import BudgetExhausted, check_before_broadcast, check_replies
 from .replies import (Applied, average_arrays, average_metrics, member_id, mismatches, reconcile, screen,
@@ -57,7 +64,6 @@ from .replies import (Applied, average_arrays, average_metrics, member_id, misma
 
 log = logging.getLogger("flwr").getChild(__name__)  # Flower's handlers: shows in `flwr log`
 
-Reporter = Callable[[RoundOutcome], None]
 EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
 
 
@@ -101,19 +107,31 @@ class NoisyStrategyMixin:
     configrecord_key: str
     min_available_nodes: int
 
-    def _init_dp(self, config: AppConfig, accountant: PrivacyAccountant, reporters: Sequence[Any]) -> None:
-        if accountant.config != config.accountant_config():
-            raise ValueError("the accountant's configuration does not match the app config")
-        self.dp_config = config
+    def _init_dp(self, settings: DPSettings, accountant: PrivacyAccountant, federation: FederationSettings,
+                 budget: Budget | None, sinks: Sequence[PrivacySink], app_config: AppConfig | None) -> None:
+        if not isinstance(settings, DPSettings):
+            raise TypeError(f"settings must be a DPSettings, got {type(settings).__name__}")
+        if not isinstance(federation, FederationSettings):
+            raise TypeError(f"federation must be a FederationSettings, got {type(federation).__name__}")
+        if not isinstance(accountant, PrivacyAccountant):
+            raise TypeError(f"accountant must be a fl_dp_flower PrivacyAccountant, got {type(accountant).__name__}")
+        settings.check_accountant(accountant.config, federation.clients_per_round)
+        if budget is not None and not isinstance(budget, Budget):
+            raise TypeError(f"budget must be a Budget or None, got {type(budget).__name__}")
+        for sink in sinks:
+            if not isinstance(sink, PrivacySink):
+                raise TypeError(f"sink {sink!r} lacks on_event(kind, data) / on_round(outcome) (PrivacySink)")
+        self.settings = settings
+        self.federation = federation
+        self.dp_config = app_config  # the reference app's run config (None in library use)
         self.accountant = accountant
-        self.reporters: list[Reporter] = list(reporters)
-        self.budget = Budget(config.target_epsilon, config.delta) if config.target_epsilon > 0 else None
+        self.sinks: list[PrivacySink] = list(sinks)
+        self.budget = budget
         self.global_arrays: ArrayRecord | None = None
         self.stop_reason: str | None = None
         self.echo_mismatches = 0
         self._last_mismatch = 0
         self.refusals: dict[int, NodeRefusals] = {}
-        self.on_event: Callable[[str, dict[str, Any]], None] | None = None  # ledger events (ServerApp)
         self._round: PendingRound | None = None
         self._train_metrics: dict[int, MetricRecord] = {}  # the Result so far, per server round
         self._eval_metrics: dict[int, MetricRecord] = {}
@@ -124,29 +142,29 @@ class NoisyStrategyMixin:
         """0-based schedule index t of the next round (= rounds accounted so far)."""
         return self.accountant.num_releases
 
+    def privacy_spent(self, delta: float | None = None) -> PrivacySpent:
+        """Cumulative certified spend (like Flower's DP wrappers' ``privacy_spent()``)."""
+        return self.accountant.get_privacy_spent(delta)
+
     def planned(self, t: int) -> Applied:
-        c = self.dp_config
+        c = self.settings
         return Applied(
             sigma=c.sigma, clip_norm=c.clip_norm, local_steps=c.local_steps, lr=c.lr, round_index=t,
-            batch_size=c.batch_size, prox_alpha=c.prox_alpha if c.algorithm == "fedprox" else None,
+            batch_size=c.batch_size, prox_alpha=c.fedprox_alpha,
+        )
+
+    def instruction(self, t: int) -> protocol.TrainInstruction:
+        """The train instruction of schedule index ``t``."""
+        c = self.settings
+        return protocol.TrainInstruction(
+            round_index=t, algorithm=c.algorithm, schedule=c.schedule, lr=c.lr, local_steps=c.local_steps,
+            clip_norm=c.clip_norm, sigma=c.sigma, clipping=c.clipping, batch_size=c.batch_size,
+            prox_alpha=c.prox_alpha if c.algorithm == "fedprox" else 0.0, seed=c.seed,
         )
 
     def train_settings(self, t: int) -> dict[str, Any]:
         """The contract's ``dp.*`` train keys for schedule index ``t``."""
-        c = self.dp_config
-        return {
-            "dp.round-index": t,
-            "dp.algorithm": c.algorithm,
-            "dp.schedule": c.schedule,
-            "dp.lr": float(c.lr),
-            "dp.local-steps": int(c.local_steps),
-            "dp.clip-norm": float(c.clip_norm),
-            "dp.sigma": float(c.sigma),
-            "dp.clipping": c.clipping,
-            "dp.batch-size": int(c.batch_size),
-            "dp.prox-alpha": float(c.prox_alpha) if c.algorithm == "fedprox" else 0.0,
-            "dp.seed": int(c.seed),
-        }
+        return self.instruction(t).to_config()
 
     # ------------------------------------------------------------------ training
     def configure_train(
@@ -156,9 +174,8 @@ class NoisyStrategyMixin:
         if self.budget is not None:
             check_before_broadcast(self.accountant, self.budget)
         t = self.round_index
-        c = self.dp_config
         slots, available = self._sample(grid, t)
-        members = sorted(member_id(n, j, c.clients_per_node) for n, js in slots.items() for j in js) \
+        members = sorted(member_id(n, j, self.federation.clients_per_node) for n, js in slots.items() for j in js) \
             if self.cohort else sorted(slots)
         log.info("round %d (t=%d): sampled %d clients on %d of %d nodes", server_round, t, len(members),
                  len(slots), len(available))
@@ -174,7 +191,7 @@ class NoisyStrategyMixin:
             node_config = base
             if self.cohort:  # each node trains the virtual clients sampled on it
                 node_config = ConfigRecord(dict(base))
-                node_config["dp.members"] = list(js)
+                node_config[protocol.MEMBERS] = list(js)
             record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: node_config})
             messages.append(Message(content=record, dst_node_id=node, message_type=MessageType.TRAIN))
         # the Grid sets each message's id when it pushes it: kept to name the node of an error reply
@@ -185,7 +202,7 @@ class NoisyStrategyMixin:
     @property
     def cohort(self) -> bool:
         """Cohort mode: every node stands for ``clients-per-node`` virtual clients."""
-        return self.dp_config.clients_per_node > 1
+        return self.federation.clients_per_node > 1
 
     @property
     def excluded_nodes(self) -> dict[int, str]:
@@ -201,7 +218,7 @@ class NoisyStrategyMixin:
         With ``seed`` >= 0 the sample is a function of (seed, t, exclusions) only, so a resumed
         run samples like an uninterrupted one; otherwise it uses OS entropy.
         """
-        c = self.dp_config
+        c = self.federation
         cpn = c.clients_per_node
         _, available = sample_nodes(grid, self.min_available_nodes, self.min_available_nodes)  # waits
         excluded = self.excluded_nodes
@@ -224,15 +241,15 @@ class NoisyStrategyMixin:
         return {n: tuple(js) for n, js in slots.items()}, available
 
     def _event(self, kind: str, data: dict[str, Any]) -> None:
-        if self.on_event is not None:
-            self.on_event(kind, data)
+        for sink in self.sinks:
+            sink.on_event(kind, data)
 
     def _track_refusals(self, server_round: int, usable: list, dropped: list[tuple[int, str, bool]]) -> None:
         """Count consecutive refusals per node; exclude a node after ``max-node-refusals``."""
         for u in usable:
             if u.node_id in self.refusals:
                 self.refusals[u.node_id].consecutive = 0
-        limit = self.dp_config.max_node_refusals
+        limit = self.federation.max_node_refusals
         for node, reason, refused in dropped:
             if not refused:
                 continue
@@ -258,8 +275,8 @@ class NoisyStrategyMixin:
         asked = {m.metadata.dst_node_id: m.metadata.message_id for m in pending.sent}
         usable, dropped = screen(
             list(replies), asked=asked, reference=reference, arrays_key=self.arrayrecord_key,
-            fedprox=self.dp_config.algorithm == "fedprox", slots=pending.slots,
-            clients_per_node=self.dp_config.clients_per_node,
+            fedprox=self.settings.algorithm == "fedprox", slots=pending.slots,
+            clients_per_node=self.federation.clients_per_node,
         )
         for node, reason, refused in dropped:
             log.warning("round %d: dropped reply of node %d: %s%s", server_round, node, reason,
@@ -273,7 +290,7 @@ class NoisyStrategyMixin:
             self._event("round-void", {"round": planned.round_index + 1, "reason": "no usable reply"})
             return None, None
 
-        weights = weights_for(usable, self.dp_config.weighting)
+        weights = weights_for(usable, self.federation.weighting)
         record = self._record(server_round, planned, usable, weights)
         if self.budget is not None:
             try:
@@ -285,12 +302,12 @@ class NoisyStrategyMixin:
         expected = self.accountant.peek(self.accountant.config.planned_round(record.round)).certified.epsilon
         report = self.accountant.step(record)
         arrived = sum(len(u.members) for u in usable)
-        aggregated = arrived >= self.dp_config.min_replies
+        aggregated = arrived >= self.federation.min_replies
         arrays = average_arrays(usable, weights, reference) if aggregated else None
         if not aggregated:
             log.warning(
                 "round %d: %d usable clients < min-replies %d: global model kept; round accounted "
-                "with the %d clients that replied", server_round, arrived, self.dp_config.min_replies, arrived,
+                "with the %d clients that replied", server_round, arrived, self.federation.min_replies, arrived,
             )
         metrics = {**average_metrics(usable, weights), **dp_metrics(report), "dp-aggregated": int(aggregated),
                    "dp-dropped": len(dropped), "dp-echo-mismatch": self._last_mismatch,
@@ -302,7 +319,7 @@ class NoisyStrategyMixin:
         return arrays, MetricRecord(metrics)
 
     def _record(self, server_round: int, planned: Applied, usable: list, weights: tuple[float, ...]) -> RoundRecord:
-        c = self.dp_config
+        c = self.settings
         self._last_mismatch = 0
         for u in usable:
             diff = mismatches(planned, u.applied)
@@ -329,8 +346,8 @@ class NoisyStrategyMixin:
         merged = {**pending.metrics, **(dict(result) if result is not None else {})}
         self.global_arrays = arrays
         outcome = RoundOutcome(pending.record.round, pending.record, pending.report, merged, arrays)
-        for reporter in self.reporters:
-            reporter(outcome)
+        for sink in self.sinks:
+            sink.on_round(outcome)
         return result
 
     def start(
@@ -350,8 +367,8 @@ class NoisyStrategyMixin:
         :class:`Result` (last global model, metrics so far) is returned and ``stop_reason`` set.
         """
         if num_rounds is None:
-            num_rounds = max(self.dp_config.num_server_rounds - self.accountant.num_releases, 0)
-        timeout = self.dp_config.round_timeout if timeout is None else timeout
+            num_rounds = max(self.federation.num_server_rounds - self.accountant.num_releases, 0)
+        timeout = self.federation.round_timeout if timeout is None else timeout
         self.global_arrays = initial_arrays
         t0 = time.time()
         try:
@@ -375,33 +392,51 @@ class NoisyStrategyMixin:
 
 def nodes_needed(config: AppConfig) -> int:
     """Connected nodes a round waits for: enough to offer ``clients-per-round`` clients."""
-    return -(-config.clients_per_round // config.clients_per_node)
+    return config.federation_settings().nodes_needed
 
 
 class NoisyFedAvg(NoisyStrategyMixin, FedAvg):
-    """FedAvg whose clients upload K clipped GD steps + N(0, sigma^2 I) (Noisy-FedAvg)."""
+    """FedAvg whose clients upload K clipped GD steps + N(0, sigma^2 I) (Noisy-FedAvg).
 
-    def __init__(self, config: AppConfig, accountant: PrivacyAccountant, *, reporters: Sequence[Any] = (),
-                 fraction_evaluate: float = 0.0, **fedavg_kwargs: Any) -> None:
-        m = nodes_needed(config)
+    settings: what every client does; accountant: a :class:`PrivacyAccountant` whose plan matches
+    them (``settings.accountant_config(clients=...)``); federation: sampling and quorum (default
+    :class:`FederationSettings`); budget: stop before the certified epsilon would exceed it;
+    sinks: :class:`PrivacySink` s (ledger, console, Prometheus, your own).
+    """
+
+    def __init__(self, settings: DPSettings, accountant: PrivacyAccountant, *,
+                 federation: FederationSettings | None = None, budget: Budget | None = None,
+                 sinks: Sequence[PrivacySink] = (), fraction_evaluate: float = 0.0,
+                 app_config: AppConfig | None = None, **fedavg_kwargs: Any) -> None:
+        federation = federation or FederationSettings()
+        m = federation.nodes_needed
         super().__init__(fraction_train=1.0, fraction_evaluate=fraction_evaluate, min_train_nodes=m,
                          min_evaluate_nodes=m if fraction_evaluate > 0 else 0, min_available_nodes=m, **fedavg_kwargs)
-        self._init_dp(config, accountant, reporters)
+        self._init_dp(settings, accountant, federation, budget, sinks, app_config)
 
 
 class NoisyFedProx(NoisyStrategyMixin, FedProx):
-    """FedProx (sends ``proximal-mu`` = alpha) with noisy uploads (Noisy-FedProx)."""
+    """FedProx (sends ``proximal-mu`` = alpha) with noisy uploads (Noisy-FedProx); arguments as
+    :class:`NoisyFedAvg` (``settings.algorithm`` must be ``"fedprox"``)."""
 
-    def __init__(self, config: AppConfig, accountant: PrivacyAccountant, *, reporters: Sequence[Any] = (),
-                 fraction_evaluate: float = 0.0, **fedprox_kwargs: Any) -> None:
-        m = nodes_needed(config)
+    def __init__(self, settings: DPSettings, accountant: PrivacyAccountant, *,
+                 federation: FederationSettings | None = None, budget: Budget | None = None,
+                 sinks: Sequence[PrivacySink] = (), fraction_evaluate: float = 0.0,
+                 app_config: AppConfig | None = None, **fedprox_kwargs: Any) -> None:
+        if settings.algorithm != "fedprox":
+            raise ValueError(f"NoisyFedProx needs settings.algorithm = 'fedprox', got {settings.algorithm!r}")
+        federation = federation or FederationSettings()
+        m = federation.nodes_needed
         super().__init__(fraction_train=1.0, fraction_evaluate=fraction_evaluate, min_train_nodes=m,
                          min_evaluate_nodes=m if fraction_evaluate > 0 else 0, min_available_nodes=m,
-                         proximal_mu=config.prox_alpha, **fedprox_kwargs)
-        self._init_dp(config, accountant, reporters)
+                         proximal_mu=settings.prox_alpha, **fedprox_kwargs)
+        self._init_dp(settings, accountant, federation, budget, sinks, app_config)
 
 
-def make_strategy(config: AppConfig, accountant: PrivacyAccountant, **kwargs: Any) -> NoisyStrategyMixin:
-    """NoisyFedAvg or NoisyFedProx according to ``algorithm``."""
+def make_strategy(config: AppConfig, accountant: PrivacyAccountant, *, sinks: Sequence[PrivacySink] = (),
+                  **kwargs: Any) -> NoisyStrategyMixin:
+    """The reference app's strategy: NoisyFedAvg or NoisyFedProx according to ``algorithm``, with
+    the settings, federation and budget of its run config."""
     cls = NoisyFedProx if config.algorithm == "fedprox" else NoisyFedAvg
-    return cls(config, accountant, **kwargs)
+    return cls(config.dp_settings(), accountant, federation=config.federation_settings(), budget=config.budget(),
+               sinks=sinks, app_config=config, **kwargs)
