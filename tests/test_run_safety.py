@@ -28,7 +28,7 @@ from fl_dp_flower.apps.server import CHECKPOINT, LEDGER, SUMMARY, RunFailed
 from fl_dp_flower.config import AppConfig
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.reporting import PrivacyLedger, PrivacyMetricsExporter, read_ledger
-from local_grid import TINY_NODES, run_local, tiny_config
+from fl_dp_flower.testing import TINY_NODES, run_local, tiny_config
 
 NODES = TINY_NODES
 

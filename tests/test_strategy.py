@@ -21,7 +21,7 @@ from fl_dp_flower.reporting import read_ledger
 from fl_dp_flower.training.data import DEFAULT_DATA_SEED, load_partition
 from fl_dp_flower.training.models import build_model
 
-from local_grid import TINY_NODES, LocalGrid, run_local, tiny_config
+from fl_dp_flower.testing import TINY_NODES, LocalGrid, run_local, tiny_config
 
 NODES = TINY_NODES
 
