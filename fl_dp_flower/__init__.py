@@ -45,7 +45,25 @@ _PUBLIC = {
     "FlowerGDPAccountant": "fl_dp_flower.interop",
 }
 
-__all__ = sorted(_PUBLIC)
+__all__ = [
+    "Budget",
+    "ConsoleSink",
+    "DPSettings",
+    "FederationSettings",
+    "FlowerGDPAccountant",
+    "LedgerSink",
+    "NoisyFedAvg",
+    "NoisyFedProx",
+    "PrivacyAccountant",
+    "PrivacySink",
+    "PrometheusSink",
+    "RoundOutcome",
+    "TrainInstruction",
+    "calibrate",
+    "dp_train",
+    "open_ledger",
+    "plan",
+]
 
 if TYPE_CHECKING:
     from fl_dp_flower.client import dp_train

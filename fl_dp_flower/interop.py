@@ -20,7 +20,6 @@ Use::
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from flwr.serverapp import NeighboringRelation, PrivacyConfig, PrivacySpent, SamplingMethod
 from flwr.supercore.privacy_accounting import GaussianPrivacyEvent

@@ -38,9 +38,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Sequence
 
+from .app_project import app_project
 from .presets import PRESETS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = app_project()  # the Flower app project `flwr run` submits (checkout root, or the wheel's)
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 #: Flower's own split of a ``--run-config`` string into pairs (flwr/common/config.py).
 _PAIR = re.compile(r"(\S+?)=('[^']*'|\"[^\"]*\"|\S+)")

@@ -22,7 +22,7 @@ from typing import Any
 from flwr.app import Error, Message
 from flwr.common.constant import ErrorCode
 
-from .vocabulary import ALGORITHMS, CLIPPING_MODES, SCHEDULES
+from .vocabulary import ALGORITHMS, CLIPPING_MODES, SCHEDULES, Algorithm, Clipping, Schedule
 
 REFUSAL_CODE = ErrorCode.MOD_FAILED_PRECONDITION
 REFUSAL_PREFIX = "refused by node: "
@@ -92,13 +92,13 @@ class TrainInstruction:
     """
 
     round_index: int
-    algorithm: str
-    schedule: str
+    algorithm: Algorithm
+    schedule: Schedule
     lr: float
     local_steps: int
     clip_norm: float
     sigma: float
-    clipping: str
+    clipping: Clipping
     batch_size: int
     prox_alpha: float
     seed: int
@@ -157,8 +157,3 @@ def echo(instruction: TrainInstruction, *, local_steps: int, batch_size: int) ->
 def refusal(msg: Message, reason: str | Exception) -> Message:
     """The refusal reply to ``msg`` (counted by the server's ``max-node-refusals``)."""
     return Message(Error(code=REFUSAL_CODE, reason=f"{REFUSAL_PREFIX}{reason}"), reply_to=msg)
-
-
-def is_refusal(error: Error) -> bool:
-    """Whether a reply's error is a node's refusal (not a failure)."""
-    return error.code == REFUSAL_CODE and (error.reason or "").startswith(REFUSAL_PREFIX)

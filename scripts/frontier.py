@@ -15,7 +15,6 @@ Run: .venv/bin/python scripts/frontier.py [--rounds 30] [--clients 10 100 1000 4
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
