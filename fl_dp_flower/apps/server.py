@@ -265,14 +265,9 @@ def run_server(grid: Grid, config: AppConfig, *, fraction_evaluate: float = 0.0,
             _finish(config, run_dir, ledger, accountant, strategy, strategy.partial_result(), time.time() - t0,
                     failure=str(exc))
             raise RunFailed(str(exc)) from None
-        if strategy.stop_reason is not None:
-            if exporter is not None:
-                exporter.mark_budget_exhausted()
-            ledger.append_event("budget-stop", {"reason": strategy.stop_reason,
-                                                "rounds_accounted": accountant.num_releases})
-        trained = accountant.num_releases - accounted_before
-        ledger.append_event("end", {"rounds_accounted": accountant.num_releases, "rounds_this_run": trained,
-                                    "stopped_by_budget": strategy.stop_reason is not None})
+        if strategy.stop_reason is not None and exporter is not None:
+            exporter.mark_budget_exhausted()
+        trained = accountant.num_releases - accounted_before  # the strategy wrote budget-stop and end events
         summary = _finish(config, run_dir, ledger, accountant, strategy, result, time.time() - t0)
         if trained == 0:
             why = strategy.stop_reason or (f"all {config.num_server_rounds} rounds were already accounted"

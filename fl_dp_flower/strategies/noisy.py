@@ -365,14 +365,16 @@ class NoisyStrategyMixin:
         ``num_rounds`` defaults to ``num-server-rounds`` minus the rounds already accounted
         (resume), ``timeout`` to ``round-timeout``. On :class:`BudgetExhausted` the partial
         :class:`Result` (last global model, metrics so far) is returned and ``stop_reason`` set.
+        The sinks get ``budget-stop`` (if so) and ``end`` events when it returns.
         """
         if num_rounds is None:
             num_rounds = max(self.federation.num_server_rounds - self.accountant.num_releases, 0)
         timeout = self.federation.round_timeout if timeout is None else timeout
         self.global_arrays = initial_arrays
         t0 = time.time()
+        accounted_before = self.accountant.num_releases
         try:
-            return super().start(  # type: ignore[misc]
+            result: Result = super().start(  # type: ignore[misc]
                 grid=grid, initial_arrays=initial_arrays, num_rounds=num_rounds, timeout=timeout,
                 train_config=train_config, evaluate_config=evaluate_config,
                 evaluate_fn=lambda r, a: self._after_round(r, a, evaluate_fn),
@@ -380,7 +382,12 @@ class NoisyStrategyMixin:
         except BudgetExhausted as exc:
             self.stop_reason = exc.reason
             log.warning("%s (after %.1fs)", exc.reason, time.time() - t0)
-            return self.partial_result()
+            self._event("budget-stop", {"reason": exc.reason, "rounds_accounted": self.accountant.num_releases})
+            result = self.partial_result()
+        self._event("end", {"rounds_accounted": self.accountant.num_releases,
+                            "rounds_this_run": self.accountant.num_releases - accounted_before,
+                            "stopped_by_budget": self.stop_reason is not None})
+        return result
 
     def partial_result(self) -> Result:
         """The :class:`Result` so far (last global model, metrics of the rounds that ran)."""
