@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import sysconfig
@@ -54,6 +55,12 @@ def venv(tmp_path_factory) -> Path:
     return env_dir
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def _env(venv: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
@@ -89,7 +96,10 @@ def test_wheel_runs_the_quick_preset(venv, tmp_path):
                         "--output-dir", str(out), "num-server-rounds=2"],
                        cwd=tmp_path, capture_output=True, text=True, timeout=1500,
                        env=_env(venv, FL_DP_FLWR_HOME=str(tmp_path / "flwr-home"),
-                                FL_DP_FLOWER_APP_DIR=str(tmp_path / "app")))
+                                FL_DP_FLOWER_APP_DIR=str(tmp_path / "app"),
+                                # a private local SuperLink: never another run's on the default port
+                                FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(_free_port()),
+                                FLWR_LOCAL_CONTROL_API_PORT=str(_free_port())))
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-3000:]
     lines = [json.loads(line) for line in (out / "wheel" / "ledger.jsonl").read_text().splitlines()]
     assert [e["round"] for e in lines if e["kind"] == "round"] == [1, 2]
