@@ -40,6 +40,7 @@ _FIELD_FLAGS = {
     "batch_size": "--batch-size",
     "cyclic_c": "--cyclic-c",
     "iterative_z": "--iterative-z",
+    "colluders": "--colluding-clients",
 }
 
 
@@ -87,6 +88,9 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=_COUNT, default=None, help="B, mini-batch size (>= 1)")
     parser.add_argument("--per-sample-clipping", action="store_true", help="clip each sample's gradient (needs --batch-size)")
     parser.add_argument("--threat-model", choices=THREAT_MODELS, default="all-rounds")
+    parser.add_argument("--colluding-clients", type=_number(int, 0, False), default=1,
+                        help="c, participants colluding with the adversary (0 = outside observer, 1 = any "
+                             "participant, who knows its own upload; docs/MATH.md §14.2a)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
@@ -145,6 +149,7 @@ def _config(args: argparse.Namespace, parser: argparse.ArgumentParser, sigma: fl
             prox_alpha=args.prox_alpha, delta=args.delta, threat_model=args.threat_model,
             clipping="per-sample" if args.per_sample_clipping else "per-batch",
             batch_size=args.batch_size, cyclic_c=args.cyclic_c, iterative_z=args.iterative_z,
+            colluders=args.colluding_clients,
         )
     except ValueError as exc:
         parser.error(_flagged(str(exc)))
@@ -175,7 +180,8 @@ def _settings(args: argparse.Namespace) -> str:
     extra = f", alpha {args.prox_alpha:g}" if args.prox_alpha is not None else ""
     return (f"{args.algorithm}{extra}, {args.schedule} schedule, lr {args.lr:g}, K {args.local_steps}, "
             f"V {args.clip_norm:g}, m {args.clients} clients/round, T {args.rounds} rounds, L {args.smoothness:g}, "
-            f"{'per-sample (B ' + str(args.batch_size) + ')' if args.per_sample_clipping else 'per-batch'} clipping")
+            f"{'per-sample (B ' + str(args.batch_size) + ')' if args.per_sample_clipping else 'per-batch'} clipping, "
+            f"{args.colluding_clients} colluding client(s)")
 
 
 _THREAT_RULE = {

@@ -281,7 +281,8 @@ def test_serverapp_killed_and_resumed(fed, tmp_path):
     contents = read_ledger(ledger)
     assert ledger.read_bytes().startswith(before)     # never rewritten
     assert [r["round"] for r in contents.rounds] == [1, 2, 3]
-    assert [r["report"]["clients"] for r in contents.rounds] == [2, 1, 2]
+    assert [r["report"]["clients"] for r in contents.rounds] == [2, 2, 2]  # round 2: the planned round
+    assert [r["record"]["applied"] for r in contents.rounds] == [True, False, True]
     resumes = [e for e in contents.events if e.get("event") == "resume"]
     assert len(resumes) == 1 and resumes[0]["data"]["rounds_accounted"] == 2
     unfinished = [e["data"] for e in contents.events if e["event"] == "unfinished-round-accounted"]
@@ -289,12 +290,12 @@ def test_serverapp_killed_and_resumed(fed, tmp_path):
     assert sorted(contents.rounds[0]["record"]["node_ids"]) == sorted(ids)
     assert sorted(contents.rounds[2]["record"]["node_ids"]) == sorted(ids)
 
-    # reference: round 2 as the single-client planned round, rounds 1 and 3 as they ran
+    # reference: round 2 as the planned round, not applied (issue 16 item 9), rounds 1 and 3 as they ran
     acct_cfg = app_config({k: v for k, v in cfg.items()}).accountant_config()
     assert contents.header["accountant_config"] == acct_cfg.to_dict()
     reference = PrivacyAccountant(acct_cfg)
     for t, entry in enumerate(contents.rounds, start=1):
-        planned = acct_cfg.planned_round(t, clients=1 if t == 2 else None)
+        planned = acct_cfg.planned_round(t, applied=t != 2)
         expected = reference.step(planned).to_dict()
         got = entry["report"]
         assert math.isclose(got["certified"]["mu"], expected["certified"]["mu"], rel_tol=1e-12), (t, got, expected)

@@ -174,3 +174,56 @@ def test_watch_follows_a_real_run_in_tmux_and_exits_on_ctrl_c(tmp_path):
         assert "stopped watching" in screen() and "Traceback" not in screen()
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+
+
+def _legacy(lines: list[bytes]) -> list[bytes]:
+    """The ledger as the code before 'colluders' and 'applied' wrote it: header without colluders
+    (certified against an outside observer, c = 0), records without 'applied', reports without the
+    new fields and computed with c = 0 (by an accountant built here, not read from the ledger)."""
+    from fl_dp_flower.privacy import AccountantConfig, PrivacyAccountant, RoundRecord
+
+    header = json.loads(lines[0])
+    cfg = AccountantConfig(**{**header["accountant_config"], "colluders": 0})
+    del header["accountant_config"]["colluders"]
+    accountant = PrivacyAccountant(cfg)
+    out = [json.dumps(header, separators=(",", ":")).encode()]
+    for raw in lines[1:]:
+        entry = json.loads(raw)
+        if entry["kind"] == "round":
+            del entry["record"]["applied"]
+            report = accountant.step(RoundRecord.from_dict(entry["record"])).to_dict()
+            del report["rounds_applied"], report["colluders"]
+            entry["report"] = report
+        out.append(json.dumps(entry, separators=(",", ":")).encode())
+    return _rechain(out)
+
+
+def test_a_ledger_written_before_colluders_is_recomputed_as_written(real_ledger, tmp_path):
+    """Issue 16 item 3: old ledgers were certified with c = 0; verify recomputes them that way
+    and says so; resuming one under c >= 1 is refused (never a silent switch of rules)."""
+    from fl_dp_flower.privacy import AccountantConfig
+    from fl_dp_flower.reporting.ledger import PrivacyLedger
+
+    legacy = _write(tmp_path, _legacy(_lines(real_ledger)))
+    result = verify_ledger(legacy)
+    assert result.ok and result.rounds_verified == 3, result.failure
+    assert any("predates 'colluders'" in note and "c = 0" in note for note in result.notes)
+    header = json.loads(_lines(real_ledger)[0])["accountant_config"]
+    with pytest.raises(ValueError, match=r"colluders.*colluding-clients = 0"):
+        PrivacyLedger.check_resumable(legacy, accountant_config=header)
+    as_written = AccountantConfig(**{**header, "colluders": 0}).to_dict()
+    assert PrivacyLedger.check_resumable(legacy, accountant_config=as_written).last_round == 3
+    # the same ledger with today's header (c = 1) does not match its numbers
+    lines = _lines(legacy)
+    lines[0] = _edit(lines[0], lambda e: e["accountant_config"].__setitem__("colluders", 1))
+    assert not verify_ledger(_write(tmp_path, _rechain(lines))).ok
+
+
+def test_a_not_applied_mark_must_name_accounted_rounds(real_ledger, tmp_path):
+    lines = _lines(real_ledger)
+    i = _round_index(lines, 1)
+    event = {"kind": "event", "schema": 2, "event": "rounds-not-applied", "data": {"rounds": [3]},
+             "time": "2026-01-01T00:00:00.000+00:00", "prev": None}
+    lines.insert(i + 1, json.dumps(event, separators=(",", ":")).encode())
+    result = verify_ledger(_write(tmp_path, _rechain(lines)))
+    assert not result.ok and result.failure_line == i + 2 and "not accounted before it" in result.failure

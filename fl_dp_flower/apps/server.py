@@ -15,9 +15,17 @@ Every file is written owner-only (0600) in an owner-only (0700) run folder.
 
 Order per round: ledger ``round-open`` (fsync) -> broadcast -> replies -> budget check ->
 aggregate -> accountant.step -> central evaluation -> ledger round line (fsync) -> save model
--> log line / Prometheus -> next round. A crash between the ledger line and the checkpoint
-leaves a ledger one round ahead of the model: on resume the round is still accounted
-(conservative) and training continues from the older model.
+-> log line / Prometheus -> client evaluation broadcast (if any) -> next round. A round's
+aggregate is never saved or broadcast before its round line is durable (the strategy closes
+the round before any evaluation broadcast), so after a crash:
+
+- a round with no round line released nothing to a global-model adversary;
+- a round line without its checkpoint (a crash between the two) leaves the ledger ahead of
+  the model: on resume training continues from the older model, and a ``rounds-not-applied``
+  event marks the later rounds as not applied: they stay charged to composition and local DP
+  but leave the final-model bound, which describes the model actually released
+  (docs/MATH.md §14.3a). With no checkpoint at all, the run resumes from the initial model and
+  every accounted round is marked so.
 
 Resume (``resume = true``): the ledger must exist (a missing ledger fails the run, naming the
 path it looked for: never a silent fresh start), its header must match the accountant config,
@@ -25,9 +33,11 @@ and the accountant is rebuilt from its round records; the remaining rounds are
 ``num-server-rounds`` minus the rounds accounted. A round that was broadcast but has no
 complete round line (a crash before the line, or a torn line) may have been spent:
 ``resume-unfinished-round = "refuse"`` (default) refuses to resume, naming the ledger line,
-and writes nothing; ``"account"`` accounts it as the planned round aggregated from a single
-client (the least private aggregation the server performs: largest weight 1, no noise
-averaging), records that in the ledger, and continues. Any refused resume writes nothing.
+and writes nothing; ``"account"`` charges it as the planned round, not applied: its uploads
+may have reached the server (local DP of the planned round, which does not depend on how many
+replied), its aggregate reached no one (composition counts it as planned, which only adds;
+the final-model bound leaves it out). That is recorded in the ledger, and the run continues.
+Any refused resume writes nothing.
 
 A run that accounts no round (budget too small for any round, nothing left to resume) fails
 (:class:`RunFailed`) after writing its summary: it never ends as a success.
@@ -38,7 +48,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -49,10 +59,9 @@ from flwr.serverapp.strategy import Result
 
 from fl_dp_flower.config import AppConfig, ConfigError
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
-from fl_dp_flower.privacy.records import RoundRecord
 from fl_dp_flower.reporting import PrivacyLedger, PrivacyMetricsExporter, plot_privacy_curve, render_summary
 from fl_dp_flower.reporting.durable import atomic_write, write_json
-from fl_dp_flower.reporting.ledger import LedgerContents
+from fl_dp_flower.reporting.ledger import NOT_APPLIED_EVENT, LedgerContents, round_records
 from fl_dp_flower.reporting.logfilter import FlowerDumps
 from fl_dp_flower.reporting.rounds import RoundSink
 from fl_dp_flower.strategies import NoisyStrategyMixin, NotEnoughNodes, make_strategy
@@ -142,22 +151,33 @@ def _open_ledger(config: AppConfig, run_dir: Path) -> tuple[PrivacyLedger, Priva
         return ledger, PrivacyAccountant(acct_cfg), None
     _require_ledger(path)
     contents = PrivacyLedger.check_resumable(path, accountant_config=acct_cfg.to_dict())
-    records = [RoundRecord.from_dict(entry["record"]) for entry in contents.rounds]
+    records = round_records(contents)
     ckpt_round, arrays = _checkpoint(run_dir, contents)
     unfinished = _unfinished_round(config, path, contents, ckpt_round)
+    lost = [r.round for r in records if r.applied and r.round > ckpt_round]
 
     ledger = PrivacyLedger.resume(path, accountant_config=acct_cfg.to_dict())  # first write
+    if lost:  # write-ahead, before any later round: the replay (round_records, verify) honours it
+        ledger.append_event(NOT_APPLIED_EVENT, {
+            "rounds": lost, "checkpoint_round": ckpt_round,
+            "reason": "round line written, aggregate lost before its checkpoint (training continues from "
+                      + (f"round {ckpt_round}'s model)" if ckpt_round else "the initial model)")})
+        records = [replace(r, applied=False) if r.round in lost else r for r in records]
+        log.warning("round(s) %s were accounted but their model was never saved: they stay charged to "
+                    "composition and local DP and leave the final-model bound (not applied)",
+                    ", ".join(map(str, lost)))
     accountant = PrivacyAccountant.from_records(acct_cfg, records)
     if unfinished is not None:
-        record = acct_cfg.planned_round(unfinished, clients=1)
+        record = acct_cfg.planned_round(unfinished, applied=False)
         report = accountant.step(record)
         ledger.append_round(round=unfinished, record=record.to_dict(), report=report.to_dict(),
                             metrics={"dp-unfinished-accounted": 1})
         ledger.append_event("unfinished-round-accounted", {
             "round": unfinished, "line": contents.open_round_line, "torn": contents.torn_round == unfinished,
-            "accounted_as": "planned round, one client (weight 1)"})
-        log.warning("round %d had no complete ledger line (line %s): accounted as the planned round from a "
-                    "single client (resume-unfinished-round = 'account'); certified epsilon now %.6g",
+            "accounted_as": "planned round, not applied (its aggregate was never saved or broadcast)"})
+        log.warning("round %d had no complete ledger line (line %s): charged as the planned round, not applied "
+                    "(its uploads may have reached the server; its aggregate was never saved or broadcast) "
+                    "(resume-unfinished-round = 'account'); certified epsilon now %.6g",
                     unfinished, contents.open_round_line, report.certified.epsilon)
     ledger.append_event("resume", {"rounds_accounted": accountant.num_releases, "checkpoint_round": ckpt_round})
     log.info("resuming %s: %d rounds accounted", path, accountant.num_releases)
@@ -183,9 +203,11 @@ def _checkpoint(run_dir: Path, contents: LedgerContents) -> tuple[int, ArrayReco
         return 0, None
     path = run_dir / CHECKPOINT
     if not path.exists():
-        if not contents.rounds:
-            return 0, None
-        raise FileNotFoundError(f"cannot resume: {path} is missing but the ledger has {len(contents.rounds)} rounds")
+        if contents.rounds:
+            log.warning("%s is missing but the ledger has %d round(s) (a crash before the first checkpoint): "
+                        "resuming from the initial model; every accounted round stays accounted",
+                        path, len(contents.rounds))
+        return 0, None
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
     return int(ckpt["round"]), ArrayRecord(ckpt["state_dict"])
 
@@ -202,7 +224,7 @@ def _unfinished_round(config: AppConfig, path: Path, contents: LedgerContents, c
                             "one this model was trained under")
         if ckpt_round < last:
             log.warning("checkpoint is from round %d, ledger has round %d: continuing from the older model "
-                        "(the later round stays accounted)", ckpt_round, last)
+                        "(the later rounds stay accounted, as not applied)", ckpt_round, last)
         return None
     how = (f"its round line is torn (line {contents.line_count} was cut mid-write)"
            if contents.torn_tail and contents.torn_round == open_round
@@ -213,8 +235,8 @@ def _unfinished_round(config: AppConfig, path: Path, contents: LedgerContents, c
         message = (
             f"cannot resume {path}: round {open_round} was broadcast but {how}{where}. Its uploads may have "
             "reached the server, so its privacy may be spent. Nothing was written. To continue, resume "
-            "with resume-unfinished-round = 'account' (the round is accounted as planned from a single "
-            "client, the least private aggregation); do not edit the ledger or the checkpoint."
+            "with resume-unfinished-round = 'account' (the round is charged as planned and marked not "
+            "applied: its aggregate was never saved or broadcast); do not edit the ledger or the checkpoint."
         )
         log.error("%s", message)
         raise RunFailed(message)

@@ -11,6 +11,10 @@ What it checks, line by line, and where it stops (the first line that fails is r
 3. **Rounds.** Every round's record is parsed and replayed through a fresh accountant, in order,
    and every number of its report (each bound's mu, epsilon and soundness, the certified bound
    and its epsilon, clients, round counts) must match what was recorded (relative 1e-9).
+   Rounds recorded as not applied (``"applied": false``) and rounds named by a
+   ``rounds-not-applied`` event (from that event on) leave the final-model bound, as the server
+   counted them. A header without ``colluders`` (written before the field) is recomputed with
+   c = 0, the rule it was certified under; a round record without ``applied`` as applied.
 4. **Structure** (schema 2). Each round line follows its ``round-open`` event (the write-ahead
    line the server appends before broadcasting), and nothing but a ``resume`` follows a run's
    ``end``.
@@ -27,7 +31,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +39,15 @@ from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.privacy.records import AccountantConfig, RoundRecord
 from fl_dp_flower.vocabulary import BOUND_NAMES
 
-from .ledger import ROUND_OPEN_EVENT, SCHEMAS, TORN_TAIL_EVENT, _decode, line_hash
+from .ledger import (
+    NOT_APPLIED_EVENT,
+    ROUND_OPEN_EVENT,
+    SCHEMAS,
+    TORN_TAIL_EVENT,
+    _decode,
+    line_hash,
+    not_applied_rounds,
+)
 
 REL_TOL = 1e-9
 
@@ -78,7 +90,9 @@ def _report_difference(recorded: Any, recomputed: dict[str, Any]) -> str | None:
     """The first number of ``recomputed`` that ``recorded`` does not match, as text."""
     if not isinstance(recorded, dict):
         return "the round line has no report"
-    for key in ("round", "rounds", "clients", "threat_model", "delta"):
+    for key in ("round", "rounds", "clients", "threat_model", "delta", "rounds_applied", "colluders"):
+        if key not in recorded and key in ("rounds_applied", "colluders"):
+            continue  # written before these fields existed
         if not _close(recorded.get(key), recomputed[key]):
             return f"report {key}: recorded {recorded.get(key)!r}, recomputed {recomputed[key]!r}"
     for key in ("bound", "mu", "epsilon"):
@@ -91,6 +105,12 @@ def _report_difference(recorded: Any, recomputed: dict[str, Any]) -> str | None:
             if not _close(got, recomputed["bounds"][name][key]):
                 return f"{name} {key}: recorded {got!r}, recomputed {recomputed['bounds'][name][key]!r}"
     return None
+
+
+def _aggregated(entry: dict[str, Any]) -> bool:
+    """Whether a round line's metrics say its aggregate was applied (True when they do not say)."""
+    metrics = entry.get("metrics") or {}
+    return metrics.get("dp-aggregated", 1) != 0 and metrics.get("dp-unfinished-accounted", 0) != 1
 
 
 def verify_ledger(path: str | Path) -> Verification:
@@ -133,6 +153,10 @@ def _verify(path: Path, data: bytes, v: Verification) -> Verification:
         config = AccountantConfig.from_dict(header.get("accountant_config"))
     except (ValueError, TypeError) as err:
         return v.fail(1, f"header accountant_config: {err}")
+    if "colluders" not in (header.get("accountant_config") or {}):
+        v.notes.append("the header predates 'colluders': recomputed against an outside observer (c = 0), the "
+                       "rule it was certified under; a participating client, who knows its own upload, is not "
+                       "covered by these numbers (docs/MATH.md §14.2a)")
     if not v.chained:
         v.notes.append("schema 1 ledger (written before the hash chain): edits and deletions of whole "
                        "lines cannot be detected, only numbers that do not follow from the records")
@@ -163,6 +187,17 @@ def _verify(path: Path, data: bytes, v: Verification) -> Verification:
             event, data_ = entry.get("event"), entry.get("data") or {}
             if event == ROUND_OPEN_EVENT:
                 opened = data_.get("round")
+            elif event == NOT_APPLIED_EVENT:
+                try:
+                    marked = not_applied_rounds([entry])
+                except ValueError as err:
+                    return v.fail(lineno, str(err))
+                accounted = {r.round for r in accountant.records}
+                if not marked <= accounted:
+                    return v.fail(lineno, f"{NOT_APPLIED_EVENT} names round(s) {sorted(marked - accounted)} "
+                                          "that are not accounted before it")
+                accountant = PrivacyAccountant.from_records(
+                    config, [replace(r, applied=False) if r.round in marked else r for r in accountant.records])
             ended = event == "end"
             continue
         if kind != "round":
@@ -181,6 +216,10 @@ def _verify(path: Path, data: bytes, v: Verification) -> Verification:
         except (ValueError, TypeError) as err:
             return v.fail(lineno, f"round {record.round} cannot be accounted after round "
                                   f"{accountant.num_releases}: {err}")
+        if "applied" not in (entry.get("record") or {}) and not _aggregated(entry):
+            v.notes.append(f"round {record.round} was not aggregated but its record predates the 'applied' "
+                           "field: it was counted in the final-model bound (the old rule, which can "
+                           "understate that bound; composition and local DP are unaffected)")
         diff = _report_difference(entry.get("report"), recomputed)
         if diff is not None:
             return v.fail(lineno, f"round {record.round}: {diff}")
