@@ -40,7 +40,9 @@ the final-model bound leaves it out). That is recorded in the ledger, and the ru
 Any refused resume writes nothing.
 
 A run that accounts no round (budget too small for any round, nothing left to resume) fails
-(:class:`RunFailed`) after writing its summary: it never ends as a success.
+(:class:`RunFailed`) after writing its summary: it never ends as a success. Every failure is
+logged at ERROR (what `flwr log` shows), a full disk as one message saying how to resume
+(:mod:`fl_dp_flower.apps.recovery`); a resume keeps the nodes excluded earlier in the run.
 """
 
 from __future__ import annotations
@@ -57,11 +59,12 @@ from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Result
 
+from fl_dp_flower.apps.recovery import RunFailed, logged_failures, restore_exclusions
 from fl_dp_flower.config import AppConfig, ConfigError
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.reporting import PrivacyLedger, PrivacyMetricsExporter, plot_privacy_curve, render_summary
 from fl_dp_flower.reporting.durable import atomic_write, write_json
-from fl_dp_flower.reporting.ledger import NOT_APPLIED_EVENT, LedgerContents, round_records
+from fl_dp_flower.reporting.ledger import NOT_APPLIED_EVENT, LedgerContents, read_ledger, round_records
 from fl_dp_flower.reporting.logfilter import FlowerDumps
 from fl_dp_flower.reporting.rounds import RoundSink
 from fl_dp_flower.strategies import NoisyStrategyMixin, NotEnoughNodes, make_strategy
@@ -79,10 +82,6 @@ SUMMARY = "summary.json"
 STRATEGY_LOG = "flower-strategy.log"  # Flower's per-round MetricRecord dumps and final results
 
 app = ServerApp()
-
-
-class RunFailed(RuntimeError):
-    """The run did nothing it was asked to (no round accounted) or cannot safely continue."""
 
 
 @app.main()
@@ -194,7 +193,7 @@ def _require_ledger(path: Path) -> None:
             "a new run."
         )
         log.error("%s", message)
-        raise RunFailed(message)
+        raise RunFailed(message, logged=True)
 
 
 def _checkpoint(run_dir: Path, contents: LedgerContents) -> tuple[int, ArrayRecord | None]:
@@ -239,7 +238,7 @@ def _unfinished_round(config: AppConfig, path: Path, contents: LedgerContents, c
             "applied: its aggregate was never saved or broadcast); do not edit the ledger or the checkpoint."
         )
         log.error("%s", message)
-        raise RunFailed(message)
+        raise RunFailed(message, logged=True)
     log.warning("round %d was broadcast but %s%s", open_round, how, where)
     if ckpt_round > open_round:
         raise RunFailed(f"cannot resume {path}: checkpoint round {ckpt_round} is ahead of the open round "
@@ -249,7 +248,14 @@ def _unfinished_round(config: AppConfig, path: Path, contents: LedgerContents, c
 
 def run_server(grid: Grid, config: AppConfig, *, fraction_evaluate: float = 0.0,
                on_run_dir: Callable[[Path], None] | None = None) -> ServerOutcome:
-    """Run the whole server side on ``grid``; returns the outcome after writing every output."""
+    """Run the whole server side on ``grid``; returns the outcome after writing every output.
+    A failure is logged at ERROR in one message, a full disk saying how to resume (:func:`logged_failures`)."""
+    with logged_failures((Path(config.output_dir).expanduser() / config.run_name).resolve()):
+        return _run_server(grid, config, fraction_evaluate, on_run_dir)
+
+
+def _run_server(grid: Grid, config: AppConfig, fraction_evaluate: float,
+                on_run_dir: Callable[[Path], None] | None) -> ServerOutcome:
     t0 = time.time()
     torch.set_num_threads(1)
     if config.seed >= 0:  # node sampling (random.sample) and model init become reproducible
@@ -275,6 +281,8 @@ def run_server(grid: Grid, config: AppConfig, *, fraction_evaluate: float = 0.0,
                              {"round": round_, "state_dict": saved.to_torch_state_dict()}, run_dir / CHECKPOINT),
                          log, exporter, config.budget_epsilon)
         strategy = make_strategy(config, accountant, sinks=[sink], fraction_evaluate=fraction_evaluate)
+        if config.resume:
+            restore_exclusions(strategy, read_ledger(run_dir / LEDGER).events)
         remaining = max(config.num_server_rounds - accountant.num_releases, 0)
         log.info("%s: %d rounds to run (%d already accounted)", type(strategy).__name__, remaining,
                  accountant.num_releases)
@@ -286,15 +294,18 @@ def run_server(grid: Grid, config: AppConfig, *, fraction_evaluate: float = 0.0,
             ledger.append_event("failed", {"reason": str(exc), "rounds_accounted": accountant.num_releases})
             _finish(config, run_dir, ledger, accountant, strategy, strategy.partial_result(), time.time() - t0,
                     failure=str(exc))
-            raise RunFailed(str(exc)) from None
+            raise RunFailed(str(exc), logged=True) from None
         if strategy.stop_reason is not None and exporter is not None:
             exporter.mark_budget_exhausted()
         trained = accountant.num_releases - accounted_before  # the strategy wrote budget-stop and end events
+        if exporter is not None:
+            exporter.set_ledger_head(ledger.head_line_hash)
         summary = _finish(config, run_dir, ledger, accountant, strategy, result, time.time() - t0)
         if trained == 0:
-            why = strategy.stop_reason or (f"all {config.num_server_rounds} rounds were already accounted"
-                                           if remaining == 0 else "no round could be accounted")
-            raise RunFailed(f"the run accounted no round, so nothing was trained: {why}")
+            why = strategy.stop_reason or (f"all {config.num_server_rounds} rounds were already accounted (raise "
+                                           "num-server-rounds to train more)" if remaining == 0
+                                           else "no round could be accounted")
+            raise RunFailed(f"the run accounted no round, so nothing was trained: {why}")  # logged by run_server
         if exporter is not None and config.metrics_linger > 0:
             log.info("serving the final metrics on port %d for %.0f s (metrics-linger)",
                      exporter.port, config.metrics_linger)

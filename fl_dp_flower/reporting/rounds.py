@@ -154,10 +154,12 @@ class ConsoleSink:
 
 
 class PrometheusSink:
-    """Round reports into a :class:`PrivacyMetricsExporter` (``budget_epsilon``: the target, if any)."""
+    """Round reports into a :class:`PrivacyMetricsExporter` (``budget_epsilon``: the target, if any;
+    ``ledger``: its head hash is exported after each round)."""
 
-    def __init__(self, exporter: PrivacyMetricsExporter, budget_epsilon: float | None = None) -> None:
-        self.exporter, self.budget_epsilon = exporter, budget_epsilon
+    def __init__(self, exporter: PrivacyMetricsExporter, budget_epsilon: float | None = None,
+                 ledger: PrivacyLedger | None = None) -> None:
+        self.exporter, self.budget_epsilon, self.ledger = exporter, budget_epsilon, ledger
 
     def on_event(self, kind: str, data: dict[str, Any]) -> None:
         return None
@@ -167,6 +169,8 @@ class PrometheusSink:
                              accuracy=outcome.metrics.get("accuracy"), budget_epsilon=self.budget_epsilon,
                              epsilon_increase=outcome.metrics.get("dp-epsilon-increase"),
                              expected_increase=outcome.metrics.get("dp-expected-epsilon-increase"))
+        if self.ledger is not None:
+            self.exporter.set_ledger_head(self.ledger.head_line_hash)
 
 
 class RoundSink:
@@ -178,7 +182,7 @@ class RoundSink:
         self.ledger = ledger
         self.sinks: list[PrivacySink] = [LedgerSink(ledger), CheckpointSink(save_checkpoint), ConsoleSink(log)]
         if exporter is not None:
-            self.sinks.append(PrometheusSink(exporter, budget_epsilon))
+            self.sinks.append(PrometheusSink(exporter, budget_epsilon, ledger))
 
     def on_event(self, kind: str, data: dict[str, Any]) -> None:
         for sink in self.sinks:
