@@ -40,6 +40,7 @@ _FIELD_FLAGS = {
     "batch_size": "--batch-size",
     "cyclic_c": "--cyclic-c",
     "iterative_z": "--iterative-z",
+    "assume_smooth_losses": "--assume-smooth-losses",
     "colluders": "--colluding-clients",
 }
 
@@ -88,6 +89,10 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=_COUNT, default=None, help="B, mini-batch size (>= 1)")
     parser.add_argument("--per-sample-clipping", action="store_true", help="clip each sample's gradient (needs --batch-size)")
     parser.add_argument("--threat-model", choices=THREAT_MODELS, default="all-rounds")
+    parser.add_argument("--assume-smooth-losses", action="store_true",
+                        help="assert every (per-sample) loss is L-smooth with L = --smoothness (not true of "
+                             "ReLU/max-pool models); without it no L-dependent bound certifies; needed by "
+                             "--threat-model final-model")
     parser.add_argument("--colluding-clients", type=_number(int, 0, False), default=1,
                         help="c, participants colluding with the adversary (0 = outside observer, 1 = any "
                              "participant, who knows its own upload; docs/MATH.md §14.2a)")
@@ -147,10 +152,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _config(args: argparse.Namespace, parser: argparse.ArgumentParser, sigma: float) -> "AccountantConfig":
-    from .privacy.records import AccountantConfig
+    from .privacy.records import AccountantConfig, smoothness_problems
 
     if args.per_sample_clipping and args.batch_size is None:
         parser.error("--per-sample-clipping needs --batch-size (an integer >= 1)")
+    assume_smooth = bool(getattr(args, "assume_smooth_losses", False))
+    problems = smoothness_problems(args.threat_model, "per-sample" if args.per_sample_clipping else "per-batch",
+                                   args.local_steps, args.smoothness, assume_smooth)
+    if problems:
+        parser.error(_flagged("; ".join(problems)))
     try:
         return AccountantConfig(
             algorithm=args.algorithm, schedule=args.schedule, lr=args.lr, local_steps=args.local_steps,
@@ -158,6 +168,7 @@ def _config(args: argparse.Namespace, parser: argparse.ArgumentParser, sigma: fl
             prox_alpha=args.prox_alpha, delta=args.delta, threat_model=args.threat_model,
             clipping="per-sample" if args.per_sample_clipping else "per-batch",
             batch_size=args.batch_size, cyclic_c=args.cyclic_c, iterative_z=args.iterative_z,
+            assume_smooth_losses=assume_smooth,
             colluders=args.colluding_clients,
         )
     except ValueError as exc:
@@ -195,7 +206,7 @@ def _settings(args: argparse.Namespace) -> str:
 
 _THREAT_RULE = {
     "all-rounds": "composition (the adversary sees every global model)",
-    "final-model": "the smallest sound final-model bound",
+    "final-model": "the smallest certifiable final-model bound",
     "curious-server": "local_dp (the server sees every upload)",
 }
 
@@ -208,14 +219,20 @@ def _print_plan(result: dict[str, Any], args: argparse.Namespace) -> None:
                         f"sigma = {args.sigma:g})\n{_settings(args)}")
     for col in ("bound", "adversary sees", "mu (GDP)", "epsilon", "status"):
         table.add_column(col)
+    from .reporting.console import FINAL_MODEL_ASSUMES, add_remove_note, conditional_note
+
     for name, value in result["bounds"].items():
         status = "sound" if value["sound"] else "paper's stated bound - NOT a guarantee"
-        table.add_row(name, _ADVERSARY[name], _fmt(value["mu"]), _fmt(value["epsilon"]), status)
+        table.add_row(name, _ADVERSARY[name], _fmt(value["mu"]), _fmt(value["epsilon"]),
+                      status + conditional_note(value))
     cert = result["certified"]
     console = Console(width=None if sys.stdout.isatty() else 160)  # no wrapping when piped
     console.print(table)
+    assumes = conditional_note(cert) + (f", if {FINAL_MODEL_ASSUMES}" if args.threat_model == "final-model" else "")
     console.print(f"certified ({cert['bound']}, chosen by threat model {args.threat_model}: "
-                  f"{_THREAT_RULE[args.threat_model]}): mu = {_fmt(cert['mu'])}, epsilon = {_fmt(cert['epsilon'])}")
+                  f"{_THREAT_RULE[args.threat_model]}{assumes}): mu = {_fmt(cert['mu'])}, "
+                  f"epsilon = {_fmt(cert['epsilon'])} for {result['relation']} neighbours; "
+                  f"{add_remove_note(result)}")
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -299,7 +316,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         print(json.dumps(json_safe(result), indent=2, allow_nan=False))
     else:
-        status = "" if result["sound"] else "  (paper's stated bound - NOT a guarantee)"
+        from .reporting.console import conditional_note
+
+        status = ("" if result["sound"] else "  (paper's stated bound - NOT a guarantee)") + conditional_note(result)
         print(f"{_settings(args)}, threat model {args.threat_model}")
         print(f"sigma = {result['sigma']:.6g} gives {result['bound']}: mu = {_fmt(result['mu'])}, "
               f"epsilon = {_fmt(result['epsilon'])} at delta = {args.delta:g}{status}")

@@ -23,7 +23,7 @@ import annotated_types as at
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .privacy.accountant import Budget
-from .privacy.records import AccountantConfig
+from .privacy.records import SMOOTHNESS_FIELDS, AccountantConfig, smoothness_problems
 from .settings import DPSettings, FederationSettings
 from .vocabulary import (Algorithm, Clipping, CohortNoise, Dataset, Partitioning, Schedule, ThreatModel,
                          UnfinishedRoundPolicy, Weighting)
@@ -78,6 +78,13 @@ class AppConfig(BaseModel):
     """FedProx alpha (> smoothness, lr <= 1/alpha); ignored for fedavg."""
     smoothness: float = Field(1.0, ge=0)
     """Assumed smoothness constant L of every loss (the final-model bound and the per-sample factor use it)."""
+    assume_smooth_losses: bool = Field(
+        False,
+        description="The operator's explicit assertion that every (per-sample) loss is L-smooth with "
+        "L = 'smoothness'. Without it no bound that rests on L certifies: per-sample clipping with "
+        "local-steps >= 2 is accounted at the clipping-only sensitivity (theta = 1), and the final-model "
+        "and paper bounds are reported as conditional on L-smooth losses. Required by threat-model "
+        "'final-model'. The shipped models (LeNet-5, ResNet-18: ReLU, max-pool) are not L-smooth.")
     cyclic_c: float = Field(0.0, ge=0)
     """Cyclic schedule constant c; 0 = the valid default c_K = H_K / ln(K+1), otherwise >= c_K."""
     iterative_z: float = Field(0.0, ge=0)
@@ -85,7 +92,7 @@ class AppConfig(BaseModel):
     # --- federation
     num_server_rounds: int = Field(10, ge=1)
     """T: rounds of the run (a resumed run continues to this total)."""
-    clients_per_round: int = Field(10, ge=1)
+    clients_per_round: int = Field(2, ge=1)
     """m: clients sampled per round (virtual clients in cohort mode)."""
     clients_per_node: int = Field(1, ge=1)
     """> 1: cohort mode, each SuperNode trains this many virtual clients at once (per-batch clipping, uniform weights; docs/cohorts.md)."""
@@ -184,6 +191,10 @@ class AppConfig(BaseModel):
                     f"'{key}' = {value!r}: must be 0 (use {constant.formula.split(' = ')[0]}) or >= {constant.formula} = "
                     f"{minimum:.6g} for 'local-steps' = {self.local_steps} (smaller constants give no valid bound)"
                 )
+        for problem in smoothness_problems(self.threat_model, self.clipping, self.local_steps, self.smoothness,
+                                           self.assume_smooth_losses):
+            problems.append(re.sub(rf"\b({'|'.join(SMOOTHNESS_FIELDS)})\b", lambda m: f"'{_dash(m.group(1))}'",
+                                   problem))
         if self.min_replies > self.clients_per_round:
             problems.append(
                 f"'min-replies' = {self.min_replies}: must be an integer in [1, 'clients-per-round' = "
@@ -251,6 +262,7 @@ class AppConfig(BaseModel):
             batch_size=self.batch_size,
             cyclic_c=self.cyclic_c if self.schedule == "cyclic" and self.cyclic_c > 0 else None,
             iterative_z=self.iterative_z if self.schedule == "iterative" and self.iterative_z > 0 else None,
+            assume_smooth_losses=self.assume_smooth_losses,
             colluders=self.colluding_clients,
         )
 

@@ -20,7 +20,7 @@ from fl_dp_flower.apps import server as server_module
 from fl_dp_flower.apps.server import LEDGER, SUMMARY, RunFailed
 from fl_dp_flower.reporting import PrivacyLedger, read_ledger
 from fl_dp_flower.reporting.verify import verify_ledger
-from local_grid import TINY_NODES, run_local, tiny_config
+from fl_dp_flower.testing import TINY_NODES, run_local, tiny_config
 
 SERVER_LOGGER = "flwr.fl_dp_flower"
 

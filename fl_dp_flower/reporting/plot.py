@@ -15,6 +15,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from .console import CONDITIONAL
 from .durable import atomic_write
 
 
@@ -52,20 +53,23 @@ def plot_privacy_curve(history: list[dict[str, Any]], path: str | os.PathLike[st
     paper, paper_inf = _series([r["bounds"]["paper"]["epsilon"] for r in reports])
     paper_sound = all(bool(r["bounds"]["paper"]["sound"]) for r in reports)
     cert_names = sorted({str(r["certified"]["bound"]) for r in reports})
+    # a bound resting on L-smooth losses says so in the legend (issue 16 item 4)
+    cert_cond = f", {CONDITIONAL}" if any(r["certified"].get("assumes") for r in reports) else ""
+    paper_cond = f", {CONDITIONAL}" if any(r["bounds"]["paper"].get("assumes") for r in reports) else ""
 
     fig = Figure(figsize=(8, 5.4), dpi=110)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     ax.plot(rounds, cert, color="tab:blue", linewidth=2.6, marker="o", markersize=4,
-            label=_label(f"certified ({', '.join(cert_names)})", cert_inf))
+            label=_label(f"certified ({', '.join(cert_names)}{cert_cond})", cert_inf))
     ax.plot(rounds, comp, color="tab:green", linewidth=1.2, linestyle=":", marker="s",
             markersize=3, label=_label("composition", comp_inf))
     if paper_sound:
         ax.plot(rounds, paper, color="tab:red", linewidth=1.2, marker="^", markersize=3,
-                label=_label("paper's bound", paper_inf))
+                label=_label(f"paper's bound{paper_cond}", paper_inf))
     else:
         ax.plot(rounds, paper, color="tab:red", linewidth=1.4, linestyle="--",
-                label=_label("paper's stated bound (not certified)", paper_inf))
+                label=_label(f"paper's stated bound (not certified{paper_cond})", paper_inf))
 
     finite = [v for v in cert + comp + paper if math.isfinite(v) and v > 0]
     if finite and max(finite) / min(finite) > 100.0:

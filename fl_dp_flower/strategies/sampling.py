@@ -18,6 +18,8 @@ from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from fl_dp_flower.settings import FederationSettings
 
+from .nodes import warn_until_enough_nodes
+
 log = logging.getLogger("flwr").getChild(__name__)
 
 
@@ -66,6 +68,7 @@ class NodeSampling:
         """
         c = self.federation
         cpn = c.clients_per_node
+        warn_until_enough_nodes(grid, self.min_available_nodes, c)
         _, available = sample_nodes(grid, self.min_available_nodes, self.min_available_nodes)  # waits
         excluded = self.excluded_nodes
         eligible = sorted(n for n in available if n not in excluded)
