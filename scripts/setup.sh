@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3.11}"
 command -v "$PY" >/dev/null 2>&1 || PY=python3
 STAMP=.venv/.fl-dp-flower-installed
-want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)-$("$PY" -c 'import sys; print(sys.version.split()[0])')"
+want="$(cat pyproject.toml scripts/setup.sh scripts/constraints.txt | sha256sum | cut -d' ' -f1)-$("$PY" -c 'import sys; print(sys.version.split()[0])')"
 if [ -x .venv/bin/python ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] \
    && .venv/bin/python -c "import fl_dp_flower" 2>/dev/null; then
   exit 0
@@ -25,7 +25,7 @@ fi
   if [ -n "${TORCH_INDEX_URL:-}" ]; then
     .venv/bin/python -m pip install --index-url "$TORCH_INDEX_URL" "torch==2.14.1" "torchvision==0.29.1"
   fi
-  PYTHONWARNINGS=ignore .venv/bin/python -m pip install -e ".[test]"
+  PYTHONWARNINGS=ignore .venv/bin/python -m pip install -c scripts/constraints.txt -e ".[test]"
 } > .venv/setup.log 2>&1 || { tail -40 .venv/setup.log >&2; echo "setup: pip failed (full log: .venv/setup.log)" >&2; exit 1; }
 echo "$want" > "$STAMP"
 echo "setup: done in $(( $(date +%s) - started )) s (log: .venv/setup.log)" >&2
