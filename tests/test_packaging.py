@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import sysconfig
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -77,8 +78,11 @@ def test_wheel_gives_the_public_api_and_typed_package(venv, tmp_path):
     assert r.returncode == 0, r.stderr
     package, typed, app = r.stdout.split()
     assert Path(package).is_relative_to(venv) and typed == "True"
-    text = (Path(app) / "pyproject.toml").read_text()
-    assert 'serverapp = "fl_dp_flower.apps.server:app"' in text and '"clients-per-round" = 10' in text
+    written = tomllib.loads((Path(app) / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
+    checkout = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
+    assert written["components"] == {"serverapp": "fl_dp_flower.apps.server:app",
+                                     "clientapp": "fl_dp_flower.apps.client:app"}
+    assert written["config"] == checkout["config"]  # the wheel's app runs with the checkout's defaults
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["privacy", "--sigma", "1.0", "--rounds", "10", "--json"]])
