@@ -60,11 +60,11 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Result
 
 from fl_dp_flower.apps.recovery import RunFailed, logged_failures, restore_exclusions
+from fl_dp_flower.apps.threat import final_model_assumptions, publishes_per_round_models
 from fl_dp_flower.config import AppConfig, ConfigError
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
-from fl_dp_flower.privacy.bounds import smoothness_assumption
 from fl_dp_flower.reporting import PrivacyLedger, PrivacyMetricsExporter, plot_privacy_curve, render_summary
-from fl_dp_flower.reporting.console import FINAL_MODEL_ASSUMES, conditional_note
+from fl_dp_flower.reporting.console import conditional_note
 from fl_dp_flower.reporting.durable import atomic_write, write_json
 from fl_dp_flower.reporting.ledger import NOT_APPLIED_EVENT, LedgerContents, read_ledger, round_records
 from fl_dp_flower.reporting.logfilter import FlowerDumps
@@ -101,11 +101,7 @@ def main(grid: Grid, context: Context) -> None:
         except ConfigError as err:
             log.error("%s", err)
             raise
-        try:
-            run_server(grid, config, on_run_dir=lambda d: dumps.attach_file(d / STRATEGY_LOG))
-        except FileExistsError as err:  # a second run with the same run-name: say why in `flwr log`
-            log.error("%s", err)
-            raise
+        run_server(grid, config, on_run_dir=lambda d: dumps.attach_file(d / STRATEGY_LOG))
     finally:
         dumps.detach_file()
 
@@ -129,22 +125,6 @@ def make_evaluate_fn(config: AppConfig):
         return MetricRecord({"accuracy": float(acc), "loss": float(loss)})
 
     return evaluate_fn
-
-
-def publishes_per_round_models(config: AppConfig) -> bool:
-    """Whether the run publishes model-derived per-round outputs (accuracy, loss, federated evaluation).
-
-    Not under the final-model threat model: its bound covers the released model only, so the run
-    evaluates that model once at the end and publishes nothing derived from the intermediate global
-    models (docs/MATH.md §15). Every sampled client still receives every global model: the bound assumes
-    that participants do not reveal them.
-    """
-    return config.threat_model != "final-model"
-
-
-def final_model_assumptions(config: AppConfig) -> list[str]:
-    """What a final-model certificate assumes, printed next to it."""
-    return [FINAL_MODEL_ASSUMES, smoothness_assumption(config.smoothness)]
 
 
 # ------------------------------------------------------------------ run
@@ -303,10 +283,8 @@ def _run_server(grid: Grid, config: AppConfig, fraction_evaluate: float,
                              {"round": round_, "state_dict": saved.to_torch_state_dict()}, run_dir / CHECKPOINT),
                          log, exporter, config.budget_epsilon)
         per_round_eval = publishes_per_round_models(config)
-        if not per_round_eval:
-            log.info("threat model 'final-model': no per-round evaluation is published (the bound covers only "
-                     "the released model, which is evaluated once at the end); it assumes %s",
-                     "; ".join(final_model_assumptions(config)))
+        if not per_round_eval:  # docs/MATH.md §15
+            log.info("final-model: no per-round evaluation is published; the released model is evaluated at the end")
         strategy = make_strategy(config, accountant, sinks=[sink],
                                  fraction_evaluate=fraction_evaluate if per_round_eval else 0.0)
         if config.resume:
@@ -395,16 +373,12 @@ def _finish(config: AppConfig, run_dir: Path, ledger: PrivacyLedger, accountant:
         "accountant_config": accountant.config.to_dict(),
     }
     write_json(run_dir / SUMMARY, summary)
-    cert = summary["final_report"]["certified"]
-    add_remove = summary["final_report"]["add_remove"]
+    cert, assumes = summary["final_report"]["certified"], summary["threat_model_assumes"]
     log.info("finished: %d rounds accounted, certified epsilon %s (mu %s, %s, replace-one%s) at delta %g; "
              "add/remove-one epsilon %s%s%s", accountant.num_releases, cert["epsilon"], cert["mu"], cert["bound"],
-             conditional_note(cert), config.delta, add_remove["epsilon"],
-             f"; final-model bound assumes {'; '.join(summary['threat_model_assumes'])}"
-             if summary["threat_model_assumes"] else "",
-             f"; stopped: {strategy.stop_reason}" if strategy.stop_reason else "")
-    if summary["threat_model_assumes"]:
-        log.info("released model: accuracy %s, loss %s", summary["final_accuracy"], summary["final_loss"])
+             conditional_note(cert), config.delta, summary["final_report"]["add_remove"]["epsilon"],
+             f"; final-model bound assumes {'; '.join(assumes)}; released model accuracy {summary['final_accuracy']}"
+             if assumes else "", f"; stopped: {strategy.stop_reason}" if strategy.stop_reason else "")
     log.info("ledger %s head (SHA-256 of its last line, for `fl-dp-flower verify`): %s",
              run_dir / LEDGER, ledger.head_line_hash)
     if strategy.excluded_nodes:
