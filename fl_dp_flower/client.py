@@ -33,13 +33,14 @@ import torch.nn.functional as F
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from torch import nn
 
-from .node import SHARE_METRICS, check_node, node_flag
+from .node import check_node, metrics_shared
 from .privacy.schedules import step_sizes
-from .protocol import Refused, TrainInstruction, echo, refusal
+from .protocol import PARTITION_ID, Refused, TrainInstruction, echo, refusal
 from .training.local_update import LocalUpdateStats, LossFn, local_update
-from .training.noise import add_gaussian_noise_, make_generator
+from .training.noise import add_gaussian_noise_, make_noise_source
 
-__all__ = ["check_no_buffers", "derived_seed", "dp_train", "noisy_local_update", "train_reply"]
+__all__ = ["check_no_buffers", "derived_seed", "dp_train", "log_nonfinite", "noisy_local_update", "shared_statistics",
+           "train_reply"]
 
 log = logging.getLogger(__name__)
 
@@ -65,12 +66,25 @@ def derived_seed(seed: int, *parts: int) -> int:
     return int(np.random.SeedSequence([seed, *parts]).generate_state(1, np.uint64)[0] >> np.uint64(1))
 
 
+def shared_statistics(**values: float | int) -> dict[str, float | int]:
+    """The un-noised statistics of local training (sent only with ``share-metrics``), in reply-key
+    form: train-seconds, train-loss, clipped-fraction, nonfinite-gradients."""
+    return {key.replace("_", "-"): value for key, value in values.items()}
+
+
+def log_nonfinite(count: int, unit: str) -> None:
+    if count:
+        log.warning("%d non-finite %s gradient(s) this round were replaced by zero before clipping "
+                    "(NaN/Inf loss or data); the upload stays finite and within the clipping bound", count, unit)
+
+
 def noisy_local_update(model: nn.Module, x: torch.Tensor, y: torch.Tensor, instruction: TrainInstruction, *,
-                       client: int = 0, loss_fn: LossFn = F.cross_entropy) -> LocalUpdateStats:
+                       client: int = 0, loss_fn: LossFn = F.cross_entropy,
+                       noise_mode: str = "standard") -> LocalUpdateStats:
     """K clipped steps of ``instruction`` on (x, y), then N(0, sigma^2) on every value of ``model``'s
     state dict, in place. ``client`` (e.g. the partition id) separates the streams of a fixed seed;
     with ``seed = -1`` batches and noise come from OS entropy. ``loss_fn(outputs, targets)`` returns
-    the batch MEAN loss."""
+    the batch MEAN loss. ``noise_mode``: "standard" or "secure" (training/noise.py)."""
     check_no_buffers(model)
     s = instruction
     etas = step_sizes(s.schedule, s.lr, s.round_index, s.local_steps)
@@ -81,20 +95,22 @@ def noisy_local_update(model: nn.Module, x: torch.Tensor, y: torch.Tensor, instr
                          loss_fn=loss_fn)
     noise_seed = -1 if s.seed == -1 else derived_seed(s.seed, client, s.round_index, 0)
     device = next(model.parameters()).device
-    add_gaussian_noise_(model, s.sigma, make_generator(device, noise_seed))
+    add_gaussian_noise_(model, s.sigma, make_noise_source(noise_mode, device, noise_seed))
+    log_nonfinite(stats.nonfinite_gradients, "per-sample" if s.clipping == "per-sample" else "step")
     return stats
 
 
 def train_reply(msg: Message, instruction: TrainInstruction, model: nn.Module, stats: LocalUpdateStats, *,
                 num_examples: int, share_metrics: bool = False, train_seconds: float | None = None,
                 extra_metrics: Mapping[str, Any] | None = None) -> Message:
-    """The train reply: the noisy model, ``num-examples``, the echo of the settings as applied and,
-    with ``share_metrics``, the un-noised train loss and clipped fraction."""
+    """The train reply: the noisy model, ``num-examples``, ``extra_metrics``, the echo of the settings
+    as applied and, with ``share_metrics``, the un-noised statistics (train seconds, train loss,
+    clipped fraction, non-finite gradients)."""
     metrics: dict[str, Any] = {"num-examples": int(num_examples)}
-    if train_seconds is not None:
-        metrics["train-seconds"] = train_seconds
     if share_metrics:
-        metrics.update({"train-loss": stats.loss, "clipped-fraction": stats.clipped_fraction})
+        metrics.update(shared_statistics(**({"train_seconds": train_seconds} if train_seconds is not None else {}),
+                                         train_loss=stats.loss, clipped_fraction=stats.clipped_fraction,
+                                         nonfinite_gradients=stats.nonfinite_gradients))
     metrics.update(extra_metrics or {})
     metrics.update(echo(instruction, local_steps=stats.steps, batch_size=stats.batch_size))
     arrays = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
@@ -122,7 +138,7 @@ def dp_train(model_fn: ModelFn, data_fn: DataFn, loss_fn: LossFn = F.cross_entro
         try:
             instruction = TrainInstruction.from_message(msg, config_key)
             check_node(instruction, context.node_config)
-            share = node_flag(context.node_config, SHARE_METRICS)
+            share = metrics_shared(context.node_config)
             x, y = data_fn(context)
             if instruction.clipping == "per-sample" and instruction.batch_size > len(y):
                 raise Refused(f"dp.batch-size={instruction.batch_size} exceeds the {len(y)} local samples; "
@@ -136,6 +152,7 @@ def dp_train(model_fn: ModelFn, data_fn: DataFn, loss_fn: LossFn = F.cross_entro
         started = time.perf_counter()
         stats = noisy_local_update(model, x, y, instruction, client=_client_index(context), loss_fn=loss_fn)
         return train_reply(msg, instruction, model, stats, num_examples=len(y), share_metrics=share,
-                           train_seconds=time.perf_counter() - started)
+                           train_seconds=time.perf_counter() - started,
+                           extra_metrics={PARTITION_ID: _client_index(context)})
 
     return train

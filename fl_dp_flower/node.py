@@ -12,7 +12,8 @@ Policy:
   ``allow-fixed-seed=true`` or the node's environment sets ``FL_DP_ALLOW_FIXED_SEED=1`` (the only
   way in Flower's simulation engine, whose node config holds just the partition).
 - ``share-metrics`` (default false): statistics of local training that are neither noised nor
-  accounted (train loss, clipped fraction) are sent only when the node config sets it.
+  accounted (train loss, clipped fraction, train seconds, non-finite gradients) are sent only when
+  the node config sets it (or ``FL_DP_SHARE_METRICS=1`` in the node's environment).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ NODE_LIMITS = {  # node-config key -> (setting, comparison that must hold)
 ALLOW_FIXED_SEED = "allow-fixed-seed"  # node-config key (bool)
 ALLOW_FIXED_SEED_ENV = "FL_DP_ALLOW_FIXED_SEED"  # node environment: "1" allows, like the key
 SHARE_METRICS = "share-metrics"  # node-config key (bool): send un-noised train/eval statistics
+SHARE_METRICS_ENV = "FL_DP_SHARE_METRICS"  # node environment: "1" shares them, like the key
 
 
 def check_node_limits(s: TrainInstruction, node_config: Mapping[str, Any]) -> None:
@@ -64,6 +66,13 @@ def fixed_seed_allowed(node_config: Mapping[str, Any], environ: Mapping[str, str
     """Whether this node accepts reproducible (seeded) noise: node config or node environment."""
     env = os.environ if environ is None else environ
     return node_flag(node_config, ALLOW_FIXED_SEED) or env.get(ALLOW_FIXED_SEED_ENV, "") == "1"
+
+
+def metrics_shared(node_config: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this node sends un-noised statistics: node config or node environment (the only
+    way in Flower's simulation engine, as for allow-fixed-seed)."""
+    env = os.environ if environ is None else environ
+    return node_flag(node_config, SHARE_METRICS) or env.get(SHARE_METRICS_ENV, "") == "1"
 
 
 def check_node_policy(s: TrainInstruction, node_config: Mapping[str, Any],

@@ -38,6 +38,7 @@ CLIPPING = "dp.clipping"
 BATCH_SIZE = "dp.batch-size"
 PROX_ALPHA = "dp.prox-alpha"
 SEED = "dp.seed"
+PARTITION_ID = "dp.partition-id"  # echoed: the node's data partition (the server detects duplicates)
 MEMBERS = "dp.members"  # cohort mode: the virtual-client slots a node trains (instruction and echo)
 
 #: instruction field -> (wire key, type): the train ConfigRecord's dp.* keys

@@ -2,9 +2,9 @@
 
 Train instruction (docs/ARCHITECTURE.md): ``msg.content["arrays"]`` (global model w_t) and
 ``msg.content["config"]`` with the ``dp.*`` keys. Reply: ``RecordDict({"arrays": noisy state_dict,
-"metrics": MetricRecord})`` with num-examples, train-loss, clipped-fraction and the settings as
-applied (dp.sigma, dp.clip-norm, dp.local-steps, dp.lr, dp.round-index, dp.batch-size,
-dp.prox-alpha).
+"metrics": MetricRecord})`` with num-examples, dp.partition-id and the settings as applied
+(dp.sigma, dp.clip-norm, dp.local-steps, dp.lr, dp.round-index, dp.batch-size, dp.prox-alpha);
+train statistics only with ``share-metrics`` (below).
 
 Node-side guardrails: a node can set ``min-sigma``, ``max-clip-norm``, ``max-local-steps`` and
 ``max-lr`` in its node config. A train instruction that violates them (or is malformed: sigma <= 0,
@@ -18,9 +18,11 @@ Node policy (the node's decision, never the server's; docs/deployment.md §2.5):
   that anyone who knows the seed can regenerate and subtract. The node refuses it unless its node
   config sets ``allow-fixed-seed=true`` or its environment sets ``FL_DP_ALLOW_FIXED_SEED=1``
   (the only way in Flower's simulation engine, whose node config holds just the partition).
-- ``share-metrics`` (default false): ``train-loss`` and ``clipped-fraction`` are computed on the
-  local data and are neither noised nor accounted, so they are only sent when the node config
-  sets ``share-metrics=true``; evaluate instructions (loss/accuracy on the local test split, also
+- ``share-metrics`` (default false): ``train-loss``, ``clipped-fraction``, ``train-seconds``
+  (the local training time, which depends on the data) and ``nonfinite-gradients`` are computed
+  on the local data and are neither noised nor accounted, so they are only sent when the node
+  config sets ``share-metrics=true`` or its environment ``FL_DP_SHARE_METRICS=1`` (the count of
+  non-finite gradients is always logged on the node); evaluate instructions (loss/accuracy on the local test split, also
   un-noised) are refused unless it does.
 
 Data: ``partition-id`` / ``num-partitions`` from the node config (num-partitions falls back to the
@@ -39,17 +41,18 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fl_dp_flower import protocol
-from fl_dp_flower.client import derived_seed, noisy_local_update, train_reply
+from fl_dp_flower.client import derived_seed, log_nonfinite, noisy_local_update, shared_statistics, train_reply
 from fl_dp_flower.config import AppConfig, ConfigError
 from fl_dp_flower.node import (ALLOW_FIXED_SEED, ALLOW_FIXED_SEED_ENV, NODE_LIMITS, SHARE_METRICS,  # noqa: F401
-                               check_node_limits, check_node_policy, fixed_seed_allowed, node_flag)
+                               SHARE_METRICS_ENV, check_node_limits, check_node_policy, fixed_seed_allowed,
+                               metrics_shared, node_flag)
 from fl_dp_flower.privacy.schedules import step_sizes
 from fl_dp_flower.protocol import REFUSAL_CODE, Refused, TrainInstruction, refusal
 from fl_dp_flower.training.cohort import Member, cohort_update
 from fl_dp_flower.training.data import DEFAULT_DATA_SEED, Partition, load_partition
 from fl_dp_flower.training.local_update import evaluate_model
 from fl_dp_flower.training.models import build_model
-from fl_dp_flower.training.noise import make_generator
+from fl_dp_flower.training.noise import make_noise_source
 
 log = logging.getLogger(__name__)
 
@@ -134,19 +137,22 @@ def _train_cohort(msg: Message, context: Context, s: TrainSettings, config: AppC
         noise_seed = -1 if s.seed == -1 else _derived_seed(s.seed, client, s.round_index, 0)
         per_member = config.cohort_noise == "per-member"
         members.append(Member(part.x_train, part.y_train, batch_gen,
-                              make_generator(device, noise_seed) if per_member else None))
+                              make_noise_source(config.noise_mode, device, noise_seed) if per_member else None))
     summed = None
     if config.cohort_noise == "summed":  # one draw of the members' summed noise (training.cohort)
-        summed = make_generator(device, -1 if s.seed == -1 else _derived_seed(s.seed, pid, s.round_index, 2))
+        summed = make_noise_source(config.noise_mode, device,
+                                   -1 if s.seed == -1 else _derived_seed(s.seed, pid, s.round_index, 2))
     alpha = s.prox_alpha if s.algorithm == "fedprox" else 0.0
     started = time.perf_counter()
     result = cohort_update(model, members, step_sizes=etas, clip_norm=s.clip_norm, batch_size=s.batch_size,
                            sigma=s.sigma, prox_alpha=alpha, summed_noise=summed)
+    log_nonfinite(result.nonfinite_gradients, "(member, step)")
     metrics = MetricRecord({
         "num-examples": sum(len(m.y) for m in members),
-        "train-seconds": time.perf_counter() - started,
-        **({"clipped-fraction": result.clipped_fraction} if share else {}),
+        **(shared_statistics(train_seconds=time.perf_counter() - started, clipped_fraction=result.clipped_fraction,
+                             nonfinite_gradients=result.nonfinite_gradients) if share else {}),
         protocol.MEMBERS: slots,
+        protocol.PARTITION_ID: pid,
         **protocol.echo(s, local_steps=len(etas), batch_size=min(result.batch_sizes)),
     })
     arrays = ArrayRecord({k: v.detach().cpu() for k, v in result.total.items()})
@@ -161,7 +167,7 @@ def train(msg: Message, context: Context) -> Message:
         s = TrainInstruction.from_config(msg.content["config"])
         check_node_limits(s, context.node_config)
         check_node_policy(s, context.node_config)
-        share = node_flag(context.node_config, SHARE_METRICS)
+        share = metrics_shared(context.node_config)
         config = run_config(context)
         slots = _cohort_slots(msg.content["config"], config)
         if slots is not None:
@@ -180,10 +186,11 @@ def train(msg: Message, context: Context) -> Message:
 
     model = _global_model(msg, config, _device())
     started = time.perf_counter()
-    stats = noisy_local_update(model, part.x_train, part.y_train, s,
-                               client=int(context.node_config["partition-id"]))
+    pid = int(context.node_config["partition-id"])
+    stats = noisy_local_update(model, part.x_train, part.y_train, s, client=pid, noise_mode=config.noise_mode)
     return train_reply(msg, s, model, stats, num_examples=len(part.y_train),  # public under replace-one
-                       share_metrics=share, train_seconds=time.perf_counter() - started)
+                       share_metrics=share, train_seconds=time.perf_counter() - started,
+                       extra_metrics={protocol.PARTITION_ID: pid})  # the server detects two nodes given one partition
 
 
 @app.evaluate()
@@ -192,7 +199,7 @@ def evaluate(msg: Message, context: Context) -> Message:
     with node config ``share-metrics=true``)."""
     torch.set_num_threads(1)
     try:
-        if not node_flag(context.node_config, SHARE_METRICS):
+        if not metrics_shared(context.node_config):
             raise Refused(f"evaluate replies are un-noised statistics of local data; this node sends "
                           f"them only with node config {SHARE_METRICS}=true")
         config = run_config(context)

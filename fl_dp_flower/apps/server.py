@@ -60,7 +60,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Result
 
 from fl_dp_flower.apps.recovery import RunFailed, logged_failures, restore_exclusions
-from fl_dp_flower.apps.threat import final_model_assumptions, publishes_per_round_models
+from fl_dp_flower.apps.threat import final_model_assumptions, node_assumptions, publishes_per_round_models
 from fl_dp_flower.config import AppConfig, ConfigError
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.reporting import PrivacyLedger, PrivacyMetricsExporter, plot_privacy_curve, render_summary
@@ -69,7 +69,7 @@ from fl_dp_flower.reporting.durable import atomic_write, write_json
 from fl_dp_flower.reporting.ledger import NOT_APPLIED_EVENT, LedgerContents, read_ledger, round_records
 from fl_dp_flower.reporting.logfilter import FlowerDumps
 from fl_dp_flower.reporting.rounds import RoundSink
-from fl_dp_flower.strategies import NoisyStrategyMixin, NotEnoughNodes, make_strategy
+from fl_dp_flower.strategies import ModelNotFinite, NoisyStrategyMixin, NotEnoughNodes, make_strategy
 from fl_dp_flower.training.data import DEFAULT_DATA_SEED, load_dataset
 from fl_dp_flower.training.local_update import evaluate_model
 from fl_dp_flower.training.models import build_model
@@ -295,7 +295,7 @@ def _run_server(grid: Grid, config: AppConfig, fraction_evaluate: float,
         try:
             result = strategy.start(grid=grid, initial_arrays=arrays, num_rounds=remaining,
                                     evaluate_fn=make_evaluate_fn(config) if per_round_eval else None)
-        except NotEnoughNodes as exc:
+        except (NotEnoughNodes, ModelNotFinite) as exc:
             log.error("%s", exc)
             ledger.append_event("failed", {"reason": str(exc), "rounds_accounted": accountant.num_releases})
             _finish(config, run_dir, ledger, accountant, strategy, strategy.partial_result(), time.time() - t0,
@@ -355,6 +355,8 @@ def _finish(config: AppConfig, run_dir: Path, ledger: PrivacyLedger, accountant:
         "run_dir": str(run_dir),
         "rounds_accounted": accountant.num_releases,
         "num_server_rounds": config.num_server_rounds,
+        "planned_rounds": config.num_server_rounds,
+        "accounted_rounds": accountant.num_releases,
         "stopped_by_budget": strategy.stop_reason is not None,
         "stop_reason": strategy.stop_reason,
         "failure": failure,
@@ -364,6 +366,7 @@ def _finish(config: AppConfig, run_dir: Path, ledger: PrivacyLedger, accountant:
         "final_accuracy": last_metrics.get("accuracy"),
         "final_loss": last_metrics.get("loss"),
         "echo_mismatches": strategy.echo_mismatches,
+        "node_assumptions": node_assumptions(config),
         "node_refusals": {str(n): r.to_dict() for n, r in sorted(strategy.refusals.items())},
         "excluded_nodes": {str(n): why for n, why in sorted(strategy.excluded_nodes.items())},
         "wall_seconds": seconds,
@@ -374,11 +377,17 @@ def _finish(config: AppConfig, run_dir: Path, ledger: PrivacyLedger, accountant:
     }
     write_json(run_dir / SUMMARY, summary)
     cert, assumes = summary["final_report"]["certified"], summary["threat_model_assumes"]
-    log.info("finished: %d rounds accounted, certified epsilon %s (mu %s, %s, replace-one%s) at delta %g; "
-             "add/remove-one epsilon %s%s%s", accountant.num_releases, cert["epsilon"], cert["mu"], cert["bound"],
-             conditional_note(cert), config.delta, summary["final_report"]["add_remove"]["epsilon"],
+    log.info("finished: %d of %d planned rounds accounted, certified epsilon %s (mu %s, %s, replace-one%s) at "
+             "delta %g; add/remove-one epsilon %s%s%s", accountant.num_releases, config.num_server_rounds,
+             cert["epsilon"], cert["mu"], cert["bound"], conditional_note(cert), config.delta,
+             summary["final_report"]["add_remove"]["epsilon"],
              f"; final-model bound assumes {'; '.join(assumes)}; released model accuracy {summary['final_accuracy']}"
              if assumes else "", f"; stopped: {strategy.stop_reason}" if strategy.stop_reason else "")
+    log.info("every bound assumes %s", "; ".join(summary["node_assumptions"]))
+    if accountant.num_releases < config.num_server_rounds:
+        log.warning("the run ends with %d of its %d planned rounds accounted%s", accountant.num_releases,
+                    config.num_server_rounds, f" ({failure or strategy.stop_reason})"
+                    if (failure or strategy.stop_reason) else "")
     log.info("ledger %s head (SHA-256 of its last line, for `fl-dp-flower verify`): %s",
              run_dir / LEDGER, ledger.head_line_hash)
     if strategy.excluded_nodes:

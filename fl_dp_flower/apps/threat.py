@@ -22,3 +22,13 @@ def publishes_per_round_models(config: AppConfig) -> bool:
 def final_model_assumptions(config: AppConfig) -> list[str]:
     """What a final-model certificate assumes, printed next to it (log, summary.json)."""
     return [FINAL_MODEL_ASSUMES, smoothness_assumption(config.smoothness)]
+
+
+def node_assumptions(config: AppConfig) -> list[str]:
+    """What every certified number assumes of the nodes and their sampler (printed with it)."""
+    return [
+        "honest nodes: every aggregated client ran the update it echoes and added its own N(0, sigma^2) "
+        f"(replies screened for it at noise-check-alpha = {config.noise_check_alpha:g}; docs/MATH.md §17)",
+        f"an exact Gaussian sampler (noise-mode = {config.noise_mode!r}: truncated at "
+        f"{'8.29' if config.noise_mode == 'secure' else '5.77'} sigma; docs/MATH.md §18)",
+    ]

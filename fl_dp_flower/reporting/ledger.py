@@ -66,6 +66,7 @@ from typing import Any
 from fl_dp_flower.privacy.records import AccountantConfig, RoundRecord
 from .durable import fsync_dir as _fsync_dir
 from .durable import json_safe as _encode
+from .durable import load_json_line
 
 SCHEMA = 2  # written by this version: hash-chained lines
 SCHEMAS = (1, 2)  # read: 1 = before the chain
@@ -138,7 +139,7 @@ class LedgerContents:
 
 def _parse_line(raw: bytes) -> dict[str, Any] | None:
     try:
-        entry = json.loads(raw.decode("utf-8"))
+        entry = load_json_line(raw)
     except (UnicodeDecodeError, json.JSONDecodeError):
         return None
     return entry if isinstance(entry, dict) and "kind" in entry else None

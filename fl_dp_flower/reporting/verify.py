@@ -47,6 +47,7 @@ from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.privacy.records import AccountantConfig, RoundRecord
 from fl_dp_flower.vocabulary import BOUND_NAMES
 
+from .durable import load_json_line
 from .ledger import (
     NOT_APPLIED_EVENT,
     ROUND_OPEN_EVENT,
@@ -195,7 +196,7 @@ def _verify(path: Path, data: bytes, v: Verification) -> Verification:
     parsed: list[dict[str, Any] | None] = []
     for raw in raw_lines:
         try:
-            entry = json.loads(raw.decode("utf-8"))
+            entry = load_json_line(raw)
             parsed.append(_decode(entry) if isinstance(entry, dict) else None)
         except (UnicodeDecodeError, json.JSONDecodeError):
             parsed.append(None)
