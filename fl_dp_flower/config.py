@@ -20,15 +20,19 @@ import re
 from typing import Any, Literal, Mapping, get_args, get_origin
 
 import annotated_types as at
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from .privacy.records import AccountantConfig
 from .vocabulary import (Algorithm, Clipping, CohortNoise, Dataset, Partitioning, Schedule, ThreatModel,
                          UnfinishedRoundPolicy, Weighting)
 from .privacy.terms import SCHEDULE_CONSTANTS, default_cyclic_c, default_iterative_z, resolve_constant
 
-__all__ = ["AppConfig", "ConfigError", "default_cyclic_c", "default_iterative_z", "describe_range",
+__all__ = ["AUTO_SIGMA", "AppConfig", "ConfigError", "default_cyclic_c", "default_iterative_z", "describe_range",
            "unknown_key_message"]
+
+
+#: The ``sigma`` value that asks the package to calibrate sigma for ``target-epsilon``.
+AUTO_SIGMA = "auto"
 
 
 class ConfigError(ValueError):
@@ -62,7 +66,9 @@ class AppConfig(BaseModel):
     batch_size: int = Field(32, ge=1)
     clipping: Clipping = "per-batch"
     clip_norm: float = Field(2.0, gt=0)
-    sigma: float = Field(0.05, gt=0)
+    sigma: float = Field(0.05, gt=0, description=(
+        "per-client noise standard deviation; \"auto\" (with 'target-epsilon' > 0) calibrates it before the "
+        "run starts so that all 'num-server-rounds' planned rounds certify at most 'target-epsilon'"))
     prox_alpha: float = Field(0.0, ge=0)
     smoothness: float = Field(1.0, ge=0)
     cyclic_c: float = Field(0.0, ge=0)
@@ -84,7 +90,9 @@ class AppConfig(BaseModel):
     num_partitions: int = Field(10, ge=1)
     test_fraction: float = Field(0.2, gt=0, lt=1)
     # --- privacy budget and reporting
-    target_epsilon: float = Field(0.0, ge=0)
+    target_epsilon: float = Field(0.0, ge=0, description=(
+        "0 = no budget; otherwise the run stops before a round would push the certified epsilon past it "
+        "(with sigma = \"auto\": the epsilon sigma is calibrated for)"))
     delta: float = Field(1e-5, gt=0, lt=1)
     threat_model: ThreatModel = "all-rounds"
     seed: int = Field(-1, ge=-1)
@@ -99,6 +107,8 @@ class AppConfig(BaseModel):
     metrics_auth_file: str = ""
     metrics_linger: float = Field(0.0, ge=0, le=86400)
 
+    _sigma_calibration: Any = PrivateAttr(default=None)
+
     # ------------------------------------------------------------ construction
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any]) -> "AppConfig":
@@ -107,6 +117,38 @@ class AppConfig(BaseModel):
             return cls.model_validate(dict(run_config))
         except ValidationError as exc:
             raise ConfigError(_format_errors(exc)) from None
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _auto_sigma(cls, data: Any, handler: Any) -> "AppConfig":
+        """``sigma = "auto"``: sigma is calibrated for 'target-epsilon' over 'num-server-rounds'
+        planned rounds (:func:`~fl_dp_flower.privacy.planning.calibrate_sigma`, cached)."""
+        if not (isinstance(data, Mapping) and data.get("sigma") == AUTO_SIGMA):
+            return handler(data)
+        target = data.get("target-epsilon", data.get("target_epsilon", 0.0))
+        if not (isinstance(target, (int, float)) and not isinstance(target, bool) and target > 0):
+            raise ValueError(f"'sigma' = {AUTO_SIGMA!r}: needs 'target-epsilon' > 0 (the epsilon sigma is calibrated "
+                             f"for), got 'target-epsilon' = {target!r}")
+        try:
+            provisional = handler({**data, "sigma": 1.0})
+        except ValidationError:
+            return handler({**data, "sigma": 1.0})  # the other keys' errors, as without "auto"
+        from .privacy.planning import calibrate_sigma  # numpy/scipy: only for "auto"
+
+        try:
+            calibration = calibrate_sigma(provisional.accountant_config(), provisional.num_server_rounds,
+                                          float(target))
+        except ValueError as err:
+            raise ValueError(f"'sigma' = {AUTO_SIGMA!r}: {err}") from None
+        model = handler({**data, "sigma": calibration.sigma})
+        model._sigma_calibration = calibration
+        return model
+
+    @property
+    def sigma_calibration(self) -> Any:
+        """The :class:`~fl_dp_flower.privacy.planning.SigmaCalibration` that chose ``sigma`` when
+        the run config said ``sigma = "auto"``; None when sigma was given."""
+        return self._sigma_calibration
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "AppConfig":
@@ -202,6 +244,8 @@ def describe_range(field_name: str) -> str:
         if field_name == "run_name":
             text += " of letters, digits, '.', '_' or '-' (no path separators)"
         return text
+    if field_name == "sigma":
+        return f"a finite number > 0, or {AUTO_SIGMA!r} (calibrated for 'target-epsilon' > 0)"
     kind = "an integer" if ann is int else "a finite number"
     bounds = []
     for meta in info.metadata:

@@ -124,8 +124,10 @@ def make_plan(args: argparse.Namespace, *, app_dir: Path = ROOT, now: datetime |
     overrides["output-dir"] = str(out_dir if out_dir.is_absolute() else (Path.cwd() / out_dir).resolve())
     if args.resume:
         overrides["resume"] = True
+    from .preflight import preflight
     try:
         config = AppConfig.from_run_config({**pyproject_run_config(app_dir), **overrides})
+        preflight(config)  # a budget that fits no round is refused now, not after the run starts
     except ConfigError as err:
         raise UsageError(str(err)) from None
     run_dir = Path(config.output_dir) / config.run_name
@@ -379,6 +381,8 @@ class Runner:
                        for e in contents.rounds]
             if history:
                 self.say(render_summary(history, max_rows=SUMMARY_ROWS))
+            for warning in json.loads(summary_path.read_text()).get("warnings", []):  # e.g. chance-level accuracy
+                self.say(warning)
         if status != "finished:completed":
             self.say(f"run {self.run_id} {status}: {info.get('status-details') or 'no details'}")
             self.say(self.spent_text())
@@ -399,6 +403,9 @@ class Runner:
                 self.say(f"run '{self.plan.config.run_name}': {self.plan.num_rounds} rounds, "
                          f"{self.plan.config.clients_per_round} clients per round, {self.plan.supernodes} "
                          f"simulated SuperNodes{cohort}; outputs in {self.plan.run_dir}")
+                from .preflight import preflight
+                for note in preflight(self.plan.config):  # calibrated sigma, budget stop, noise warning
+                    self.say(note)
                 self.run_id = self.submit()
                 c = self.plan.config
                 self.say(f"started run {self.run_id}; certified = the sound bound for threat model "

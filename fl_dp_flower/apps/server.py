@@ -48,6 +48,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Result
 
 from fl_dp_flower.config import AppConfig, ConfigError
+from fl_dp_flower.preflight import chance_level_warning, preflight
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.privacy.records import RoundRecord
 from fl_dp_flower.reporting import PrivacyLedger, PrivacyMetricsExporter, plot_privacy_curve, render_summary
@@ -233,6 +234,13 @@ def run_server(grid: Grid, config: AppConfig, *, fraction_evaluate: float = 0.0,
     if config.seed >= 0:  # node sampling (random.sample) and model init become reproducible
         random.seed(config.seed)
         torch.manual_seed(config.seed)
+    try:
+        notes = preflight(config)  # calibrated sigma, early budget stop, noise
+    except ConfigError as err:  # the budget fits no round: refuse before anything is written
+        log.error("%s", err)
+        raise
+    for note in notes:
+        (log.warning if note.startswith("warning") else log.info)("%s", note)
     run_dir = (Path(config.output_dir).expanduser() / config.run_name).resolve()
     if config.resume:
         _require_ledger(run_dir / LEDGER)  # before any folder is made
@@ -336,7 +344,11 @@ def _finish(config: AppConfig, run_dir: Path, ledger: PrivacyLedger, accountant:
         "app_config": config.to_run_config(),
         "accountant_config": accountant.config.to_dict(),
     }
+    chance = chance_level_warning(config, summary["final_accuracy"])
+    summary["warnings"] = [chance] if chance else []
     write_json(run_dir / SUMMARY, summary)
+    if chance:
+        log.warning("%s", chance)
     cert = summary["final_report"]["certified"]
     log.info("finished: %d rounds accounted, certified epsilon %s (mu %s, %s) at delta %g%s",
              accountant.num_releases, cert["epsilon"], cert["mu"], cert["bound"], config.delta,
