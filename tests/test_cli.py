@@ -73,7 +73,10 @@ def test_per_sample_clipping_scales_by_theta(capsys):
         (["--sigma", "1", "--delta", "1.5"], "--delta"),
         (["--sigma", "1", "--algorithm", "fedprox", "--prox-alpha", "0.5"], "--prox-alpha"),
         (["--sigma", "1", "--algorithm", "fedprox", "--prox-alpha", "20"], "--lr"),
-        (["--sigma", "1", "--per-sample-clipping"], "--batch-size"),
+        (["--sigma", "1", "--per-sample-clipping", "--batch-size", "0"], "--batch-size"),
+        (["--sigma", "auto"], "--target-epsilon"),
+        (["--run-config", "sigma=-1"], "--sigma"),
+        (["--run-config", "lr2=0.1"], "lr"),
     ],
 )
 def test_bad_input_names_the_flag(argv, flag, capsys):
@@ -96,9 +99,11 @@ def test_console_script_is_installed():
 
 
 def test_table_states_the_defaults_and_which_threat_model_chose_the_bound(capsys):
+    # issue 21.3: the defaults are the run config's (pyproject: K 10, V 2, m 10, T 10), not the CLI's own
     assert main(["privacy", "--sigma", "1"]) == 0
     out = capsys.readouterr().out
-    assert "m 10 clients/round, T 100 rounds" in out and "constant schedule, lr 0.1, K 5, V 1" in out
+    assert "m 10 clients/round, T 10 rounds" in out and "constant schedule, lr 0.1, K 10, V 2" in out
+    assert "run config: " in out and "pyproject.toml + flags" in out
     assert "certified (composition, chosen by threat model all-rounds" in out
     assert main(["privacy", "--sigma", "1", "--threat-model", "curious-server"]) == 0
     assert "certified (local_dp, chosen by threat model curious-server" in capsys.readouterr().out
@@ -108,7 +113,7 @@ def test_help_shows_defaults_and_cites_no_document_a_user_cannot_open(capsys):
     with pytest.raises(SystemExit):
         main(["privacy", "--help"])
     text = capsys.readouterr().out
-    assert "(default: 100)" in text and "(default: 10)" in text
+    assert "--num-server-rounds X, --rounds X" in text and "package default 10" in text
     with pytest.raises(SystemExit):
         main(["privacy", "--sigma", "1", "--algorithm", "fedprox", "--prox-alpha", "100"])
     err = capsys.readouterr().err

@@ -188,10 +188,11 @@ def calibrate_sigma(config: AccountantConfig, rounds: int, target_epsilon: float
     """The sigma at which all ``rounds`` planned rounds fit ``target_epsilon`` at ``config.delta``
     under the certified bound of ``config.threat_model`` (``config.sigma`` is ignored).
 
-    Every bound is proportional to 1/sigma, so sigma = mu(sigma = 1) / mu* is exact, with mu the
-    certified mu of the accountant's replay of the planned rounds (:func:`planned_run`) and mu*
-    the largest mu meeting the target (docs/MATH.md §9.2); it is then rounded up to
-    :data:`SIGMA_DIGITS` digits and checked with the run's budget rule.
+    Every bound is proportional to 1/sigma, so sigma = max_t mu_t(sigma = 1) / mu* is exact, with
+    mu_t the certified mu after round t of the accountant's replay of the planned rounds
+    (:func:`planned_run`; the budget is checked after every round) and mu* the largest mu meeting
+    the target (docs/MATH.md §9.2); it is then rounded up to :data:`SIGMA_DIGITS` digits and
+    checked with the run's budget rule.
     Raises ValueError naming the limit when no sigma can meet the target. Cached: every
     validation of the same run config (server, each client message) computes it once.
     """
@@ -199,9 +200,10 @@ def calibrate_sigma(config: AccountantConfig, rounds: int, target_epsilon: float
     if not (isinstance(target_epsilon, (int, float)) and math.isfinite(target_epsilon) and target_epsilon > 0):
         raise ValueError(f"target_epsilon must be a finite number > 0, got {target_epsilon!r}")
     mu_star = gdp.mu_for(target_epsilon, config.delta)
-    unit_config = dataclasses.replace(config, sigma=1.0)
-    unit = PrivacyAccountant.from_records(unit_config, (unit_config.planned_round(t) for t in range(1, rounds + 1)))
-    sigma = unit.report().certified.mu / mu_star
+    # The budget is checked after every round, and the final-model bound can shrink as rounds are
+    # added: sigma must fit the largest certified mu over the rounds, not only the last one's.
+    unit = planned_run(dataclasses.replace(config, sigma=1.0), rounds)
+    sigma = max(r.certified.mu for r in unit.reports) / mu_star
     for _ in range(3):  # normally once: rounding up keeps the replay within the target
         if not (math.isfinite(sigma) and sigma > 0):
             break
