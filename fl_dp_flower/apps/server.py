@@ -322,7 +322,8 @@ def _finish(config: AppConfig, run_dir: Path, ledger: PrivacyLedger, accountant:
     plot = None
     if history:
         log.info("\n%s", render_summary(history))
-        plot = str(plot_privacy_curve(history, run_dir / PLOT, delta=config.delta))
+        plot = str(plot_privacy_curve(history, run_dir / PLOT, delta=config.delta,
+                                      run_config=config.to_run_config()))
     last_metrics = history[-1]["metrics"] if history else {}
     summary = {
         "run_dir": str(run_dir),
