@@ -160,9 +160,20 @@ def _open_ledger(config: AppConfig, run_dir: Path) -> tuple[PrivacyLedger, Priva
         log.warning("round %d had no complete ledger line (line %s): accounted as the planned round from a "
                     "single client (resume-unfinished-round = 'account'); certified epsilon now %.6g",
                     unfinished, contents.open_round_line, report.certified.epsilon)
-    ledger.append_event("resume", {"rounds_accounted": accountant.num_releases, "checkpoint_round": ckpt_round})
+    ledger.append_event("resume", {"rounds_accounted": accountant.num_releases, "checkpoint_round": ckpt_round,
+                                   "plan": _resumed_plan(config)})
     log.info("resuming %s: %d rounds accounted", path, accountant.num_releases)
     return ledger, accountant, arrays
+
+
+#: Run-config keys a resume may change that ``watch`` shows (the header keeps the first run's).
+RESUMABLE_PLAN_KEYS = ("num-server-rounds", "target-epsilon", "clients-per-round")
+
+
+def _resumed_plan(config: AppConfig) -> dict[str, Any]:
+    """The resumed run's plan, recorded in its ``resume`` event (the header is never rewritten)."""
+    run_config = config.to_run_config()
+    return {key: run_config[key] for key in RESUMABLE_PLAN_KEYS}
 
 
 def _require_ledger(path: Path) -> None:
