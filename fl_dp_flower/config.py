@@ -27,12 +27,24 @@ from .vocabulary import (Algorithm, Clipping, CohortNoise, Dataset, Partitioning
                          UnfinishedRoundPolicy, Weighting)
 from .privacy.terms import SCHEDULE_CONSTANTS, default_cyclic_c, default_iterative_z, resolve_constant
 
-__all__ = ["AUTO_SIGMA", "AppConfig", "ConfigError", "default_cyclic_c", "default_iterative_z", "describe_range",
+__all__ = ["AUTO_SIGMA", "AppConfig", "ConfigError", "with_auto_sigma", "default_cyclic_c", "default_iterative_z", "describe_range",
            "unknown_key_message"]
 
 
 #: The ``sigma`` value that asks the package to calibrate sigma for ``target-epsilon``.
 AUTO_SIGMA = "auto"
+
+
+def with_auto_sigma(user_overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """The user's run-config overrides, with ``sigma = "auto"`` when they set 'target-epsilon' > 0
+    and leave sigma to the package (no 'sigma' of their own: a preset's or the pyproject's sigma
+    gives way). What ``fl-dp-flower run`` and the planning commands apply to what the user typed;
+    ``flwr run`` cannot tell the user's keys from the pyproject's, so there sigma = "auto" is explicit."""
+    out = dict(user_overrides)
+    target = out.get("target-epsilon", out.get("target_epsilon"))
+    if "sigma" not in out and isinstance(target, (int, float)) and not isinstance(target, bool) and target > 0:
+        out["sigma"] = AUTO_SIGMA
+    return out
 
 
 class ConfigError(ValueError):

@@ -117,7 +117,8 @@ def make_plan(args: argparse.Namespace, *, app_dir: Path = ROOT, now: datetime |
     for key, flag in (("run-name", "--run-name"), ("output-dir", "--output-dir"), ("resume", "--resume")):
         if key in overrides and getattr(args, flag[2:].replace("-", "_")) not in (None, False):
             raise UsageError(f"'{key}' is set both as {flag} and in the overrides: keep one")
-    overrides = {**PRESETS[args.preset], **overrides}
+    from .config import with_auto_sigma
+    overrides = {**PRESETS[args.preset], **with_auto_sigma(overrides)}  # target-epsilon alone picks sigma
     stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
     overrides.setdefault("run-name", args.run_name or f"main-{stamp}")
     out_dir = Path(str(overrides.get("output-dir") or args.output_dir or "outputs")).expanduser()

@@ -131,7 +131,7 @@ def resolve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> AppCon
     the attributes the planning and audit commands read: ``args.sigma``, ``args.rounds``,
     ``args.clients``.
     """
-    from .config import AppConfig, ConfigError
+    from .config import AppConfig, ConfigError, with_auto_sigma
     from .launcher import UsageError, parse_overrides
 
     try:
@@ -140,7 +140,8 @@ def resolve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> AppCon
     except (ValueError, UsageError) as err:
         parser.error(str(err))
     flags = {_dash(name): getattr(args, name) for name in planning_fields() if hasattr(args, name)}
-    values = {**base, **(PRESETS[args.preset] if args.preset else {}), **overrides, **flags}
+    user = with_auto_sigma({**overrides, **flags})  # target-epsilon without sigma picks sigma, as in `run`
+    values = {**base, **(PRESETS[args.preset] if args.preset else {}), **user}
     try:
         config = AppConfig.from_run_config(values)
     except ConfigError as err:

