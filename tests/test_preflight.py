@@ -9,8 +9,8 @@ import re
 import time
 
 import pytest
-
 from doc_commands import pyproject_defaults
+
 from fl_dp_flower.config import AppConfig, ConfigError
 from fl_dp_flower.launcher import UsageError, make_plan
 from fl_dp_flower.preflight import DATASET_FACTS, chance_level_warning, preflight

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from local_grid import run_local, tiny_config
 from rich.console import Console
 
 from fl_dp_flower.apps.server import LEDGER
 from fl_dp_flower.privacy.planning import planned_run
 from fl_dp_flower.reporting.watch import LedgerFollower, RunView, render
-
-from local_grid import run_local, tiny_config
 
 
 def _view(ledger: Path) -> tuple[RunView, str]:
