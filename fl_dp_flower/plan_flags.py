@@ -127,9 +127,9 @@ def _table(path: Path) -> dict[str, Any]:
 def resolve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> AppConfig:
     """The run config the plan is about (layers as in the module docstring); exits 2 on bad input.
 
-    Also sets ``args.config`` (the AppConfig), ``args.config_source`` (the layers, in words) and
-    the attributes the planning and audit commands read: ``args.sigma``, ``args.rounds``,
-    ``args.clients``.
+    Also sets ``args.config`` (the AppConfig), ``args.config_source`` (the layers, in words), every
+    planning key as resolved (``args.sigma``, ``args.threat_model``, ...) and the former names
+    ``args.rounds``, ``args.clients``, ``args.per_sample_clipping``.
     """
     from .config import AppConfig, ConfigError, with_auto_sigma
     from .launcher import UsageError, parse_overrides
@@ -149,7 +149,10 @@ def resolve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> AppCon
     layers = [source] + ([f"preset {args.preset}"] if args.preset else []) + (
         [f'--run-config "{args.run_config}"'] if overrides else []) + (["flags"] if flags else [])
     args.config, args.config_source = config, " + ".join(layers)
-    args.sigma, args.rounds, args.clients = config.sigma, config.num_server_rounds, config.clients_per_round
+    for name in planning_fields():  # every key as resolved, for code that reads args.<key>
+        setattr(args, name, getattr(config, name))
+    args.rounds, args.clients = config.num_server_rounds, config.clients_per_round
+    args.per_sample_clipping = config.clipping == "per-sample"
     return config
 
 
