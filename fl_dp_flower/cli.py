@@ -291,7 +291,7 @@ def _calibrate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
         print(json.dumps(json_safe(result), indent=2, allow_nan=False))
     else:
         status = "" if result["sound"] else "  (paper's stated bound - NOT a guarantee)"
-        print(f"{_settings(args)}, threat model {args.config.threat_model}")
+        print(f"{_settings(args)}\nthreat model {args.config.threat_model}")
         print(f"sigma = {result['sigma']:.6g} gives {result['bound']}: mu = {_fmt(result['mu'])}, "
               f"epsilon = {_fmt(result['epsilon'])} at delta {args.config.delta:g}{status}")
         print(f"sigma = 'auto' in this run config picks sigma = {auto.sigma:g} (rounded up): certified "
