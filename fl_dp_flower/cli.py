@@ -19,7 +19,8 @@ import argparse
 import json
 import math
 import sys
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .privacy.records import AccountantConfig
@@ -173,9 +174,10 @@ def _print_plan(result: dict[str, Any], args: argparse.Namespace) -> None:
                   f"{_THREAT_RULE[threat]}): mu = {_fmt(cert['mu'])}, epsilon = {_fmt(cert['epsilon'])}")
     per_round = result["per_round"]
     shown = per_round if len(per_round) <= 12 else per_round[:6] + per_round[-6:]
-    console.print("per round (the run's accountant on the planned rounds): " + ", ".join(
-        f"{r['round']}: {_fmt(r['epsilon'])}" for r in shown) + ("" if shown is per_round else " (middle rounds: --json)"),
-        highlight=False)
+    if shown:
+        console.print("certified epsilon per round (the run's accountant on the planned rounds): " + ", ".join(
+            f"{r['round']}: {_fmt(r['epsilon'])}" for r in shown)
+            + ("" if shown is per_round else " (every round: --json)"), highlight=False)
     for note in result["notes"]:
         console.print(note, highlight=False)
 
@@ -235,6 +237,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _calibrate(args, parser)
 
 
+#: Above this many rounds ``privacy`` prints the closed forms only (the replay costs about 1 ms a round).
+PER_ROUND_LIMIT = 20_000
+
+
 def _notes(args: argparse.Namespace) -> list[str]:
     """What the run would say before it starts (calibrated sigma, budget stop, noise), or its refusal."""
     from .config import ConfigError
@@ -252,16 +258,18 @@ def _privacy(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from .reporting.durable import json_safe
 
     config = _config(args, parser)
+    replay = args.rounds <= PER_ROUND_LIMIT
     try:
         result = plan(config, args.rounds).to_dict()
-        run = planned_run(config, args.rounds, args.config.budget_epsilon)
+        run = planned_run(config, args.rounds, args.config.budget_epsilon) if replay else None
     except ValueError as exc:
         parser.error(_flagged(str(exc)))
     result["sigma"] = config.sigma
     result["per_round"] = [{"round": r.round, "bound": r.certified_bound, "mu": r.certified.mu,
-                            "epsilon": r.certified.epsilon} for r in run.reports]
-    result["stopped_by_budget"] = run.stopped_by_budget
-    result["notes"] = _notes(args)
+                            "epsilon": r.certified.epsilon} for r in (run.reports if run else ())]
+    result["stopped_by_budget"] = run.stopped_by_budget if run else None
+    skipped = f"more than {PER_ROUND_LIMIT:,} rounds: no per-round replay (about 1 ms a round); the table is the closed form"
+    result["notes"] = _notes(args) if replay else [skipped]
     result["run_config"] = {"source": args.config_source, "values": args.config.to_run_config()}
     if args.json:
         print(json.dumps(json_safe(result), indent=2, allow_nan=False))
@@ -282,11 +290,12 @@ def _calibrate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     config = _config(args, parser, 1.0)
     try:
         result = calibrate(config, args.rounds, target, args.bound).to_dict()
-        auto = calibrate_sigma(config, args.rounds, target)
+        auto = calibrate_sigma(config, args.rounds, target) if args.rounds <= PER_ROUND_LIMIT else None
     except ValueError as exc:
         parser.error(_flagged(str(exc)))
-    result["run"] = {"sigma": auto.sigma, "bound": auto.report.certified_bound,
-                     "epsilon": auto.report.certified.epsilon, "mu": auto.report.certified.mu}
+    result["run"] = None if auto is None else {
+        "sigma": auto.sigma, "bound": auto.report.certified_bound, "epsilon": auto.report.certified.epsilon,
+        "mu": auto.report.certified.mu}
     if args.json:
         print(json.dumps(json_safe(result), indent=2, allow_nan=False))
     else:
@@ -294,9 +303,10 @@ def _calibrate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
         print(f"{_settings(args)}\nthreat model {args.config.threat_model}")
         print(f"sigma = {result['sigma']:.6g} gives {result['bound']}: mu = {_fmt(result['mu'])}, "
               f"epsilon = {_fmt(result['epsilon'])} at delta {args.config.delta:g}{status}")
-        print(f"sigma = 'auto' in this run config picks sigma = {auto.sigma:g} (rounded up): certified "
-              f"epsilon {_fmt(auto.report.certified.epsilon)} ({auto.report.certified_bound}) after "
-              f"{args.rounds} rounds")
+        if auto is not None:
+            print(f"sigma = 'auto' in this run config picks sigma = {auto.sigma:g} (rounded up): certified "
+                  f"epsilon {_fmt(auto.report.certified.epsilon)} ({auto.report.certified_bound}) after "
+                  f"{args.rounds} rounds")
     return 0
 
 
