@@ -120,3 +120,40 @@ def test_help_shows_defaults_and_cites_no_document_a_user_cannot_open(capsys):
     assert "--prox-alpha" in err
     cited = re.findall(r"[\w./-]+\.md", err)  # a document the message cites is one the user has
     assert all((Path(__file__).resolve().parents[1] / doc).is_file() for doc in cited), cited
+
+
+def test_every_run_config_key_a_plan_depends_on_is_a_flag(capsys):
+    # issue 21.3: the flags are generated from AppConfig, so a key added to the run config is a flag
+    from fl_dp_flower.config import AppConfig
+    from fl_dp_flower.plan_flags import RUN_ONLY
+
+    with pytest.raises(SystemExit):
+        main(["privacy", "--help"])
+    text = capsys.readouterr().out
+    keys = [n.replace("_", "-") for n in AppConfig.model_fields if n not in RUN_ONLY]
+    assert len(keys) >= 25 and all(f"--{key}" in text for key in keys)
+    assert RUN_ONLY < set(AppConfig.model_fields)  # no stale exclusion
+
+
+def test_flags_override_run_config_overrides_which_override_the_preset(capsys):
+    out = _json(capsys, ["privacy", "--preset", "main", "--run-config", "sigma=0.9 num-server-rounds=3",
+                         "--num-server-rounds", "2", "--json"])
+    values = out["run_config"]["values"]
+    assert values["clients-per-round"] == 4000 and values["sigma"] == 0.9 and values["num-server-rounds"] == 2
+    assert out["rounds"] == 2 and len(out["per_round"]) == 2
+    assert out["run_config"]["source"].endswith('+ preset main + --run-config "sigma=0.9 num-server-rounds=3" + flags')
+
+
+def test_a_very_long_plan_skips_the_per_round_replay(capsys):
+    out = _json(capsys, ["privacy", "--sigma", "1", "--rounds", "30000", "--json"])
+    assert out["per_round"] == [] and out["stopped_by_budget"] is None and "30000" not in out["notes"][0]
+    assert out["bounds"]["composition"]["mu"] > 0
+
+
+def test_app_reads_another_projects_run_config(tmp_path, capsys):
+    (tmp_path / "pyproject.toml").write_text('[tool.flwr.app.config]\n"local-steps" = 3\nsigma = 0.7\n')
+    out = _json(capsys, ["privacy", "--app", str(tmp_path), "--json"])
+    assert out["run_config"]["values"]["local-steps"] == 3 and out["sigma"] == 0.7
+    with pytest.raises(SystemExit):
+        main(["privacy", "--app", str(tmp_path / "nowhere")])
+    assert "--app" in capsys.readouterr().err
