@@ -6,7 +6,7 @@
 The planning commands (and ``audit``) take the run config's own keys as flags, with the run's
 defaults, and can read the app's pyproject.toml, a ``--preset`` and ``--run-config`` overrides
 (:mod:`fl_dp_flower.plan_flags`): planning and running agree by construction;
-``audit`` attacks the worst-case canary and checks every bound (docs/audit.md);
+``audit`` attacks a canary run and checks every bound (docs/audit.md);
 ``sensitivity`` measures the real trainer's sensitivity against its bounds.
 Output is a table (rich) or JSON (``--json``). Bad input exits with status 2 and
 a message naming the flag and the allowed range. Defaults are shown in ``--help`` and
@@ -77,6 +77,13 @@ def build_parser() -> argparse.ArgumentParser:
                                  formatter_class=formatter)
     verify.add_argument("ledger", help="path of a ledger.jsonl (or of its run folder)")
     verify.add_argument("--json", action="store_true", help="print JSON instead of text")
+    verify.add_argument("--expected-head", action="append", default=[], metavar="SHA256",
+                        help="the ledger head the run published (its log, summary.json 'ledger_head', Prometheus "
+                             "fl_dp_ledger_head_info), kept outside the run folder: the ledger must reach it "
+                             "(a cut tail fails). summary.json beside the ledger is checked too")
+    verify.add_argument("--live", action="store_true",
+                        help="the run is still running (or crashed and awaits its resume): a ledger without an end "
+                             "event is expected instead of failing as possibly cut")
     watch = commands.add_parser("watch", help="live view of a running or finished run, read from its ledger",
                                 formatter_class=formatter)
     watch.add_argument("run_dir", help="the run folder (<output-dir>/<run-name>) or its ledger.jsonl")
@@ -84,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     watch.add_argument("--once", action="store_true", help="print one view and exit (no live display)")
     privacy = commands.add_parser("privacy", help="all privacy bounds of a planned run", formatter_class=formatter)
     _add_common(privacy)
-    audit = commands.add_parser("audit", help="attack the worst-case canary and check every printed bound",
+    audit = commands.add_parser("audit", help="attack a canary (linear or kink) and check every printed bound",
                                 formatter_class=formatter)
     _add_common(audit)
     audit.add_argument("--trials", type=_number(int, 10, False), default=100_000,
@@ -94,6 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="confidence of the lower bounds and intervals, in (0, 1)")
     audit.add_argument("--plot", default=None, help="write the trade-off plot (PNG) to this path")
     audit.add_argument("--device", default="auto", help="torch device of the trials (auto: cuda if present)")
+    from .audit.commands import add_audit_arguments
+    add_audit_arguments(audit)
     sens = commands.add_parser("sensitivity", help="measured ||w_T - w'_T|| of the real trainer against its bounds",
                                formatter_class=formatter)
     from .audit.commands import add_sensitivity_arguments
@@ -145,7 +154,7 @@ def _settings(args: argparse.Namespace) -> str:
     clipping = f"per-sample (B {c.batch_size})" if c.clipping == "per-sample" else f"per-batch (B {c.batch_size})"
     return (f"{c.algorithm}{extra}, {c.schedule} schedule, lr {c.lr:g}, K {c.local_steps}, V {c.clip_norm:g}, "
             f"m {c.clients_per_round} clients/round, T {c.num_server_rounds} rounds, L {c.smoothness:g}, "
-            f"{clipping} clipping\nrun config: {args.config_source}")
+            f"{clipping} clipping, {c.colluding_clients} colluding client(s)\nrun config: {args.config_source}")
 
 
 _THREAT_RULE = {
@@ -195,7 +204,16 @@ def _verify(args: argparse.Namespace) -> int:
     if not path.is_file():
         print(f"fl-dp-flower verify: no ledger at {path}", file=sys.stderr)
         return 2
-    result = verify_ledger(path)
+    heads = {f"--expected-head #{n}": h for n, h in enumerate(args.expected_head, start=1)}
+    summary = path.parent / "summary.json"
+    if summary.is_file():
+        try:
+            published = json.loads(summary.read_text()).get("ledger_head")
+        except (OSError, ValueError, AttributeError):
+            published = None
+        if isinstance(published, str) and published:
+            heads[str(summary)] = published
+    result = verify_ledger(path, expected_heads=heads, live=args.live)
     if args.json:
         print(json.dumps(json_safe(result.to_dict()), indent=2, allow_nan=False))
         return 0 if result.ok else 1
@@ -205,8 +223,11 @@ def _verify(args: argparse.Namespace) -> int:
           f"{result.rounds_verified} rounds recomputed in {result.seconds:.2f} s")
     for note in result.notes:
         print(f"note: {note}")
+    for checked in result.heads_checked:
+        print(f"published head reached ({checked})")
     if result.ok:
-        print(f"OK: every recorded number follows from the recorded rounds; head {result.head or '-'}")
+        print(f"OK: every recorded number follows from the recorded rounds; head {result.head or '-'}"
+              + ("" if result.ended or not result.chained else " (no end event: the run is live)"))
         return 0
     print(f"FAILED at line {result.failure_line}: {result.failure}")
     return 1

@@ -107,6 +107,14 @@ class AppConfig(BaseModel):
         "(with sigma = \"auto\": the epsilon sigma is calibrated for)"))
     delta: float = Field(1e-5, gt=0, lt=1)
     threat_model: ThreatModel = "all-rounds"
+    colluding_clients: int = Field(
+        1, ge=0,
+        description="c, the participating clients (virtual clients in cohort mode) that collude with the "
+                    "adversary of the all-rounds and final-model bounds: 0 = an outside observer, 1 = any "
+                    "participating client (it knows its own upload and subtracts it from the average), "
+                    "clients-per-node = a node operator who knows its whole cohort. Per-round noise counts "
+                    "only the clients outside the coalition, sigma*sqrt(m - c)/m; a round with m <= c "
+                    "certifies local DP (docs/MATH.md §14.2a).")
     seed: int = Field(-1, ge=-1)
     output_dir: str = Field("outputs", min_length=1)
     run_name: str = Field("run", min_length=1, pattern=_RUN_NAME.pattern)
@@ -236,6 +244,7 @@ class AppConfig(BaseModel):
             batch_size=self.batch_size,
             cyclic_c=self.cyclic_c if self.schedule == "cyclic" and self.cyclic_c > 0 else None,
             iterative_z=self.iterative_z if self.schedule == "iterative" and self.iterative_z > 0 else None,
+            colluders=self.colluding_clients,
         )
 
 

@@ -12,7 +12,10 @@ SuperLink/SuperNode spawn ``flower-superexec`` by name).
 - Every process starts in its own session (``start_new_session``) and carries a unique
   environment marker, so teardown can find the SuperExec/ServerApp/ClientApp processes the
   SuperLink/SuperNodes spawned (they run in their own sessions) and nothing else.
-- All waits are bounded.
+- Every wait, ``flwr`` CLI calls included, fails only after ``QUIET`` seconds without progress
+  (growth of any process log, of the CLI call's own output, or of files the test names), with
+  ``HARD_LIMIT`` as a generous cap on the whole wait: a loaded machine that is still working gets
+  more time, a stuck one fails.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -35,6 +39,9 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 ROOT = Path(__file__).resolve().parents[1]
+QUIET = 240.0        # seconds a wait tolerates without any progress
+HARD_LIMIT = 1200.0  # seconds any single wait may take in all, progress or not
+UMASK = 0o077        # as docs/deployment.md §2.3 runs every component (systemd UMask=0077)
 GEN_CERTS = ROOT / "docker" / "gen-certs.sh"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -126,7 +133,7 @@ def kill_tree(pid: int, sig: int = signal.SIGKILL) -> list[int]:
 
 def wait_until(cond: Callable[[], object], timeout: float, what: str, *, interval: float = 0.25,
                check: Callable[[], None] | None = None, progress: Callable[[], object] | None = None,
-               hard_limit: float = 1200.0):
+               hard_limit: float = HARD_LIMIT):
     """Poll ``cond`` until truthy (returned) or raise TimeoutError naming ``what``.
 
     Without ``progress``, ``timeout`` is a plain deadline. With it, ``timeout`` is the longest
@@ -157,7 +164,7 @@ def wait_until(cond: Callable[[], object], timeout: float, what: str, *, interva
 def generate_certs(out_dir: Path, supernodes: int = 3) -> Path:
     """Run docker/gen-certs.sh (TLS CA + SuperLink cert + SuperNode key pairs) into ``out_dir``."""
     r = subprocess.run(["bash", str(GEN_CERTS), str(out_dir), "--supernodes", str(supernodes)],
-                       capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, timeout=HARD_LIMIT)
     if r.returncode != 0:
         raise RuntimeError(f"gen-certs.sh failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
     return out_dir
@@ -221,17 +228,17 @@ class Federation:
     # -------------------------------------------------------------- processes
     def spawn(self, name: str, args: list[str], home: str) -> Proc:
         flwr_home = self.workdir / f"home-{home}"
-        flwr_home.mkdir(exist_ok=True)
+        flwr_home.mkdir(mode=0o700, exist_ok=True)  # as docs/deployment.md §2.3 creates it
         env = dict(self.env, FLWR_HOME=str(flwr_home))
         log = self.workdir / f"{name}.log"
         fh = open(log, "ab")
         popen = subprocess.Popen(args, env=env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 start_new_session=True, cwd=self.workdir)
+                                 start_new_session=True, cwd=self.workdir, umask=UMASK)
         proc = Proc(name, popen, log, fh)
         self.procs.append(proc)
         return proc
 
-    def start_superlink(self, timeout: float = 60) -> None:
+    def start_superlink(self, quiet: float = QUIET, *, database: Path | None = None) -> None:
         link = self.certs / "superlink"
         self.superlink = self.spawn("superlink", [
             str(self.bin_dir / "flower-superlink"),
@@ -239,8 +246,10 @@ class Federation:
             "--ssl-keyfile", str(link / "server.key"), "--enable-supernode-auth",
             "--host", "127.0.0.1", "--port", str(self.link_port),
             "--disable-runtime-dependency-installation",
+            *(["--database", str(database)] if database is not None else []),
         ], "superlink")
-        wait_until(self.healthy, timeout, "SuperLink /health over HTTPS", check=self._check_alive([self.superlink]))
+        wait_until(self.healthy, quiet, "SuperLink /health over HTTPS", check=self._check_alive([self.superlink]),
+                   progress=self.progress)
 
     def healthy(self) -> bool:
         ctx = ssl.create_default_context(cafile=str(self.ca))
@@ -272,14 +281,14 @@ class Federation:
         ], f"sn{i}")
         return proc
 
-    def start_nodes(self, configs: Iterable[str], timeout: float = 60) -> list[int]:
+    def start_nodes(self, configs: Iterable[str], quiet: float = QUIET) -> list[int]:
         """Register keys 1..n, start those SuperNodes, wait until all are online; returns node ids."""
         ids = []
         for i, cfg in enumerate(configs, start=1):
             ids.append(self.register(i))
             self.nodes.append(self.start_supernode(i, cfg))
-        wait_until(lambda: set(ids) <= self.online_ids(), timeout, f"{len(ids)} SuperNodes online",
-                   interval=0.5, check=self._check_alive([self.superlink, *self.nodes]))
+        wait_until(lambda: set(ids) <= self.online_ids(), quiet, f"{len(ids)} SuperNodes online",
+                   interval=0.5, check=self._check_alive([self.superlink, *self.nodes]), progress=self.progress)
         return ids
 
     def online_ids(self) -> set[int]:
@@ -297,14 +306,30 @@ class Federation:
         return check
 
     # -------------------------------------------------------------- CLI
-    def cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-        return subprocess.run([str(self.bin_dir / "flwr"), *args], env=dict(self.env, FLWR_HOME=str(self.cli_home)),
-                              capture_output=True, text=True, timeout=timeout, cwd=self.workdir)
+    def cli(self, *args: str, quiet: float = QUIET) -> subprocess.CompletedProcess:
+        """``flwr *args`` with this federation's CLI home. It may take as long as the federation keeps
+        making progress (:meth:`progress`, or the command's own output growing); it is killed and
+        TimeoutError raised after ``quiet`` seconds without any, or after ``HARD_LIMIT``."""
+        argv = [str(self.bin_dir / "flwr"), *args]
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            popen = subprocess.Popen(argv, env=dict(self.env, FLWR_HOME=str(self.cli_home)), stdout=out,
+                                     stderr=err, stdin=subprocess.DEVNULL, cwd=self.workdir)
+            try:
+                wait_until(lambda: popen.poll() is not None, quiet, f"`flwr {' '.join(args[:2])}` to return",
+                           interval=0.05, progress=lambda: (self.progress(), os.fstat(out.fileno()).st_size,
+                                                            os.fstat(err.fileno()).st_size))
+            finally:
+                if popen.poll() is None:
+                    popen.kill()
+                    popen.wait(10)
+            out.seek(0)
+            err.seek(0)
+            return subprocess.CompletedProcess(argv, popen.returncode, out.read().decode(errors="replace"),
+                                               err.read().decode(errors="replace"))
 
     def submit(self, run_config: str) -> int:
         """``flwr run <app> <conn> --run-config ... --format json``; returns the run id."""
-        r = self.cli("run", str(self.app_dir), self.conn, "--run-config", run_config, "--format", "json",
-                     timeout=120)
+        r = self.cli("run", str(self.app_dir), self.conn, "--run-config", run_config, "--format", "json")
         if r.returncode != 0:
             raise RuntimeError(f"flwr run failed (rc={r.returncode}): {r.stdout}\n{r.stderr}")
         data = last_json(r.stdout)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -21,7 +22,10 @@ def _record(t: int, *, m: int, schedule="stage", lr=0.1, K=5, sigma=1.0, V=1.0, 
 
 
 def _config(**kw) -> AccountantConfig:
-    base = dict(schedule="stage", lr=0.1, local_steps=5, clip_norm=1.0, clients=20, sigma=1.0, smoothness=1.0)
+    # colluders=0: the reference numbers are for an outside observer (SPEC §14 tables); the
+    # participant's view (c >= 1, SPEC §14.2a) has its own tests
+    base = dict(schedule="stage", lr=0.1, local_steps=5, clip_norm=1.0, clients=20, sigma=1.0, smoothness=1.0,
+                colluders=0)
     base.update(kw)
     return AccountantConfig(**base)
 
@@ -219,3 +223,144 @@ def test_peek_is_exactly_the_next_step_and_changes_nothing(schedule, threat):
         assert acct.would_exceed(rec, Budget(epsilon=eps * (1 - 1e-9), delta=1e-5))
         assert not acct.would_exceed(rec, Budget(epsilon=eps * (1 + 1e-9), delta=1e-5))
         assert acct.step(rec).to_dict() == reference
+
+
+# ---------------------------------------------------------------- rounds never applied (SPEC §14.3a)
+
+
+def _linear_canary_mu(gammas: list[float], noise_stds: list[float]) -> float:
+    """Exact GDP of the linear canary's released model (docs/MATH.md §7.3): rho = 1, the two runs
+    differ by exactly gamma_t per applied round, so w_T - w'_T ~ N(sum gamma_t, sum s_t^2)."""
+    return math.fsum(gammas) / math.sqrt(math.fsum(s * s for s in noise_stds))
+
+
+def test_rounds_never_applied_do_not_lower_the_final_model_bound():
+    """Issue 16 item 1: 10 applied + 990 under-quorum rounds (19 of 20 replies, model kept).
+    The old rule put them in the PAVA: certified eps 0.364 for a model whose exact eps is 0.754."""
+    from fl_dp_flower.privacy import gdp
+
+    cfg = _config(lr=0.05, sigma=0.5, threat_model="final-model")  # m 20, K 5, stage, L 1, V 1, c = 0
+    released = PrivacyAccountant(cfg)
+    for t in range(1, 11):
+        released.step(cfg.planned_round(t))
+    acct = PrivacyAccountant.from_records(cfg, released.records)
+    for t in range(11, 1001):
+        report = acct.step(dataclasses.replace(_record(t - 1, m=19, lr=0.05, sigma=0.5), applied=False))
+    m, sigma = 20, 0.5
+    gammas = [2 * 0.05 * 1.0 * 5 / m / (t + 1) for t in range(10)]  # Table 2 SD, t = 0..9
+    exact = gdp.epsilon(_linear_canary_mu(gammas, [sigma / math.sqrt(m)] * 10), 1e-5)
+    assert exact == pytest.approx(0.7538, abs=1e-4)
+    assert report.certified.epsilon >= exact
+    assert report.rounds == 1000 and report.to_dict()["rounds_applied"] == 10
+    assert report.bounds["final_model"].mu == released.report().bounds["final_model"].mu  # rounds 11.. left out
+    assert report.bounds["composition"].mu > released.report().bounds["composition"].mu  # charged there
+    # the old rule (every accounted round in the PAVA) certifies below the exact value
+    old = PrivacyAccountant.from_records(cfg, [*released.records, *(_record(t - 1, m=19, lr=0.05, sigma=0.5)
+                                                                   for t in range(11, 1001))])
+    assert old.report().certified.epsilon == pytest.approx(0.3635, abs=1e-3)
+    assert old.report().certified.epsilon < exact
+
+
+def test_peek_and_budget_honour_applied():
+    cfg = _config(threat_model="final-model")
+    acct = PrivacyAccountant(cfg)
+    for t in range(1, 4):
+        acct.step(cfg.planned_round(t))
+    unapplied = cfg.planned_round(4, applied=False)
+    peeked = acct.peek(unapplied)
+    assert peeked.to_dict() == acct.step(unapplied).to_dict()
+    assert peeked.bounds["final_model"].mu == PrivacyAccountant.from_records(cfg, acct.records[:3]).report(
+    ).bounds["final_model"].mu
+
+
+# ---------------------------------------------------------------- colluding participants (SPEC §14.2a)
+
+
+@pytest.mark.parametrize("m,c", [(20, 0), (20, 1), (20, 5), (3, 2), (3, 3), (3, 7), (1, 1)])
+def test_colluders_noise_is_that_of_the_clients_outside_the_coalition(m, c):
+    """Uniform weights: round t is a Gaussian mechanism with sensitivity Gamma_t/m against
+    sigma*sqrt(m - c)/m, i.e. mu_t = Gamma_t/(sigma*sqrt(m - c)); m <= c is local DP."""
+    sigma, T = 0.7, 6
+    cfg = _config(clients=m, sigma=sigma, colluders=c)
+    acct = PrivacyAccountant(cfg)
+    for t in range(1, T + 1):
+        acct.step(cfg.planned_round(t))
+    client = [2 * 0.1 * 1.0 * 5 / (t + 1) for t in range(T)]  # Gamma_t, stage, lr 0.1, K 5, V 1
+    hidden = max(m - c, 1)  # with m <= c only the target's own noise is left
+    expected = math.sqrt(math.fsum((g / (sigma * math.sqrt(hidden))) ** 2 for g in client))
+    report = acct.report()
+    assert report.bounds["composition"].mu == pytest.approx(expected, rel=1e-12)
+    local = math.sqrt(math.fsum((g / sigma) ** 2 for g in client))
+    assert report.bounds["local_dp"].mu == pytest.approx(local, rel=1e-12)
+    if m <= c + 1:  # nobody outside the coalition but the target: local DP for every round
+        assert report.bounds["composition"].mu == pytest.approx(local, rel=1e-12)
+        assert report.bounds["final_model"].mu <= report.bounds["local_dp"].mu * (1 + 1e-12)
+
+
+def test_two_client_federation_is_local_dp_against_the_other_participant():
+    """2 clients, c = 1 (default): the other site subtracts its own upload and sees the target's
+    with its own noise only (the deployment §2.6 case): every bound is at least local DP's round value."""
+    cfg = AccountantConfig(schedule="constant", lr=0.1, local_steps=5, clients=2, sigma=1.0)
+    assert cfg.colluders == 1
+    acct = PrivacyAccountant(cfg)
+    for t in range(1, 11):
+        acct.step(cfg.planned_round(t))
+    r = acct.report()
+    assert r.bounds["composition"].mu == pytest.approx(r.bounds["local_dp"].mu, rel=1e-12)
+    assert r.bounds["composition"].mu == pytest.approx(math.sqrt(10) * 2 * 0.1 * 5 / 1.0, rel=1e-12)
+    outside = PrivacyAccountant.from_records(AccountantConfig(**{**cfg.to_dict(), "colluders": 0}), acct.records)
+    assert outside.report().bounds["composition"].mu == pytest.approx(r.bounds["composition"].mu / math.sqrt(2))
+
+
+@pytest.mark.parametrize("weights,c", [((0.5, 0.3, 0.1, 0.1), 1), ((0.6, 0.2, 0.2), 1), ((0.4, 0.3, 0.2, 0.1), 2),
+                                       ((0.9, 0.05, 0.05), 1), ((0.25, 0.25, 0.25, 0.25), 3)])
+def test_colluders_with_weights_against_every_coalition_and_target(weights, c):
+    """Brute force over every target k and coalition C (|C| = min(c, m - 1), k not in C): the
+    round's composition term is the worst ratio p_k Gamma / (sigma sqrt(sum_{j not in C} p_j^2)),
+    and the final-model pair (gamma, s) dominates every (target, coalition)."""
+    import itertools
+
+    from fl_dp_flower.privacy.terms import round_terms
+
+    sigma = 0.8
+    rec = _record(0, m=len(weights), weights=weights, sigma=sigma)
+    terms = round_terms(rec, 1.0, c)
+    Gamma = terms.client_sensitivity
+    worst, least_noise = 0.0, math.inf
+    idx = range(len(weights))
+    for k in idx:
+        others = [j for j in idx if j != k]
+        for C in itertools.combinations(others, min(c, len(weights) - 1)):
+            noise = sigma * math.sqrt(sum(weights[j] ** 2 for j in idx if j not in C))
+            worst = max(worst, weights[k] * Gamma / noise)
+            least_noise = min(least_noise, noise)
+    assert terms.gamma / terms.target_noise_std == pytest.approx(worst, rel=1e-12)
+    assert terms.gamma / terms.target_noise_std <= Gamma / sigma * (1 + 1e-12)  # never worse than local DP
+    assert terms.noise_std == pytest.approx(least_noise, rel=1e-12)
+    assert terms.gamma == pytest.approx(max(weights) * Gamma, rel=1e-12)
+
+
+@pytest.mark.parametrize("schedule", ["constant", "stage"])  # (ID: Table 2 terms differ from the exact ones)
+@pytest.mark.parametrize("c", [0, 1, 4])
+def test_planned_bounds_equal_the_accountant_with_colluders(schedule, c):
+    from fl_dp_flower.privacy.bounds import planned_bounds
+
+    cfg = _config(schedule=schedule, clients=5, colluders=c, threat_model="final-model")
+    acct = PrivacyAccountant(cfg)
+    for t in range(1, 31):
+        acct.step(cfg.planned_round(t))
+    planned = planned_bounds(cfg, 30)
+    for name in ("composition", "final_model", "local_dp"):
+        assert planned[name] == pytest.approx(acct.report().bounds[name].mu, rel=1e-9), name
+    if schedule != "constant":
+        assert acct.report().bounds["paper"].sound
+        assert acct.report().bounds["paper"].mu >= acct.report().bounds["composition"].mu
+
+
+def test_legacy_header_without_colluders_reads_as_an_outside_observer():
+    d = _config().to_dict()
+    del d["colluders"]
+    assert AccountantConfig.from_dict(d).colluders == 0
+    assert AccountantConfig().colluders == 1
+    with pytest.raises(ValueError, match="colluders"):
+        AccountantConfig(colluders=-1)

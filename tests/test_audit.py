@@ -21,6 +21,18 @@ from fl_dp_flower.audit.run import run_audit
 from fl_dp_flower.cli import main
 from fl_dp_flower.privacy.records import AccountantConfig
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    """The canary's tensors are small: on a loaded 2-core machine two intra-op threads contend and
+    run about 6 times slower than one (the results do not depend on it)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 # The issue's configuration: m = 20, K = 5, lr = 0.05, sigma = 0.5, V = 1, L = 1, T = 100.
 BASE = dict(algorithm="fedavg", lr=0.05, local_steps=5, clip_norm=1.0, clients=20, sigma=0.5,
             smoothness=1.0, delta=1e-5)
@@ -116,6 +128,222 @@ def test_cli_audit_rejects_bad_input_naming_the_flag(argv, named, capsys):
         main(["audit", "--sigma", "0.5", *argv])
     assert exc.value.code == 2
     assert named in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ all-rounds, participant, kink (issue 16 item 8)
+
+from dataclasses import fields  # noqa: E402
+
+from fl_dp_flower.privacy import bounds as privacy_bounds  # noqa: E402
+from fl_dp_flower.privacy import terms  # noqa: E402
+from fl_dp_flower.privacy.schedules import step_sizes  # noqa: E402
+
+_CONFIG_FIELDS = {f.name for f in fields(AccountantConfig)}
+#: engineer A's AccountantConfig.colluders and engineer B's AccountantConfig.assume_smooth_losses
+#: (CONTRACTS.md). The tests of the new rules below are marked xfail(strict) until those land.
+HAS_COLLUDERS = "colluders" in _CONFIG_FIELDS
+HAS_SMOOTH_ASSERTION = "assume_smooth_losses" in _CONFIG_FIELDS
+needs_colluders = pytest.mark.xfail(not HAS_COLLUDERS, strict=True,
+                                    reason="new rule: needs AccountantConfig.colluders (issue 16 item 3, engineer A)")
+needs_smooth_assertion = pytest.mark.xfail(not HAS_SMOOTH_ASSERTION, strict=True,
+                                           reason="new rule: needs AccountantConfig.assume_smooth_losses "
+                                                  "(issue 16 items 2 and 4, engineer B)")
+
+SMALL_TRIALS = 5000
+#: an outside observer's bounds (colluders = 0), where the config has the field: the all-rounds and
+#: final-model adversaries below are outsiders, and their closed forms count all m clients' noise
+OUTSIDE = {"colluders": 0} if HAS_COLLUDERS else {}
+
+
+def _exact_linear_all_rounds_mu(config: AccountantConfig, rounds: int, noise_std: float) -> float:
+    """The linear canary's exact all-rounds mu, from its definition: round t moves the mean of the
+    aggregate by 2 V sum_k eta_{k,t} / m (per-sample: / B) against noise of std ``noise_std``, and the
+    rounds are independent Gaussian mechanisms given the past, so mu = sqrt(sum_t (gap_t / s)^2)."""
+    scale = 1.0 / config.batch_size if config.clipping == "per-sample" else 1.0
+    gaps = [2 * config.clip_norm * scale * sum(step_sizes(config.schedule, config.lr, t, config.local_steps))
+            / config.clients for t in range(rounds)]
+    return math.sqrt(sum((g / noise_std) ** 2 for g in gaps))
+
+
+@pytest.mark.parametrize("schedule, sigma", [("constant", 1.0), ("stage", 0.25)])
+def test_all_rounds_attack_on_the_linear_canary_reaches_composition(schedule, sigma):
+    """The exact likelihood-ratio test of every round's model reaches composition for every schedule
+    (the final-model attack reaches it only where final model = composition): the linear canary is
+    tight for composition, against this adversary."""
+    config = _config(schedule=schedule, clients=5, sigma=sigma, **OUTSIDE)
+    rounds = 40
+    report = run_audit(config, rounds, adversary="all-rounds", trials=SMALL_TRIALS, seed=1)
+    exact = _exact_linear_all_rounds_mu(config, rounds, config.sigma / math.sqrt(config.clients))
+    composition = report.verdict("composition")
+    assert exact == pytest.approx(composition.mu, rel=1e-9)  # composition is exactly tight here
+    assert report.attack.mu_estimate == pytest.approx(exact, abs=0.08)
+    assert exact - 0.25 < report.attack.mu_lower <= exact
+    assert composition.outcome == "holds" and not report.package_bug
+    assert {v.bound for v in report.verdicts if not v.applies} == {"paper", "final_model"}
+    if schedule == "stage":  # below composition: only the final model is hidden that well
+        final = run_audit(config, rounds, adversary="final-model", trials=SMALL_TRIALS, seed=1)
+        assert final.attack.mu_lower < report.verdict("final_model").mu < report.attack.mu_lower
+
+
+def test_all_rounds_statistic_of_the_linear_canary_is_the_sum_of_standardised_increments():
+    """Linear canary, constant schedule: every round's mean gap is the same, so the log likelihood
+    ratio of (w_1..w_T) is an affine function of w_T = sum of the increments (correlation 1)."""
+    run = run_canary(_config(), 10, 500, 500, seed=5)
+    assert np.corrcoef(run.all_rounds, run.final[:, 0])[0, 1] > 1 - 1e-9  # world 1 moves w up
+    stage = run_canary(_config(schedule="stage"), 10, 500, 500, seed=5)
+    assert np.corrcoef(stage.all_rounds, stage.final[:, 0])[0, 1] < 0.999  # weighted: not w_T alone
+
+
+def _two_clients(**kw) -> AccountantConfig:
+    # m = 2, T = 4: the other client's upload hides the canary's with sigma / 2, not sigma / sqrt(2)
+    return _config(clients=2, sigma=1 / 3, **kw)
+
+
+def _old_rule_composition(config: AccountantConfig, rounds: int) -> float:
+    """Composition with the aggregate noise of all m clients, sigma sqrt(m)/m (the rule before issue 16 item 3)."""
+    gammas = [terms.round_terms(config.planned_round(t + 1), 0.0).gamma for t in range(rounds)]
+    return privacy_bounds.composition_mu(gammas, [config.sigma / math.sqrt(config.clients)] * rounds)
+
+
+def test_participant_attack_flags_the_old_noise_rule_on_two_clients():
+    """docs/audit.md §2: a participating client subtracts its own upload, so against it the canary's upload
+    is hidden by sigma sqrt(m - 1)/m = sigma/2 of noise; the old rule counted sigma sqrt(m)/m."""
+    config = _two_clients()
+    rounds = 4
+    report = run_audit(config, rounds, adversary="participant", trials=SMALL_TRIALS, seed=2)
+    exact = _exact_linear_all_rounds_mu(config, rounds, config.sigma * math.sqrt(1) / 2)
+    old = _old_rule_composition(config, rounds)
+    assert exact == pytest.approx(math.sqrt(2) * old)
+    assert report.attack.mu_estimate == pytest.approx(exact, abs=0.12)
+    assert old < report.attack.mu_lower <= exact  # the old rule is flagged
+    # the outside observer sees only sigma/sqrt(2): the old rule is tight for it and holds
+    outside = run_audit(config, rounds, adversary="all-rounds", trials=SMALL_TRIALS, seed=2)
+    assert outside.attack.mu_lower <= old
+    assert outside.attack.mu_estimate == pytest.approx(old, abs=0.12)
+    if not HAS_COLLUDERS:  # the package still counts sigma sqrt(m)/m: a package bug, exit 1
+        assert report.verdict("composition").mu == pytest.approx(old)
+        assert report.verdict("composition").outcome == "VIOLATED" and report.package_bug
+
+
+@needs_colluders
+def test_participant_attack_new_rule_holds_and_colluders_zero_is_flagged():
+    rounds = 4
+    report = run_audit(_two_clients(colluders=1), rounds, adversary="participant", trials=SMALL_TRIALS, seed=2)
+    assert report.verdict("composition").mu == pytest.approx(
+        _exact_linear_all_rounds_mu(_two_clients(), rounds, (1 / 3) / 2))
+    assert report.verdict("composition").outcome == "holds" and not report.package_bug
+    zero = run_audit(_two_clients(colluders=0), rounds, adversary="participant", trials=SMALL_TRIALS, seed=2)
+    composition = zero.verdict("composition")
+    assert composition.mu == pytest.approx(_old_rule_composition(_two_clients(), rounds))
+    assert composition.violated and composition.outcome == "assumption violated"
+    assert any("colluders = 0" in b for b in composition.broken)
+
+
+# The kink instance of issue 16 item 2: per-sample clipping, K = 5, B = 32, lr = 0.1, V = 1, L = 1.
+KINK = {"algorithm": "fedavg", "schedule": "constant", "lr": 0.1, "local_steps": 5, "clip_norm": 1.0,
+        "smoothness": 1.0, "delta": 1e-5, "clipping": "per-sample", "batch_size": 32}
+
+
+def test_kink_sensitivity_through_local_update_is_the_clipping_only_one():
+    """One round from w = 0: the canary client's runs end 2 eta V (1/B + K - 1) = 0.80625 apart
+    (by hand: the first step moves -+eta V/B, then every kink sample pushes on), 21 times the
+    theta-scaled 0.0382 of the old rule; the clipping-only bound is 2 eta V K = 1."""
+    config = AccountantConfig(**KINK, clients=1, sigma=1e-9)
+    run = run_canary(config, 1, 4, 4, canary="kink", seed=0)
+    e0, e1 = (w[:, 0] for w in run.evaluation)
+    assert (e1 - e0) == pytest.approx(np.full(4, 0.1 * 2 * (1 / 32 + 4)), abs=1e-6)
+    theta = terms.per_sample_theta(terms.drift_kappa([0.1] * 5, 1.0), 32)
+    assert theta * 1.0 == pytest.approx(0.0381569, abs=1e-6)
+    linear = run_canary(config, 1, 4, 4, canary="linear", seed=0)
+    assert (linear.evaluation[1] - linear.evaluation[0])[:, 0] == pytest.approx(np.full(4, 0.1 * 2 * 5 / 32), abs=1e-6)
+
+
+def _old_theta_composition(config: AccountantConfig, rounds: int) -> float:
+    """Composition with theta = min(1, kappa/B) at the configured L (the rule before issue 16 item 2),
+    from privacy/terms.py's own functions."""
+    etas = step_sizes(config.schedule, config.lr, 0, config.local_steps)
+    theta = terms.per_sample_theta(terms.drift_kappa(etas, config.smoothness), config.batch_size)
+    gamma = theta * 2 * config.clip_norm * sum(etas) / config.clients
+    return privacy_bounds.composition_mu([gamma] * rounds, [config.sigma / math.sqrt(config.clients)] * rounds)
+
+
+def test_kink_canary_flags_the_theta_rule_with_configured_l():
+    config = AccountantConfig(**KINK, **OUTSIDE, clients=10, sigma=0.1)
+    report = run_audit(config, 1, canary="kink", adversary="all-rounds", trials=SMALL_TRIALS, seed=3)
+    exact = 0.1 * 2 * (1 / 32 + 4) / (0.1 * math.sqrt(10))  # one Gaussian round: gap / (sigma/sqrt(m))
+    old = _old_theta_composition(config, 1)
+    assert old == pytest.approx(0.12066, abs=1e-4)
+    assert report.attack.mu_estimate == pytest.approx(exact, abs=0.1)
+    assert report.attack.mu_lower > 15 * old  # flagged by a factor of 15 and more
+    clipping_only = 2 * 0.1 * 5 / (0.1 * math.sqrt(10))  # theta = 1
+    assert report.attack.mu_lower < clipping_only
+    if not HAS_SMOOTH_ASSERTION:  # the package still uses theta < 1 without any assertion: a bug
+        assert report.verdict("composition").mu == pytest.approx(old)
+        assert report.verdict("composition").outcome == "VIOLATED" and report.package_bug
+
+
+@needs_smooth_assertion
+def test_kink_canary_new_theta_rule_holds_and_asserted_smoothness_is_an_assumption_violation():
+    config = AccountantConfig(**KINK, **OUTSIDE, clients=10, sigma=0.1)
+    report = run_audit(config, 1, canary="kink", adversary="all-rounds", trials=SMALL_TRIALS, seed=3)
+    assert report.verdict("composition").mu == pytest.approx(2 * 0.1 * 5 / (0.1 * math.sqrt(10)))
+    assert report.verdict("composition").outcome == "holds" and not report.package_bug
+    asserted = AccountantConfig(**KINK, **OUTSIDE, clients=10, sigma=0.1, assume_smooth_losses=True)
+    flagged = run_audit(asserted, 1, canary="kink", adversary="all-rounds", trials=SMALL_TRIALS, seed=3)
+    composition = flagged.verdict("composition")
+    assert composition.mu == pytest.approx(_old_theta_composition(asserted, 1))
+    assert composition.violated and composition.outcome == "assumption violated" and not flagged.package_bug
+
+
+# Issue 16 item 4: the final-model bound at L = 0.1 on the kink instance (per-batch clipping, stage).
+SMOOTH_FINAL = {"algorithm": "fedavg", "schedule": "stage", "lr": 0.1, "local_steps": 5, "clip_norm": 1.0,
+                "clients": 10, "sigma": 0.5, "smoothness": 0.1, "delta": 1e-5, "threat_model": "final-model"}
+
+
+def _final_model_config(**kw) -> AccountantConfig:
+    extra = {"assume_smooth_losses": True} if HAS_SMOOTH_ASSERTION else {}
+    return AccountantConfig(**SMOOTH_FINAL, **OUTSIDE, **extra, **kw)
+
+
+def test_kink_canary_flags_the_final_model_bound_at_small_l():
+    """The kink's trajectories part like no L-smooth loss's: the final model keeps round 1's
+    difference, which the final-model bound (rho from L = 0.1) assumes later noise hides."""
+    rounds = 30
+    config = _final_model_config()
+    kink = run_audit(config, rounds, canary="kink", trials=SMALL_TRIALS, seed=4)
+    final = kink.verdict("final_model")
+    assert final.mu == pytest.approx(0.4831, abs=1e-3) and kink.plan.certified_bound == "final_model"
+    assert final.violated and kink.verdict("certified").violated
+    assert kink.verdict("composition").outcome == "holds"  # clipping-only: sound for any loss
+    # control: the linear canary (L-smooth for every L) does not exceed it
+    linear = run_audit(config, rounds, canary="linear", trials=SMALL_TRIALS, seed=4)
+    assert not linear.verdict("final_model").violated and not linear.package_bug
+    if not HAS_SMOOTH_ASSERTION:  # printed as sound with no condition: a package bug
+        assert final.outcome == "VIOLATED" and kink.package_bug
+
+
+@needs_smooth_assertion
+def test_kink_final_model_violation_is_an_assumption_violation_once_labelled():
+    kink = run_audit(_final_model_config(), 30, canary="kink", trials=SMALL_TRIALS, seed=4)
+    final = kink.verdict("final_model")
+    assert final.assumes and final.outcome == "assumption violated" and not kink.package_bug
+    assert any("smooth" in b for b in final.broken)
+
+
+def test_cli_audit_adversary_and_canary_flags(capsys):
+    code = main(["audit", "--schedule", "stage", "--clients", "20", "--local-steps", "5", "--lr", "0.05",
+                 "--sigma", "0.5", "--rounds", "20", "--trials", "2000", "--adversary", "all-rounds", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["adversary"] == "all-rounds" and out["canary"] == "linear"
+    assert {v["bound"]: v["outcome"] for v in out["verdicts"]}["final_model"] == "not applicable"
+    code = main(["audit", "--per-sample-clipping", "--batch-size", "32", "--lr", "0.1", "--clients", "10",
+                 "--sigma", "0.1", "--rounds", "1", "--trials", "2000", "--canary", "kink",
+                 "--adversary", "all-rounds", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["package_bug"] is (not HAS_SMOOTH_ASSERTION) and code == (0 if HAS_SMOOTH_ASSERTION else 1)
+    with pytest.raises(SystemExit) as exc:
+        main(["audit", "--sigma", "0.5", "--clients", "1", "--adversary", "participant"])
+    assert exc.value.code == 2 and "--clients" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------ fl-dp-flower sensitivity

@@ -14,7 +14,9 @@ import pytest
 
 from fl_dp_flower.cli import main
 
-BASE = ["--lr", "0.1", "--local-steps", "5", "--clip-norm", "1", "--clients", "20", "--smoothness", "1"]
+# --colluding-clients 0: the reference numbers (docs/MATH.md tables) are for an outside observer
+BASE = ["--lr", "0.1", "--local-steps", "5", "--clip-norm", "1", "--clients", "20", "--smoothness", "1",
+        "--colluding-clients", "0"]
 
 
 def _json(capsys, argv):
@@ -157,3 +159,18 @@ def test_app_reads_another_projects_run_config(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["privacy", "--app", str(tmp_path / "nowhere")])
     assert "--app" in capsys.readouterr().err
+
+
+def test_colluding_clients_default_counts_only_the_other_participants(capsys):
+    """Issue 16 item 3: by default a participant knows its own upload: composition against
+    sigma*sqrt(m - 1)/m, i.e. the outside observer's mu times sqrt(m/(m - 1)); m <= c is local DP."""
+    args = [a for a in BASE if a not in ("--colluding-clients", "0")]
+    outside = _json(capsys, ["privacy", *BASE, "--sigma", "1", "--rounds", "100", "--json"])
+    participant = _json(capsys, ["privacy", *args, "--sigma", "1", "--rounds", "100", "--json"])
+    ratio = participant["bounds"]["composition"]["mu"] / outside["bounds"]["composition"]["mu"]
+    assert ratio == pytest.approx(math.sqrt(20 / 19), rel=1e-12)
+    everyone = _json(capsys, ["privacy", *args, "--colluding-clients", "25", "--sigma", "1", "--rounds", "100", "--json"])
+    assert everyone["bounds"]["composition"]["mu"] == pytest.approx(everyone["bounds"]["local_dp"]["mu"], rel=1e-12)
+    calib = _json(capsys, ["calibrate", *args, "--target-epsilon", "2", "--rounds", "100", "--json"])
+    calib0 = _json(capsys, ["calibrate", *BASE, "--target-epsilon", "2", "--rounds", "100", "--json"])
+    assert calib["sigma"] == pytest.approx(calib0["sigma"] * math.sqrt(20 / 19), rel=1e-9)

@@ -68,6 +68,7 @@ BAD = [
     ("delta", 0.0, "a finite number > 0 and < 1"),
     ("delta", 1.0, "a finite number > 0 and < 1"),
     ("threat-model", "none", "one of 'all-rounds', 'final-model', 'curious-server'"),
+    ("colluding-clients", -1, "an integer >= 0"),
     ("seed", -2, "an integer >= -1"),
     ("output-dir", "", "a non-empty string"),
     ("run-name", "a/b", "no path separators"),

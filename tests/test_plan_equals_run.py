@@ -52,9 +52,9 @@ def test_privacy_with_the_quick_preset_equals_its_run_round_for_round(tmp_path, 
     assert len(ran) == 3
     assert [r["epsilon"] for r in planned["per_round"]] == pytest.approx(ran, rel=1e-12)
     assert planned["certified"]["epsilon"] == pytest.approx(ran[-1], rel=1e-9)  # the closed form, too
-    # independent reference (docs/MATH.md §7.1): constant FedAvg, per-batch clipping, replace-one,
-    # mu = sqrt(T) * 2 K lr V / (sigma sqrt(m)) with the pyproject's V = 2
-    mu = math.sqrt(3) * 2 * 2 * 0.05 * 2.0 / (0.8 * math.sqrt(3))
+    # independent reference (docs/MATH.md §7.1, §14.2a): constant FedAvg, per-batch clipping,
+    # replace-one, one colluding participant: mu = sqrt(T) * 2 K lr V / (sigma sqrt(m - 1)), V = 2
+    mu = math.sqrt(3) * 2 * 2 * 0.05 * 2.0 / (0.8 * math.sqrt(3 - 1))
     assert ran[-1] == pytest.approx(gdp.epsilon(mu, 1e-5), rel=1e-9)
 
 
@@ -70,7 +70,7 @@ def test_sigma_auto_trains_every_round_within_the_target_and_planning_agrees(tmp
 
 
 def test_a_budget_that_stops_the_run_early_stops_the_plan_at_the_same_round(tmp_path, capsys):
-    overrides = SMALL + " sigma=0.8 target-epsilon=1.4"  # round 1: eps 1.085, round 2: 1.591
+    overrides = SMALL + " sigma=0.8 target-epsilon=1.7"  # round 1: eps 1.356, round 2: 1.993 (c = 1)
     planned = _planned(capsys, overrides)
     config = _launcher_config(tmp_path, overrides, "budget")
     out, _ = run_local(config)

@@ -32,11 +32,20 @@ def test_dataset_facts_are_the_models():
         assert list(model.parameters())[-1].shape == (classes,)
 
 
+def _closed_form_sigma(rounds: int, target: float) -> float:
+    """The pyproject's run (constant FedAvg, per-batch, K 10, lr 0.1, V 2, m 10, one colluding
+    participant): mu_T = sqrt(T) * 2 K lr V / (sigma sqrt(m - 1)) (docs/MATH.md §7.1, §14.2a)."""
+    return math.sqrt(rounds) * 2 * 10 * 0.1 * 2.0 / (math.sqrt(10 - 1) * gdp.mu_for(target, 1e-5))
+
+
+def _closed_form_epsilon(rounds: int, sigma: float) -> float:
+    return gdp.epsilon(math.sqrt(rounds) * 2 * 10 * 0.1 * 2.0 / (sigma * math.sqrt(10 - 1)), 1e-5)
+
+
 def test_calibrate_sigma_meets_the_target_against_the_closed_form():
-    # constant FedAvg, per-batch: mu_T = sqrt(T) * 2 K lr V / (sigma sqrt(m)) (docs/MATH.md §7.1)
     acct = _config(**{"num-server-rounds": 5}).accountant_config()
     cal = calibrate_sigma(acct, 5, 4.0)
-    exact = math.sqrt(5) * 2 * 10 * 0.1 * 2.0 / (math.sqrt(10) * gdp.mu_for(4.0, 1e-5))
+    exact = _closed_form_sigma(5, 4.0)
     assert exact <= cal.sigma < exact * (1 + 1e-3) and f"{cal.sigma:.4g}" == repr(cal.sigma)
     assert cal.report.certified.epsilon <= 4.0 and cal.report.certified.epsilon == pytest.approx(4.0, rel=1e-3)
     assert cal.run.rounds_trained == 5
@@ -72,7 +81,8 @@ def test_a_budget_no_round_fits_is_refused_naming_the_sigma_that_fits():
     with pytest.raises(ConfigError) as err:
         preflight(config)
     text = str(err.value)
-    assert "'target-epsilon' = 4.0: no round fits" in text and "first planned round alone certifies epsilon 7.511" in text
+    assert "'target-epsilon' = 4.0: no round fits" in text
+    assert f"first planned round alone certifies epsilon {_closed_form_epsilon(1, 0.8):.4g}" in text
     sigma = float(re.search(r"sigma >= ([0-9.]+)", text).group(1))
     assert not planned_run(dataclasses.replace(config.accountant_config(), sigma=sigma), 5, 4.0).stopped_by_budget
 
@@ -86,13 +96,16 @@ def test_the_launcher_refuses_it_before_anything_starts(tmp_path):
         make_plan(args)
     assert not (tmp_path / "r").exists()
     args.overrides = ["num-server-rounds=5 sigma='auto' target-epsilon=4"]
-    assert make_plan(args).config.sigma == pytest.approx(3.058)
+    assert _closed_form_sigma(5, 4.0) <= make_plan(args).config.sigma < _closed_form_sigma(5, 4.0) * (1 + 1e-3)
     assert time.monotonic() - started < 60  # no training: validation only (generous for a loaded machine)
 
 
 def test_an_early_budget_stop_is_announced():
-    notes = preflight(_config(sigma=0.8, **{"target-epsilon": 12.0, "num-server-rounds": 5}))
-    assert any("stops the run after round 2 of 5" in n and "sigma >= 1.221" in n for n in notes)
+    target = (_closed_form_epsilon(2, 0.8) + _closed_form_epsilon(3, 0.8)) / 2
+    need = calibrate_sigma(_config().accountant_config(), 5, target).sigma
+    assert _closed_form_sigma(5, target) <= need < _closed_form_sigma(5, target) * (1 + 1e-3)
+    notes = preflight(_config(sigma=0.8, **{"target-epsilon": target, "num-server-rounds": 5}))
+    assert any("stops the run after round 2 of 5" in n and f"sigma >= {need:g}" in n for n in notes)
 
 
 def test_noise_that_drowns_the_signal_is_warned_and_the_presets_are_not():
@@ -116,7 +129,8 @@ def test_a_target_epsilon_without_sigma_picks_sigma_in_the_launcher(tmp_path):
                                   resume=False, supernodes=None, allow_fixed_seed=False)
         return make_plan(args).config
 
-    assert plan("target-epsilon=4 num-server-rounds=5").sigma == pytest.approx(3.058)
+    assert plan("target-epsilon=4 num-server-rounds=5").sigma == calibrate_sigma(
+        _config().accountant_config(), 5, 4.0).sigma
     main = plan("target-epsilon=4")  # the main preset's sigma 0.55 gives way
     assert main.sigma_calibration is not None and main.sigma != PRESETS["main"]["sigma"]
     assert main.sigma_calibration.report.certified.epsilon <= 4.0

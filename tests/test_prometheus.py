@@ -10,6 +10,7 @@ import shutil
 import socket
 import subprocess
 import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -98,3 +99,109 @@ def test_real_prometheus_sees_the_budget_alert_fire_on_a_real_run(tmp_path):
         prom.terminate()
         prom.wait(30)
         # end the lingering exporter: the run's thread finishes after metrics-linger; not waited for
+
+
+# ------------------------------------------------------------------ endpoint hardening (real sockets)
+METRICS_LOGGER = "flwr.fl_dp_flower.reporting.prometheus"
+
+
+def _closed_by_server(sock: socket.socket, seconds: float) -> bool:
+    """Whether the server closed ``sock`` (EOF or reset) within ``seconds``, reading whatever it sent."""
+    sock.settimeout(seconds)
+    try:
+        while True:
+            if not sock.recv(65536):
+                return True
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except socket.timeout:
+        return False
+
+
+def test_aborted_unauthenticated_tls_connections_are_one_log_line_each(tmp_path, caplog, capfd):
+    """A TLS client that sends a request without credentials and hangs up before reading the 401:
+    at most one line each in the ServerApp log, no traceback on stderr (the ServerApp log `flwr log`
+    shows)."""
+    import logging
+    import ssl
+
+    from deploy_harness import generate_certs
+    from fl_dp_flower.reporting import PrivacyMetricsExporter
+
+    certs = generate_certs(tmp_path / "certs", supernodes=1)
+    auth = tmp_path / "metrics-auth"
+    auth.write_text("prometheus:s3cret\n")
+    auth.chmod(0o600)
+    caplog.set_level(logging.DEBUG, logger=METRICS_LOGGER)
+    ctx = ssl.create_default_context(cafile=str(certs / "ca.crt"))
+    connections = 20  # whether the 401 is written before the hang-up is a race: about half fail here
+    with PrivacyMetricsExporter(0, certfile=str(certs / "superlink" / "server.pem"),
+                                keyfile=str(certs / "superlink" / "server.key"), auth_file=str(auth)) as exp:
+        for _ in range(connections):
+            conn = ctx.wrap_socket(socket.create_connection(("127.0.0.1", exp.port)), server_hostname="127.0.0.1")
+            conn.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+            time.sleep(0.05)
+            conn.sendall(b"\r\n")
+            conn.close()
+        wait_until(lambda: any(r.name == METRICS_LOGGER for r in caplog.records), 60, "a log line")
+        time.sleep(1.0)  # let the last connections' threads finish
+    lines = [r.getMessage() for r in caplog.records if r.name == METRICS_LOGGER]
+    assert 1 <= len(lines) <= connections, lines
+    assert all(line.startswith("metrics endpoint: connection from 127.0.0.1:") and "\n" not in line for line in lines)
+    assert all(not r.exc_info for r in caplog.records if r.name == METRICS_LOGGER)
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "SSLEOFError" not in err, err
+
+
+def test_trickling_clients_are_capped_and_cut(caplog):
+    """At most max_connections at once (one more is closed unanswered), and a client that trickles
+    its request (a byte every 0.2 s: no single read ever times out) is cut after connection_seconds."""
+    import logging
+
+    from fl_dp_flower.reporting import PrivacyMetricsExporter
+
+    caplog.set_level(logging.INFO, logger=METRICS_LOGGER)
+    stop = threading.Event()
+    with PrivacyMetricsExporter(0, max_connections=2, connection_seconds=2.0) as exp:
+        tricklers = [socket.create_connection(("127.0.0.1", exp.port)) for _ in range(2)]
+
+        def trickle() -> None:
+            request = b"GET /metrics HTTP/1.1\r\nX-Slow: " + b"a" * 10_000
+            for i in range(len(request)):
+                if stop.is_set():
+                    return
+                for s in tricklers:
+                    try:
+                        s.send(request[i:i + 1])
+                    except OSError:
+                        pass
+                time.sleep(0.2)
+
+        feeder = threading.Thread(target=trickle, daemon=True)
+        feeder.start()
+        try:
+            time.sleep(0.5)  # both tricklers hold a slot
+            extra = socket.create_connection(("127.0.0.1", exp.port))
+            extra.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            extra.settimeout(60)
+            assert extra.recv(65536) == b""  # closed, not answered: the cap holds
+            extra.close()
+            assert any("concurrent connections (the cap)" in r.getMessage() for r in caplog.records)
+            # the tricklers are cut after connection_seconds, although they never stop sending
+            assert all(_closed_by_server(s, 60) for s in tricklers)
+        finally:
+            stop.set()
+            feeder.join(10)
+            for s in tricklers:
+                s.close()
+        # the slots are free again: a normal scrape is served
+        body = wait_until(lambda: _scrape_text(exp.port), 60, "a scrape after the tricklers were cut")
+        assert "fl_dp_certified_epsilon" in body
+
+
+def _scrape_text(port: int) -> str | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            return r.read().decode()
+    except OSError:
+        return None

@@ -13,8 +13,10 @@ in-process :class:`LocalGrid`, real ClientApp):
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import logging
+import math
 import ssl
 import stat
 import urllib.error
@@ -113,22 +115,27 @@ def test_torn_line_with_up_to_date_checkpoint_names_the_torn_line(tmp_path):
     assert ledger.read_bytes() == torn
 
 
-def test_unfinished_round_accounted_conservatively_on_request(tmp_path, monkeypatch, caplog):
+def test_unfinished_round_charged_as_planned_and_not_applied_on_request(tmp_path, monkeypatch, caplog):
+    """Issue 16 item 9: the open round is charged as the planned round (its uploads may have reached
+    the server; its aggregate reached no one), not as one client at weight 1, and is not applied."""
     ledger = _crashed_run(tmp_path, monkeypatch, fraction=0.5)
     caplog.set_level(logging.WARNING)
     out, grid = _run(_config(tmp_path, **{"resume": True, "resume-unfinished-round": "account"}))
     contents = read_ledger(ledger)
     assert [r["round"] for r in contents.rounds] == [1, 2, 3, 4]
-    assert [r.clients for r in out.accountant.records] == [NODES, NODES, 1, NODES]
+    assert [r.clients for r in out.accountant.records] == [NODES] * 4
+    assert [r.applied for r in out.accountant.records] == [True, True, False, True]
+    assert contents.rounds[2]["record"]["applied"] is False
     assert contents.rounds[2]["metrics"] == {"dp-unfinished-accounted": 1}
     events = [e["event"] for e in contents.events]
     assert events.index("torn-tail") < events.index("unfinished-round-accounted") < events.index("resume")
-    # never fewer rounds, and never less than the round as it really ran (3 clients)
+    # composition and local DP: never fewer rounds, exactly the planned round's charge
     cfg = _config(tmp_path)
     ran = PrivacyAccountant(cfg.accountant_config())
     for t in range(1, 5):
         ran.step(cfg.accountant_config().planned_round(t))
-    assert out.accountant.report().certified.mu > ran.report().certified.mu
+    for name in ("composition", "local_dp"):
+        assert out.accountant.report().bounds[name].mu == ran.report().bounds[name].mu
     assert any(r.levelno == logging.WARNING and "round 3 had no complete ledger line" in r.getMessage()
                for r in caplog.records)
     assert [c["dp.round-index"] for c in (dict(m.content["config"]) for m in grid.sent)] == [3] * NODES
@@ -209,3 +216,137 @@ def test_metrics_endpoint_with_tls_and_basic_auth(tmp_path):
         with pytest.raises((urllib.error.URLError, ConnectionError)):  # no plain HTTP
             urllib.request.urlopen(f"http://127.0.0.1:{exp.port}/metrics", timeout=10)
         assert get("prometheus:s3cret")[0] == 200  # and the endpoint still serves afterwards
+
+
+# ------------------------------------------------------------------ applied rounds and the write-ahead invariant
+def _final_model_overrides() -> dict:
+    """Run-config keys of a final-model run (with the L-smoothness assertion where it exists)."""
+    extra = {"assume-smooth-losses": True} if "assume_smooth_losses" in AppConfig.model_fields else {}
+    return {"threat-model": "final-model", **extra}
+
+
+@pytest.mark.parametrize("fraction_evaluate", [0.0, 1.0], ids=["no-client-eval", "client-eval"])
+def test_a_rounds_line_is_durable_before_its_aggregate_is_saved_or_broadcast(tmp_path, monkeypatch,
+                                                                            fraction_evaluate):
+    """Issue 16 item 9: the invariant the unfinished-round charge rests on. Every message that
+    carries a round's aggregate (the next round's train instructions, client evaluation) and every
+    checkpoint of it is sent or written only once that round's ledger line is on disk."""
+    import fl_dp_flower.apps.server as server
+    from fl_dp_flower.apps.client import app as client_app
+    from fl_dp_flower.strategies.noisy import NoisyStrategyMixin
+    from local_grid import LocalGrid, task_identity
+
+    cfg = _config(tmp_path, **{"num-server-rounds": 3})
+    path = tmp_path / "run" / LEDGER
+    aggregate_round: dict[int, int] = {}  # id(aggregate ArrayRecord) -> its round
+    checks = {"broadcast": 0, "checkpoint": 0}
+    real_aggregate, real_save = NoisyStrategyMixin.aggregate_train, server.atomic_torch_save
+
+    def aggregate_train(self, server_round, replies):
+        arrays, metrics = real_aggregate(self, server_round, replies)
+        if arrays is not None:
+            aggregate_round[id(arrays)] = self.accountant.records[-1].round
+        return arrays, metrics
+
+    def save(obj, file):
+        if file.name == CHECKPOINT:
+            assert read_ledger(path).last_round >= obj["round"], "checkpoint before its round line"
+            checks["checkpoint"] += 1
+        real_save(obj, file)
+
+    class Spy(LocalGrid):
+        def send_and_receive(self, messages, *, timeout=None):
+            messages = list(messages)
+            for msg in messages:
+                round_ = aggregate_round.get(id(msg.content.array_records.get("arrays")))
+                if round_ is not None:
+                    assert read_ledger(path).last_round >= round_, \
+                        f"round {round_}'s aggregate broadcast before its round line"
+                    checks["broadcast"] += 1
+            return super().send_and_receive(messages, timeout=timeout)
+
+    monkeypatch.setattr(NoisyStrategyMixin, "aggregate_train", aggregate_train)
+    monkeypatch.setattr(server, "atomic_torch_save", save)
+    grid = Spy(client_app, NODES, cfg.to_run_config())
+    with task_identity():
+        server.run_server(grid, cfg, fraction_evaluate=fraction_evaluate)
+    assert checks["checkpoint"] == 3
+    assert checks["broadcast"] == NODES * (2 + (3 if fraction_evaluate else 0))  # rounds 2, 3 (+ evaluations)
+
+
+@pytest.mark.parametrize("crash_round", [1, 3])
+def test_round_line_without_checkpoint_resumes_and_leaves_the_final_model_bound(tmp_path, monkeypatch, crash_round):
+    """Issue 18 item 7 (crash_round 1: no checkpoint at all, resume from the initial model) and
+    issue 16 item 1 (the lost round is charged to composition but is not in the released model)."""
+    import fl_dp_flower.apps.server as server
+    from fl_dp_flower.reporting.verify import verify_ledger
+
+    real_save = server.atomic_torch_save
+
+    def save(obj, file):
+        if file.name == CHECKPOINT and obj["round"] == crash_round:
+            raise Crash(f"killed after round {crash_round}'s line, before its checkpoint")
+        real_save(obj, file)
+
+    overrides = _final_model_overrides()
+    with monkeypatch.context() as m:
+        m.setattr(server, "atomic_torch_save", save)
+        with pytest.raises(Crash):
+            _run(_config(tmp_path, **overrides))
+    ledger = tmp_path / "run" / LEDGER
+    assert read_ledger(ledger).last_round == crash_round
+    assert (tmp_path / "run" / CHECKPOINT).exists() == (crash_round > 1)
+    out, _ = _run(_config(tmp_path, resume=True, **overrides))
+    contents = read_ledger(ledger)
+    marks = [e["data"] for e in contents.events if e["event"] == "rounds-not-applied"]
+    assert [d["rounds"] for d in marks] == [[crash_round]] and marks[0]["checkpoint_round"] == crash_round - 1
+    assert [r.applied for r in out.accountant.records] == [r != crash_round for r in range(1, 5)]
+    acct_cfg = out.accountant.config
+    applied_only = PrivacyAccountant.from_records(acct_cfg, [  # the released model's rounds, renumbered
+        dataclasses.replace(r, round=i + 1) for i, r in enumerate(r for r in out.accountant.records if r.applied)])
+    everything = PrivacyAccountant.from_records(acct_cfg, [dataclasses.replace(r, applied=True)
+                                                           for r in out.accountant.records])
+    report = out.accountant.report()
+    assert report.bounds["final_model"].mu == pytest.approx(applied_only.report().bounds["final_model"].mu, rel=1e-12)
+    assert report.bounds["composition"].mu == everything.report().bounds["composition"].mu
+    result = verify_ledger(ledger)
+    assert result.ok, result.failure
+    assert result.rounds_verified == 4
+
+
+def test_under_quorum_rounds_do_not_lower_the_certified_final_model_epsilon(tmp_path):
+    """Issue 16 item 1 end to end: 3 nodes, min-replies 3, stage-wise, final-model; node 3 is
+    silent from round 3, so the model is frozen after round 2. The old rule let the certified
+    epsilon fall (0.914 -> 0.717 at round 30); it must never fall below the 2-round release's."""
+    from fl_dp_flower.apps.client import app as client_app
+    from fl_dp_flower.privacy import gdp
+    from fl_dp_flower.privacy.terms import round_terms
+    from local_grid import LocalGrid, task_identity
+
+    class SilentFromRound3(LocalGrid):
+        def send_and_receive(self, messages, *, timeout=None):
+            messages = list(messages)
+            if any(dict(m.content.config_records.get("config", {})).get("dp.round-index", 0) >= 2 for m in messages):
+                self.silent = {3}
+            return super().send_and_receive(messages, timeout=timeout)
+
+    cfg = _config(tmp_path, **{"num-server-rounds": 8, "min-replies": 3, "schedule": "stage",
+                               **_final_model_overrides()})
+    from fl_dp_flower.apps.server import run_server
+
+    grid = SilentFromRound3(client_app, NODES, cfg.to_run_config())
+    with task_identity():
+        out = run_server(grid, cfg)
+    rounds = read_ledger(tmp_path / "run" / LEDGER).rounds
+    assert [r["metrics"]["dp-aggregated"] for r in rounds] == [1, 1] + [0] * 6
+    certified = [r["report"]["certified"]["epsilon"] for r in rounds]
+    assert min(certified[2:]) >= certified[1] * (1 - 1e-12)
+    # the exact epsilon of the released 2-round model on the linear canary (docs/MATH.md §7.3):
+    # w_T - w'_T ~ N(sum gamma_t, sum s_t^2), gamma_t = Gamma_t/m, s_t the noise the colluding
+    # participant(s) cannot subtract (sigma*sqrt(m - c)/m)
+    c, m = out.accountant.config.colluders, NODES
+    first_two = out.accountant.records[:2]
+    gammas = [round_terms(r, 0.0).client_sensitivity / m for r in first_two]
+    stds = [r.sigma * math.sqrt(m - c) / m for r in first_two]
+    exact = gdp.epsilon(math.fsum(gammas) / math.sqrt(math.fsum(s * s for s in stds)), cfg.delta)
+    assert certified[-1] >= exact

@@ -221,12 +221,14 @@ def test_budget_decided_with_the_replies_that_arrived(tmp_path):
 
 
 def test_budget_with_min_replies_one_trains_when_all_clients_reply(tmp_path):
-    """The old dry run assumed min-replies (1) clients: this target stopped before round 1."""
-    base = _config(tmp_path, **{"num-server-rounds": 2})
+    """The old dry run assumed min-replies (1) clients: this target stopped before round 1.
+    (colluding-clients 0: with c = 1 two rounds of 3 clients cost exactly one single-client round.)"""
+    base = _config(tmp_path, **{"num-server-rounds": 2, "colluding-clients": 0})
     one_client = _planned_epsilons(base, [1])[0]
     all_clients = _planned_epsilons(base, [NODES, NODES])[-1]
     assert all_clients < one_client
-    out, _ = _run(_config(tmp_path, **{"num-server-rounds": 2, "target-epsilon": all_clients * 1.01}))
+    out, _ = _run(_config(tmp_path, **{"num-server-rounds": 2, "colluding-clients": 0,
+                                       "target-epsilon": all_clients * 1.01}))
     assert out.accountant.num_releases == 2 and out.strategy.stop_reason is None
 
 

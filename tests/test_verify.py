@@ -129,6 +129,54 @@ def test_a_torn_last_line_is_noted_not_failed(real_ledger, tmp_path):
     assert result.ok and any("torn last line" in n for n in result.notes)
 
 
+def _cut_tail(real_ledger: Path, tmp_path: Path, *, with_summary: bool) -> tuple[Path, list[bytes]]:
+    """The ledger without its last round and everything after it (its round-open, round line, end),
+    in a run folder of its own, with the run's summary.json beside it or not."""
+    lines = _lines(real_ledger)
+    last_open = max(i for i, raw in enumerate(lines) if b'"event":"round-open"' in raw)
+    kept = lines[:last_open]
+    run_dir = tmp_path / "cut"
+    run_dir.mkdir()
+    path = _write(run_dir, kept)
+    if with_summary:
+        shutil.copy(real_ledger.parent / "summary.json", run_dir / "summary.json")
+    return path, kept
+
+
+def test_a_cut_tail_fails_against_the_published_head(real_ledger, tmp_path):
+    """The chain of a ledger cut after round 2 of 3 is intact; the run's published head is not in it."""
+    path, kept = _cut_tail(real_ledger, tmp_path, with_summary=True)
+    published = json.loads((real_ledger.parent / "summary.json").read_text())["ledger_head"]
+    result = verify_ledger(path, expected_heads={"summary.json": published})
+    assert not result.ok and result.rounds_verified == 2
+    assert "is the hash of no line of this ledger: lines were cut from its end" in result.failure
+    r = subprocess.run([*VERIFY, str(path.parent)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, r.stdout
+    assert "FAILED" in r.stdout and "lines were cut from its end" in r.stdout and published in r.stdout
+    # the same head given by hand, and the full ledger reaching it (at its last line)
+    r = subprocess.run([*VERIFY, str(real_ledger), "--expected-head", published], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and f"--expected-head #1: line {len(_lines(real_ledger))})" in r.stdout, r.stdout
+
+
+def test_a_cut_tail_without_a_published_head_fails_unless_the_run_is_live(real_ledger, tmp_path):
+    path, kept = _cut_tail(real_ledger, tmp_path, with_summary=False)
+    result = verify_ledger(path)
+    assert not result.ok and not result.ended and result.rounds_verified == 2
+    assert result.failure_line == len(kept) and "does not end with the run's end event" in result.failure
+    r = subprocess.run([*VERIFY, str(path)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "--expected-head" in r.stdout and "--live" in r.stdout, r.stdout
+    live = subprocess.run([*VERIFY, str(path), "--live"], capture_output=True, text=True, timeout=120)
+    assert live.returncode == 0 and "no end event: the run is live" in live.stdout, live.stdout
+    # a head published mid-run (Prometheus after round 1) is reached; the lines after it are not protected
+    mid = line_hash(kept[_round_index(kept, 0)])
+    result = verify_ledger(path, expected_heads={"prometheus": mid})
+    assert not result.ok and "lines follow the published head" in " ".join(result.notes)
+    assert verify_ledger(path, expected_heads={"prometheus": mid}, live=True).ok
+    # a mid-run head that happens to be the last line proves nothing about what followed it
+    assert not verify_ledger(path, expected_heads={"prometheus": line_hash(kept[-1])}).ok
+
+
 def test_missing_ledger_exits_2(tmp_path):
     r = subprocess.run([*VERIFY, str(tmp_path / "nope.jsonl")], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "no ledger at" in r.stderr
@@ -174,3 +222,56 @@ def test_watch_follows_a_real_run_in_tmux_and_exits_on_ctrl_c(tmp_path):
         assert "stopped watching" in screen() and "Traceback" not in screen()
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+
+
+def _legacy(lines: list[bytes]) -> list[bytes]:
+    """The ledger as the code before 'colluders' and 'applied' wrote it: header without colluders
+    (certified against an outside observer, c = 0), records without 'applied', reports without the
+    new fields and computed with c = 0 (by an accountant built here, not read from the ledger)."""
+    from fl_dp_flower.privacy import AccountantConfig, PrivacyAccountant, RoundRecord
+
+    header = json.loads(lines[0])
+    cfg = AccountantConfig(**{**header["accountant_config"], "colluders": 0})
+    del header["accountant_config"]["colluders"]
+    accountant = PrivacyAccountant(cfg)
+    out = [json.dumps(header, separators=(",", ":")).encode()]
+    for raw in lines[1:]:
+        entry = json.loads(raw)
+        if entry["kind"] == "round":
+            del entry["record"]["applied"]
+            report = accountant.step(RoundRecord.from_dict(entry["record"])).to_dict()
+            del report["rounds_applied"], report["colluders"]
+            entry["report"] = report
+        out.append(json.dumps(entry, separators=(",", ":")).encode())
+    return _rechain(out)
+
+
+def test_a_ledger_written_before_colluders_is_recomputed_as_written(real_ledger, tmp_path):
+    """Issue 16 item 3: old ledgers were certified with c = 0; verify recomputes them that way
+    and says so; resuming one under c >= 1 is refused (never a silent switch of rules)."""
+    from fl_dp_flower.privacy import AccountantConfig
+    from fl_dp_flower.reporting.ledger import PrivacyLedger
+
+    legacy = _write(tmp_path, _legacy(_lines(real_ledger)))
+    result = verify_ledger(legacy)
+    assert result.ok and result.rounds_verified == 3, result.failure
+    assert any("predates 'colluders'" in note and "c = 0" in note for note in result.notes)
+    header = json.loads(_lines(real_ledger)[0])["accountant_config"]
+    with pytest.raises(ValueError, match=r"colluders.*colluding-clients = 0"):
+        PrivacyLedger.check_resumable(legacy, accountant_config=header)
+    as_written = AccountantConfig(**{**header, "colluders": 0}).to_dict()
+    assert PrivacyLedger.check_resumable(legacy, accountant_config=as_written).last_round == 3
+    # the same ledger with today's header (c = 1) does not match its numbers
+    lines = _lines(legacy)
+    lines[0] = _edit(lines[0], lambda e: e["accountant_config"].__setitem__("colluders", 1))
+    assert not verify_ledger(_write(tmp_path, _rechain(lines))).ok
+
+
+def test_a_not_applied_mark_must_name_accounted_rounds(real_ledger, tmp_path):
+    lines = _lines(real_ledger)
+    i = _round_index(lines, 1)
+    event = {"kind": "event", "schema": 2, "event": "rounds-not-applied", "data": {"rounds": [3]},
+             "time": "2026-01-01T00:00:00.000+00:00", "prev": None}
+    lines.insert(i + 1, json.dumps(event, separators=(",", ":")).encode())
+    result = verify_ledger(_write(tmp_path, _rechain(lines)))
+    assert not result.ok and result.failure_line == i + 2 and "not accounted before it" in result.failure

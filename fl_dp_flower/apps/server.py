@@ -15,9 +15,17 @@ Every file is written owner-only (0600) in an owner-only (0700) run folder.
 
 Order per round: ledger ``round-open`` (fsync) -> broadcast -> replies -> budget check ->
 aggregate -> accountant.step -> central evaluation -> ledger round line (fsync) -> save model
--> log line / Prometheus -> next round. A crash between the ledger line and the checkpoint
-leaves a ledger one round ahead of the model: on resume the round is still accounted
-(conservative) and training continues from the older model.
+-> log line / Prometheus -> client evaluation broadcast (if any) -> next round. A round's
+aggregate is never saved or broadcast before its round line is durable (the strategy closes
+the round before any evaluation broadcast), so after a crash:
+
+- a round with no round line released nothing to a global-model adversary;
+- a round line without its checkpoint (a crash between the two) leaves the ledger ahead of
+  the model: on resume training continues from the older model, and a ``rounds-not-applied``
+  event marks the later rounds as not applied: they stay charged to composition and local DP
+  but leave the final-model bound, which describes the model actually released
+  (docs/MATH.md §14.3a). With no checkpoint at all, the run resumes from the initial model and
+  every accounted round is marked so.
 
 Resume (``resume = true``): the ledger must exist (a missing ledger fails the run, naming the
 path it looked for: never a silent fresh start), its header must match the accountant config,
@@ -25,12 +33,16 @@ and the accountant is rebuilt from its round records; the remaining rounds are
 ``num-server-rounds`` minus the rounds accounted. A round that was broadcast but has no
 complete round line (a crash before the line, or a torn line) may have been spent:
 ``resume-unfinished-round = "refuse"`` (default) refuses to resume, naming the ledger line,
-and writes nothing; ``"account"`` accounts it as the planned round aggregated from a single
-client (the least private aggregation the server performs: largest weight 1, no noise
-averaging), records that in the ledger, and continues. Any refused resume writes nothing.
+and writes nothing; ``"account"`` charges it as the planned round, not applied: its uploads
+may have reached the server (local DP of the planned round, which does not depend on how many
+replied), its aggregate reached no one (composition counts it as planned, which only adds;
+the final-model bound leaves it out). That is recorded in the ledger, and the run continues.
+Any refused resume writes nothing.
 
 A run that accounts no round (budget too small for any round, nothing left to resume) fails
-(:class:`RunFailed`) after writing its summary: it never ends as a success.
+(:class:`RunFailed`) after writing its summary: it never ends as a success. Every failure is
+logged at ERROR (what `flwr log` shows), a full disk as one message saying how to resume
+(:mod:`fl_dp_flower.apps.recovery`); a resume keeps the nodes excluded earlier in the run.
 """
 
 from __future__ import annotations
@@ -38,7 +50,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -47,13 +59,13 @@ from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Result
 
+from fl_dp_flower.apps.recovery import RunFailed, logged_failures, restore_exclusions
 from fl_dp_flower.config import AppConfig, ConfigError
 from fl_dp_flower.preflight import chance_level_warning, preflight
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
-from fl_dp_flower.privacy.records import RoundRecord
 from fl_dp_flower.reporting import PrivacyLedger, PrivacyMetricsExporter, plot_privacy_curve, render_summary
 from fl_dp_flower.reporting.durable import atomic_write, write_json
-from fl_dp_flower.reporting.ledger import LedgerContents
+from fl_dp_flower.reporting.ledger import NOT_APPLIED_EVENT, LedgerContents, read_ledger, round_records
 from fl_dp_flower.reporting.logfilter import FlowerDumps
 from fl_dp_flower.reporting.rounds import RoundSink
 from fl_dp_flower.strategies import NoisyStrategyMixin, NotEnoughNodes, make_strategy
@@ -71,10 +83,6 @@ SUMMARY = "summary.json"
 STRATEGY_LOG = "flower-strategy.log"  # Flower's per-round MetricRecord dumps and final results
 
 app = ServerApp()
-
-
-class RunFailed(RuntimeError):
-    """The run did nothing it was asked to (no round accounted) or cannot safely continue."""
 
 
 @app.main()
@@ -143,22 +151,33 @@ def _open_ledger(config: AppConfig, run_dir: Path) -> tuple[PrivacyLedger, Priva
         return ledger, PrivacyAccountant(acct_cfg), None
     _require_ledger(path)
     contents = PrivacyLedger.check_resumable(path, accountant_config=acct_cfg.to_dict())
-    records = [RoundRecord.from_dict(entry["record"]) for entry in contents.rounds]
+    records = round_records(contents)
     ckpt_round, arrays = _checkpoint(run_dir, contents)
     unfinished = _unfinished_round(config, path, contents, ckpt_round)
+    lost = [r.round for r in records if r.applied and r.round > ckpt_round]
 
     ledger = PrivacyLedger.resume(path, accountant_config=acct_cfg.to_dict())  # first write
+    if lost:  # write-ahead, before any later round: the replay (round_records, verify) honours it
+        ledger.append_event(NOT_APPLIED_EVENT, {
+            "rounds": lost, "checkpoint_round": ckpt_round,
+            "reason": "round line written, aggregate lost before its checkpoint (training continues from "
+                      + (f"round {ckpt_round}'s model)" if ckpt_round else "the initial model)")})
+        records = [replace(r, applied=False) if r.round in lost else r for r in records]
+        log.warning("round(s) %s were accounted but their model was never saved: they stay charged to "
+                    "composition and local DP and leave the final-model bound (not applied)",
+                    ", ".join(map(str, lost)))
     accountant = PrivacyAccountant.from_records(acct_cfg, records)
     if unfinished is not None:
-        record = acct_cfg.planned_round(unfinished, clients=1)
+        record = acct_cfg.planned_round(unfinished, applied=False)
         report = accountant.step(record)
         ledger.append_round(round=unfinished, record=record.to_dict(), report=report.to_dict(),
                             metrics={"dp-unfinished-accounted": 1})
         ledger.append_event("unfinished-round-accounted", {
             "round": unfinished, "line": contents.open_round_line, "torn": contents.torn_round == unfinished,
-            "accounted_as": "planned round, one client (weight 1)"})
-        log.warning("round %d had no complete ledger line (line %s): accounted as the planned round from a "
-                    "single client (resume-unfinished-round = 'account'); certified epsilon now %.6g",
+            "accounted_as": "planned round, not applied (its aggregate was never saved or broadcast)"})
+        log.warning("round %d had no complete ledger line (line %s): charged as the planned round, not applied "
+                    "(its uploads may have reached the server; its aggregate was never saved or broadcast) "
+                    "(resume-unfinished-round = 'account'); certified epsilon now %.6g",
                     unfinished, contents.open_round_line, report.certified.epsilon)
     ledger.append_event("resume", {"rounds_accounted": accountant.num_releases, "checkpoint_round": ckpt_round,
                                    "plan": _resumed_plan(config)})
@@ -186,7 +205,7 @@ def _require_ledger(path: Path) -> None:
             "a new run."
         )
         log.error("%s", message)
-        raise RunFailed(message)
+        raise RunFailed(message, logged=True)
 
 
 def _checkpoint(run_dir: Path, contents: LedgerContents) -> tuple[int, ArrayRecord | None]:
@@ -195,9 +214,11 @@ def _checkpoint(run_dir: Path, contents: LedgerContents) -> tuple[int, ArrayReco
         return 0, None
     path = run_dir / CHECKPOINT
     if not path.exists():
-        if not contents.rounds:
-            return 0, None
-        raise FileNotFoundError(f"cannot resume: {path} is missing but the ledger has {len(contents.rounds)} rounds")
+        if contents.rounds:
+            log.warning("%s is missing but the ledger has %d round(s) (a crash before the first checkpoint): "
+                        "resuming from the initial model; every accounted round stays accounted",
+                        path, len(contents.rounds))
+        return 0, None
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
     return int(ckpt["round"]), ArrayRecord(ckpt["state_dict"])
 
@@ -214,7 +235,7 @@ def _unfinished_round(config: AppConfig, path: Path, contents: LedgerContents, c
                             "one this model was trained under")
         if ckpt_round < last:
             log.warning("checkpoint is from round %d, ledger has round %d: continuing from the older model "
-                        "(the later round stays accounted)", ckpt_round, last)
+                        "(the later rounds stay accounted, as not applied)", ckpt_round, last)
         return None
     how = (f"its round line is torn (line {contents.line_count} was cut mid-write)"
            if contents.torn_tail and contents.torn_round == open_round
@@ -225,11 +246,11 @@ def _unfinished_round(config: AppConfig, path: Path, contents: LedgerContents, c
         message = (
             f"cannot resume {path}: round {open_round} was broadcast but {how}{where}. Its uploads may have "
             "reached the server, so its privacy may be spent. Nothing was written. To continue, resume "
-            "with resume-unfinished-round = 'account' (the round is accounted as planned from a single "
-            "client, the least private aggregation); do not edit the ledger or the checkpoint."
+            "with resume-unfinished-round = 'account' (the round is charged as planned and marked not "
+            "applied: its aggregate was never saved or broadcast); do not edit the ledger or the checkpoint."
         )
         log.error("%s", message)
-        raise RunFailed(message)
+        raise RunFailed(message, logged=True)
     log.warning("round %d was broadcast but %s%s", open_round, how, where)
     if ckpt_round > open_round:
         raise RunFailed(f"cannot resume {path}: checkpoint round {ckpt_round} is ahead of the open round "
@@ -239,7 +260,14 @@ def _unfinished_round(config: AppConfig, path: Path, contents: LedgerContents, c
 
 def run_server(grid: Grid, config: AppConfig, *, fraction_evaluate: float = 0.0,
                on_run_dir: Callable[[Path], None] | None = None) -> ServerOutcome:
-    """Run the whole server side on ``grid``; returns the outcome after writing every output."""
+    """Run the whole server side on ``grid``; returns the outcome after writing every output.
+    A failure is logged at ERROR in one message, a full disk saying how to resume (:func:`logged_failures`)."""
+    with logged_failures((Path(config.output_dir).expanduser() / config.run_name).resolve()):
+        return _run_server(grid, config, fraction_evaluate, on_run_dir)
+
+
+def _run_server(grid: Grid, config: AppConfig, fraction_evaluate: float,
+                on_run_dir: Callable[[Path], None] | None) -> ServerOutcome:
     t0 = time.time()
     torch.set_num_threads(1)
     if config.seed >= 0:  # node sampling (random.sample) and model init become reproducible
@@ -273,6 +301,8 @@ def run_server(grid: Grid, config: AppConfig, *, fraction_evaluate: float = 0.0,
                          log, exporter, config.budget_epsilon)
         strategy = make_strategy(config, accountant, reporters=[sink], fraction_evaluate=fraction_evaluate)
         strategy.on_event = ledger.append_event
+        if config.resume:
+            restore_exclusions(strategy, read_ledger(run_dir / LEDGER).events)
         remaining = max(config.num_server_rounds - accountant.num_releases, 0)
         log.info("%s: %d rounds to run (%d already accounted)", type(strategy).__name__, remaining,
                  accountant.num_releases)
@@ -284,7 +314,7 @@ def run_server(grid: Grid, config: AppConfig, *, fraction_evaluate: float = 0.0,
             ledger.append_event("failed", {"reason": str(exc), "rounds_accounted": accountant.num_releases})
             _finish(config, run_dir, ledger, accountant, strategy, strategy.partial_result(), time.time() - t0,
                     failure=str(exc))
-            raise RunFailed(str(exc)) from None
+            raise RunFailed(str(exc), logged=True) from None
         if strategy.stop_reason is not None:
             if exporter is not None:
                 exporter.mark_budget_exhausted()
@@ -293,11 +323,14 @@ def run_server(grid: Grid, config: AppConfig, *, fraction_evaluate: float = 0.0,
         trained = accountant.num_releases - accounted_before
         ledger.append_event("end", {"rounds_accounted": accountant.num_releases, "rounds_this_run": trained,
                                     "stopped_by_budget": strategy.stop_reason is not None})
+        if exporter is not None:
+            exporter.set_ledger_head(ledger.head_line_hash)
         summary = _finish(config, run_dir, ledger, accountant, strategy, result, time.time() - t0)
         if trained == 0:
-            why = strategy.stop_reason or (f"all {config.num_server_rounds} rounds were already accounted"
-                                           if remaining == 0 else "no round could be accounted")
-            raise RunFailed(f"the run accounted no round, so nothing was trained: {why}")
+            why = strategy.stop_reason or (f"all {config.num_server_rounds} rounds were already accounted (raise "
+                                           "num-server-rounds to train more)" if remaining == 0
+                                           else "no round could be accounted")
+            raise RunFailed(f"the run accounted no round, so nothing was trained: {why}")  # logged by run_server
         if exporter is not None and config.metrics_linger > 0:
             log.info("serving the final metrics on port %d for %.0f s (metrics-linger)",
                      exporter.port, config.metrics_linger)

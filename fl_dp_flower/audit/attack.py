@@ -102,12 +102,20 @@ def _eps_from(fpr_u: float, fnr_u: float, delta: float) -> float:
 
 def audit_attack(shadow: tuple[np.ndarray, np.ndarray], evaluation: tuple[np.ndarray, np.ndarray], *,
                  delta: float, fprs: Sequence[float] = DEFAULT_FPRS, confidence: float = 0.95) -> AttackResult:
-    """Fit the likelihood-ratio test on ``shadow`` and measure it on ``evaluation`` (world 0, world 1)."""
+    """Fit the projection test on ``shadow`` final models and measure it on ``evaluation`` (world 0, world 1)."""
+    s0, _, e0, e1 = lr_scores(shadow[0], shadow[1], evaluation[0], evaluation[1])
+    return threshold_attack(s0, e0, e1, delta=delta, fprs=fprs, confidence=confidence)
+
+
+def threshold_attack(shadow0: np.ndarray, evaluation0: np.ndarray, evaluation1: np.ndarray, *, delta: float,
+                     fprs: Sequence[float] = DEFAULT_FPRS, confidence: float = 0.95) -> AttackResult:
+    """Threshold a score (larger means world 1) at the shadow world-0 quantiles of ``fprs`` and count
+    the errors on the evaluation scores of world 0 and world 1 (1-D arrays)."""
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
     if not fprs or not all(0.0 < f < 1.0 for f in fprs):
         raise ValueError(f"fprs must be rates in (0, 1), got {fprs!r}")
-    s0, _, e0, e1 = lr_scores(shadow[0], shadow[1], evaluation[0], evaluation[1])
+    s0, e0, e1 = (np.asarray(x, dtype=np.float64).ravel() for x in (shadow0, evaluation0, evaluation1))
     n0, n1 = len(e0), len(e1)
     each = 1.0 - (1.0 - confidence) / (2 * len(fprs))  # Bonferroni over the 2J one-sided bounds
     rows = []

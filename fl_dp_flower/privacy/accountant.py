@@ -61,6 +61,8 @@ class PrivacyReport:
     bounds: dict[str, BoundValue]
     certified_bound: str
     rdp_orders: tuple[float, ...] = field(default=REPORT_RDP_ORDERS)
+    rounds_applied: int | None = None  # rounds in the final-model bound (None: all rounds)
+    colluders: int | None = None
 
     @property
     def certified(self) -> BoundValue:
@@ -76,6 +78,8 @@ class PrivacyReport:
             "delta": self.delta,
             "threat_model": self.threat_model,
             "clients": self.clients,
+            "rounds_applied": self.rounds if self.rounds_applied is None else self.rounds_applied,
+            "colluders": self.colluders,
             "bounds": {name: value.to_dict() for name, value in self.bounds.items()},
             "certified": {"bound": self.certified_bound, "mu": mu, "epsilon": self.certified.epsilon},
             "rdp": {"orders": list(self.rdp_orders), "values": rdp_values, "epsilon": rdp_eps},
@@ -147,6 +151,7 @@ class PrivacyAccountant:
         self._min_clients: int | None = None
         self._min_sigma: float | None = None
         self._as_planned = True
+        self._applied = 0  # rounds whose aggregate reached the released model
 
     # ------------------------------------------------------------ protocol shape
     @property
@@ -205,31 +210,33 @@ class PrivacyAccountant:
     def peek(self, record: RoundRecord) -> PrivacyReport:
         """The report :meth:`step` would return for ``record``, without accounting it."""
         terms = self._terms_for(record)
-        comp = _ratio_sq(terms.gamma, terms.noise_std)
+        comp = _ratio_sq(terms.gamma, terms.target_noise_std)
         local = _ratio_sq(terms.client_sensitivity, terms.sigma)
         composition = math.sqrt(max(self._composition.value_with(comp), 0.0))
+        final = self._final.peek(terms.log_rho, terms.gamma, terms.noise_std) if record.applied else self._final.mu
         clients = record.clients if self._min_clients is None else min(self._min_clients, record.clients)
         sigma = record.sigma if self._min_sigma is None else min(self._min_sigma, record.sigma)
         mus = {
             "paper": paper_mu(self._config, self.num_releases + 1, clients=clients, sigma=sigma),
             "composition": composition,
-            "final_model": min(self._final.peek(terms.log_rho, terms.gamma, terms.noise_std), composition),
+            "final_model": min(final, composition),
             "local_dp": math.sqrt(max(self._local.value_with(local), 0.0)),
         }
         first_round = self._records[0].round if self._records else record.round
         sound = self._soundness(as_planned=self._as_planned and self._matches_plan(record),
                                 starts_at_one=first_round == 1)
-        return self._report(mus, sound, record.round, self.num_releases + 1, record.clients)
+        return self._report(mus, sound, record.round, self.num_releases + 1, record.clients,
+                            applied=self._applied + int(record.applied))
 
     def report(self, delta: float | None = None) -> PrivacyReport:
         """The running guarantee (epsilon at ``delta``, default the config's delta)."""
         last = self._records[-1] if self._records else None
         sound = self._soundness(self._as_planned, self._records_start_at_one())
         return self._report(self._mus(), sound, last.round if last else 0, self.num_releases,
-                            last.clients if last else 0, delta)
+                            last.clients if last else 0, delta, applied=self._applied)
 
     def _report(self, mus: dict[str, float], sound: dict[str, bool], round_: int, rounds: int, clients: int,
-                delta: float | None = None) -> PrivacyReport:
+                delta: float | None = None, *, applied: int) -> PrivacyReport:
         d = self._config.delta if delta is None else delta
         bounds = {
             name: BoundValue(mu=mus[name], epsilon=gdp.epsilon(mus[name], d), sound=sound[name])
@@ -237,7 +244,8 @@ class PrivacyAccountant:
         }
         return PrivacyReport(
             round=round_, rounds=rounds, delta=d, threat_model=self._config.threat_model, clients=clients,
-            bounds=bounds, certified_bound=certified_bound(self._config.threat_model, mus, sound),
+            bounds=bounds, rounds_applied=applied, colluders=self._config.colluders,
+            certified_bound=certified_bound(self._config.threat_model, mus, sound),
         )
 
     # -------------------------------------------------------------------- state
@@ -266,13 +274,15 @@ class PrivacyAccountant:
             raise ValueError(
                 f"record.round must be {self._records[-1].round + 1} (rounds are accounted in order), got {record.round}"
             )
-        return round_terms(record, self._config.smoothness)
+        return round_terms(record, self._config.smoothness, self._config.colluders)
 
     def _apply(self, record: RoundRecord, terms: RoundTerms) -> None:
         self._records.append(record)
-        self._composition.add(_ratio_sq(terms.gamma, terms.noise_std))
+        self._composition.add(_ratio_sq(terms.gamma, terms.target_noise_std))
         self._local.add(_ratio_sq(terms.client_sensitivity, terms.sigma))
-        self._final.push(terms.log_rho, terms.gamma, terms.noise_std)
+        if record.applied:  # the released model saw only applied rounds (docs/MATH.md §14.3a)
+            self._final.push(terms.log_rho, terms.gamma, terms.noise_std)
+            self._applied += 1
         self._min_clients = record.clients if self._min_clients is None else min(self._min_clients, record.clients)
         self._min_sigma = record.sigma if self._min_sigma is None else min(self._min_sigma, record.sigma)
         if self._as_planned:

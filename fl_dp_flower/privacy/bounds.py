@@ -19,8 +19,8 @@ Only ``math``, ``numpy`` and ``scipy`` are used.
 
 from __future__ import annotations
 
-import math
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -39,6 +39,7 @@ __all__ = [
     "cauchy_schwarz_mu",
     "composition_mu",
     "final_model_mu",
+    "hidden_clients",
     "local_dp_mu",
     "paper_is_sound",
     "paper_mu",
@@ -136,6 +137,13 @@ def _prefix_sums(x: np.ndarray, block: int = 1024) -> np.ndarray:
 # ---------------------------------------------------------------- the paper's closed forms
 
 
+def hidden_clients(clients: int, colluders: int) -> int:
+    """m - c_eff, c_eff = min(c, m - 1): the clients (target included) whose noise a coalition of
+    ``colluders`` participants cannot subtract (docs/MATH.md §14.2a). Uniform weights: the
+    aggregate noise it sees is sigma * sqrt(m - c_eff)/m; 1 means local DP for the round."""
+    return clients - min(colluders, clients - 1)
+
+
 def tanh_ratio(a: float | np.ndarray, rounds: float | np.ndarray) -> float | np.ndarray:
     """R(a, T) = tanh(T a/2)/tanh(a/2) = (rho+1)/(rho-1) (rho^T-1)/(rho^T+1), rho = e^a; R(0, T) = T.
 
@@ -157,7 +165,8 @@ def _paper_form(
     """(kind, coefficient, a): mu_T = coef * sqrt(R(a, T)) ("tanh") or coef * sqrt(2 - 1/T) ("sd")."""
     m = int_at_least("clients", config.clients if clients is None else clients, 1)
     s = positive("sigma", config.sigma if sigma is None else sigma)
-    pref = planned_theta(config) / (math.sqrt(m) * s)
+    # sqrt(m) -> sqrt(m - c_eff): the noise a coalition of c participants cannot subtract (§14.2a)
+    pref = planned_theta(config) / (math.sqrt(hidden_clients(m, config.colluders)) * s)
     lr = float(config.lr)
     L = float(config.smoothness)
     K = config.local_steps
@@ -185,7 +194,8 @@ def paper_mu(
 ) -> float:
     """The paper's stated mu_T (Theorem 3(a)-(d), Theorem 4) in the stable forms of docs/MATH.md §5.
 
-    pref = 1/(sqrt(m) sigma), R(a, T) = tanh(T a/2)/tanh(a/2):
+    pref = 1/(sqrt(m - c_eff) sigma) (c_eff of :func:`hidden_clients`; c = 0: the paper's
+    1/(sqrt(m) sigma)), R(a, T) = tanh(T a/2)/tanh(a/2):
 
     - C: 2 lr V K pref sqrt(R(a,T)), a = K log1p(lr L)
     - CD: 2 c lr V log1p(K) pref sqrt(R(a,T)), a = c lr L log1p(K)  (lr restored, c >= c_K)
@@ -542,13 +552,14 @@ def _planned_sum_gamma_sq(config: AccountantConfig, first: int, last: int) -> fl
 def planned_bounds(config: AccountantConfig, rounds: int) -> dict[str, float]:
     """The four mu values after ``rounds`` homogeneous planned rounds (keys :data:`BOUND_KEYS`).
 
-    Terms: :func:`terms.planned_terms` (Table 2, c_K/z_K, theta), s_t = sigma/sqrt(m),
-    client sensitivity m*gamma_t (uniform weights 1/m).
+    Terms: :func:`terms.planned_terms` (Table 2, c_K/z_K, theta), s_t = sigma*sqrt(m - c_eff)/m
+    (the noise a coalition of ``config.colluders`` participants cannot subtract, §14.2a; the
+    accountant's rule for uniform weights; c = 0: sigma/sqrt(m)), client sensitivity m*gamma_t.
 
     - ``paper``: :func:`paper_mu` (O(1)).
-    - ``composition``: sqrt(m sum gamma_t^2)/sigma; O(1) for C/CD/FedProx (T gamma^2), and
+    - ``composition``: sqrt(m sum gamma_t^2)/sigma * sqrt(m/(m - c_eff)); O(1) for C/CD/FedProx (T gamma^2), and
       for SD/ID direct sums to 2^20 rounds, Hurwitz-zeta closed forms beyond (docs/MATH.md §8.1).
-    - ``local_dp``: m sqrt(sum gamma_t^2)/sigma = sqrt(m) * composition.
+    - ``local_dp``: m sqrt(sum gamma_t^2)/sigma (does not depend on c).
     - ``final_model``: equals composition for C/CD/FedProx (docs/MATH.md §7.2). For SD/ID the exact
       PAVA optimum for T <= :data:`FINAL_MODEL_EXACT_ROUNDS`; for larger T the value of a
       feasible point of the same problem -- the exact optimum over the first
@@ -558,20 +569,21 @@ def planned_bounds(config: AccountantConfig, rounds: int) -> dict[str, float]:
     T = _rounds(rounds)
     m = config.clients
     sigma = float(config.sigma)
+    hidden = hidden_clients(m, config.colluders) / m  # (m - c_eff)/m: s_t^2 = hidden * sigma^2/m
     sum_sq = _planned_sum_gamma_sq(config, 0, T - 1)
-    composition = math.sqrt(m * sum_sq) / sigma
+    composition = math.sqrt(m * sum_sq) / sigma / math.sqrt(hidden)
     local_dp = m * math.sqrt(sum_sq) / sigma
     if _is_constant_terms(config):
         final = composition
     else:
         n0 = min(T, FINAL_MODEL_EXACT_ROUNDS)
         log_rho, gamma = bound_terms(config, n0)
-        s = sigma / math.sqrt(m)
+        s = sigma / math.sqrt(m) * math.sqrt(hidden)
         model = OnlineFinalModel()
         model._extend_arrays(log_rho, gamma, np.full(n0, s))
         final_sq = model.mu**2
         if T > n0:
-            final_sq += m * _planned_sum_gamma_sq(config, n0, T - 1) / sigma**2
+            final_sq += m * _planned_sum_gamma_sq(config, n0, T - 1) / sigma**2 / hidden
         final = min(math.sqrt(final_sq), composition)
     return {
         "paper": paper_mu(config, T),
@@ -596,14 +608,15 @@ def planned_curve(config: AccountantConfig, rounds: int) -> dict[str, np.ndarray
         paper = coef * np.sqrt(2.0 - 1.0 / t)
     else:
         paper = coef * np.sqrt(tanh_ratio(a, t))
+    hidden = hidden_clients(m, config.colluders) / m
     log_rho, gamma = bound_terms(config, T)
     cum_sq = _prefix_sums(np.square(gamma))
-    composition = np.sqrt(m * cum_sq) / sigma
+    composition = np.sqrt(m * cum_sq) / sigma / math.sqrt(hidden)
     local_dp = m * np.sqrt(cum_sq) / sigma
     if _is_constant_terms(config):
         final = composition.copy()
     else:
-        s = sigma / math.sqrt(m)
+        s = sigma / math.sqrt(m) * math.sqrt(hidden)
         out = np.empty(T)
         OnlineFinalModel()._extend_arrays(log_rho, gamma, np.full(T, s), out=out)
         final = np.minimum(np.sqrt(out), composition)

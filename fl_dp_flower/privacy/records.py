@@ -77,6 +77,14 @@ class AccountantConfig:
     - ``final-model``: only the final model is released -> min(composition, final_model,
       the paper's bound where it is sound).
     - ``curious-server``: the server sees each client's noisy upload -> local_dp.
+
+    ``colluders`` (c) is the number of participating clients colluding with the adversary of
+    the all-rounds and final-model bounds (docs/MATH.md §14.2a): 0 = an outside observer, 1
+    (default) = any one participating client, who knows its own noisy upload and subtracts
+    it. Per-round noise counts only the clients outside the coalition (uniform weights:
+    sigma*sqrt(m - c)/m); a round with m <= c certifies local DP for that round. In cohort
+    mode c counts virtual clients (a node operator who knows its whole cohort is
+    c = clients-per-node).
     """
 
     algorithm: Algorithm = "fedavg"
@@ -94,9 +102,11 @@ class AccountantConfig:
     batch_size: int | None = None
     cyclic_c: float | None = None
     iterative_z: float | None = None
+    colluders: int = 1
 
     def __post_init__(self) -> None:
         choice("algorithm", self.algorithm, ALGORITHMS)
+        int_at_least("colluders", self.colluders, 0)
         choice("schedule", self.schedule, SCHEDULES)
         choice("threat_model", self.threat_model, THREAT_MODELS)
         choice("clipping", self.clipping, CLIPPING_MODES)
@@ -122,8 +132,9 @@ class AccountantConfig:
             positive("iterative_z", self.iterative_z)
         check_prox(self.algorithm, self.prox_alpha, self.smoothness, self.lr)
 
-    def planned_round(self, round_index: int, clients: int | None = None) -> "RoundRecord":
-        """The record of round ``round_index`` (1-based) if it runs exactly as planned."""
+    def planned_round(self, round_index: int, clients: int | None = None, *, applied: bool = True) -> "RoundRecord":
+        """The record of round ``round_index`` (1-based) if it runs exactly as planned
+        (``applied=False``: its aggregate never reaches the released model)."""
         int_at_least("round_index", round_index, 1)
         m = self.clients if clients is None else clients
         int_at_least("clients", m, 1)
@@ -137,6 +148,7 @@ class AccountantConfig:
             clipping=self.clipping,
             batch_size=self.batch_size,
             prox_alpha=self.prox_alpha,
+            applied=applied,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -144,11 +156,20 @@ class AccountantConfig:
 
     @classmethod
     def from_dict(cls, data: Any) -> "AccountantConfig":
-        """Parse a persisted config (a ledger header's); ValueError names the bad field."""
-        return cls(**_fields_of(cls, data, "accountant config"))
+        """Parse a persisted config (a ledger header's); ValueError names the bad field.
+
+        A header written before ``colluders`` existed was certified against an outside observer
+        (c = 0): it reads as ``colluders = 0``, so replaying it recomputes its numbers as they
+        were written (resuming it under c >= 1 is refused as a config change).
+        """
+        d = _fields_of(cls, data, "accountant config")
+        d.setdefault("colluders", LEGACY_COLLUDERS)
+        return cls(**d)
 
 
 _WEIGHT_SUM_TOL = 1e-9
+#: colluders of a ledger header written before the field existed (docs/MATH.md §14.2a)
+LEGACY_COLLUDERS = 0
 
 
 @dataclass(frozen=True)
@@ -158,6 +179,12 @@ class RoundRecord:
     ``weights`` are the aggregation weights of the replies that were aggregated,
     in the order of ``node_ids`` when given. ``node_ids`` is informational (the
     ledger shows who contributed); the math does not use it.
+
+    ``applied`` is False when the round's aggregate never reached the released model (fewer
+    replies than ``min-replies``, a round accounted by an unfinished-round resume, a round lost
+    to a crash before its checkpoint). Composition and local DP count every accounted round;
+    the final-model bound counts only applied rounds (docs/MATH.md §14.3a). A persisted record
+    without the field (written before it existed) reads as applied, as it was accounted then.
     """
 
     round: int
@@ -170,9 +197,12 @@ class RoundRecord:
     batch_size: int | None = None
     prox_alpha: float | None = None
     node_ids: tuple[int, ...] = field(default=())
+    applied: bool = True
 
     def __post_init__(self) -> None:
         int_at_least("round", self.round, 1)
+        if not isinstance(self.applied, bool):
+            raise ValueError(f"applied must be true or false, got {self.applied!r}")  # noqa: TRY004 (as every field)
         choice("algorithm", self.algorithm, ALGORITHMS)
         choice("clipping", self.clipping, CLIPPING_MODES)
         object.__setattr__(self, "step_sizes", tuple(float(x) for x in self.step_sizes))
@@ -219,6 +249,31 @@ class RoundRecord:
     def noise_std(self) -> float:
         """Std of the aggregate noise s_t = sigma * sqrt(sum_i p_i^2) (docs/MATH.md §14.1)."""
         return self.sigma * math.sqrt(math.fsum(p * p for p in self.weights))
+
+    def hidden_noise_stds(self, colluders: int) -> tuple[float, float]:
+        """(s_min, s_target): aggregate noise std left after a coalition of ``colluders``
+        participants subtracts its own uploads (docs/MATH.md §14.2a), same units as sigma.
+
+        The coalition is at most the m - 1 clients other than the target (c_eff = min(c, m - 1)).
+
+        - ``s_min`` = sigma * sqrt(sum of the m - c_eff smallest p_i^2): the least noise any
+          coalition leaves for any target; paired with gamma = max_i p_i * Gamma it is a sound
+          per-round pair for the final-model bound.
+        - ``s_target`` = sigma * sqrt(p_max^2 + sum of the m - 1 - c_eff smallest p_j^2 of the
+          others): the noise hiding the largest-weight client from the coalition of the c_eff
+          largest other weights, the worst (target, coalition) of one round (the ratio
+          p_k / s is largest for the largest p_k); composition uses it, so a round never costs
+          more than local DP.
+
+        Uniform weights: both are sigma * sqrt(m - c_eff)/m; c = 0 gives :attr:`noise_std`.
+        """
+        c = int_at_least("colluders", colluders, 0)
+        squares = sorted(p * p for p in self.weights)  # ascending
+        keep = len(squares) - min(c, len(squares) - 1)
+        s_min = self.sigma * math.sqrt(math.fsum(squares[:keep]))
+        others = squares[:-1]  # without one largest weight (the target)
+        s_target = self.sigma * math.sqrt(math.fsum([squares[-1], *others[:keep - 1]]))
+        return s_min, s_target
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

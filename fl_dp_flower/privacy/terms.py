@@ -216,10 +216,14 @@ class RoundTerms:
     - ``log_rho``: log of the model-sensitivity factor rho_t (dimensionless, >= 0).
     - ``gamma``: aggregate data sensitivity gamma_t = max_i p_i * Gamma_t (parameter units).
     - ``client_sensitivity``: Gamma_t, sensitivity of one client's upload (parameter units).
-    - ``noise_std``: aggregate noise std s_t = sigma * sqrt(sum_i p_i^2).
+    - ``noise_std``: aggregate noise std s_t the coalition of c colluding participants cannot
+      subtract, least over every coalition and target (docs/MATH.md §14.2a; c = 0:
+      sigma * sqrt(sum_i p_i^2)); the final-model bound pairs it with ``gamma``.
+    - ``target_noise_std``: the noise hiding the largest-weight client from the worst
+      coalition (>= ``noise_std``; equal for uniform weights); composition uses it.
     - ``sigma``: per-client noise std of the round.
 
-    Per-round GDP contributions: gamma/noise_std (central), client_sensitivity/sigma (local).
+    Per-round GDP contributions: gamma/target_noise_std (central), client_sensitivity/sigma (local).
     """
 
     log_rho: float
@@ -227,6 +231,7 @@ class RoundTerms:
     client_sensitivity: float
     noise_std: float
     sigma: float
+    target_noise_std: float
 
 
 def _fedprox_parts(etas: np.ndarray, alpha: float, L: float) -> tuple[float, float]:
@@ -242,7 +247,7 @@ def _fedprox_parts(etas: np.ndarray, alpha: float, L: float) -> tuple[float, flo
     return one_minus_prod_alpha, one_minus_prod_gap
 
 
-def round_terms(record: RoundRecord, smoothness: float) -> RoundTerms:
+def round_terms(record: RoundRecord, smoothness: float, colluders: int = 0) -> RoundTerms:
     """Exact per-round terms of docs/MATH.md §14.1 from the step sizes the round actually used.
 
     FedAvg (Lemmas 7, 8): Gamma = 2V sum_k eta_k, log rho = sum_k log1p(eta_k L).
@@ -260,7 +265,9 @@ def round_terms(record: RoundRecord, smoothness: float) -> RoundTerms:
     which is <= theta * Gamma with theta = min(1, alpha/((alpha - L) B)) (so never looser
     than the planned Table 2 value 2V theta/alpha).
 
-    gamma = max_i p_i * Gamma, noise_std = sigma sqrt(sum_i p_i^2).
+    gamma = max_i p_i * Gamma; noise_std and target_noise_std as
+    :meth:`RoundRecord.hidden_noise_stds` for a coalition of ``colluders`` participants
+    (0 = an outside observer: both are sigma sqrt(sum_i p_i^2)).
     """
     if not isinstance(record, RoundRecord):
         raise ValueError(f"record must be a RoundRecord, got {type(record).__name__}")
@@ -295,12 +302,14 @@ def round_terms(record: RoundRecord, smoothness: float) -> RoundTerms:
             kappa = _kappa_from(log_rho, L * sum_eta) if L > 0 else 1.0
             client *= per_sample_theta(kappa, record.batch_size)
 
+    s_min, s_target = record.hidden_noise_stds(colluders)
     return RoundTerms(
         log_rho=float(log_rho),
         gamma=record.max_weight * client,
         client_sensitivity=float(client),
-        noise_std=record.noise_std,
+        noise_std=s_min,
         sigma=float(record.sigma),
+        target_noise_std=s_target,
     )
 
 

@@ -31,7 +31,16 @@ when it released nothing (no usable reply, or replies discarded by the budget be
 aggregation). A round that is open at the end of the ledger (:attr:`LedgerContents.open_round`)
 was broadcast, so its uploads may have reached the server, but its accounting never became
 durable: a crash, or a torn write of its round line. Resuming must not silently drop it (the
-ServerApp refuses, or accounts it conservatively on the operator's explicit choice).
+ServerApp refuses, or, on the operator's explicit choice, charges it as the planned round, not
+applied: its aggregate was never saved or broadcast, since a round line precedes both).
+
+Applied rounds (docs/MATH.md §14.3a): a round record's ``"applied": false`` says its aggregate
+never reached the released model (under quorum, or accounted by an unfinished-round resume).
+A round whose line was written but whose aggregate was lost to a crash before the checkpoint
+is marked on resume by a ``rounds-not-applied`` event (``{"rounds": [...]}``, written before
+any later round; lines are never rewritten). :func:`round_records` and ``verify`` honour it:
+from that event on, those rounds leave the final-model bound (they stay in composition and
+local DP). Records written before the field existed read as applied.
 
 Crash tolerance: a final line without a trailing newline that is not valid JSON is a torn
 write (``torn_tail=True``; its kind, as far as the fragment shows, in ``torn_kind``) and is
@@ -52,12 +61,12 @@ import math
 import os
 import re
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from fl_dp_flower.privacy.records import RoundRecord
+from fl_dp_flower.privacy.records import AccountantConfig, RoundRecord
 from .durable import fsync_dir as _fsync_dir
 from .durable import json_safe as _encode
 
@@ -66,6 +75,7 @@ SCHEMAS = (1, 2)  # read: 1 = before the chain
 TORN_TAIL_EVENT = "torn-tail"
 ROUND_OPEN_EVENT = "round-open"
 ROUND_VOID_EVENT = "round-void"
+NOT_APPLIED_EVENT = "rounds-not-applied"
 FILE_MODE = 0o600  # ledger and run outputs: owner-only
 _KIND_PREFIX = re.compile(rb'^\{"kind":"(header|round|event)"')
 _ROUND_IN_FRAGMENT = re.compile(rb'"round":(\d+)')
@@ -217,9 +227,30 @@ def read_ledger(path: str | os.PathLike[str]) -> LedgerContents:
                           open_round, open_line, torn_round)
 
 
+def not_applied_rounds(events: list[dict[str, Any]]) -> set[int]:
+    """Rounds that ``rounds-not-applied`` events mark as never applied to the model."""
+    marked: set[int] = set()
+    for entry in events:
+        if entry.get("event") == NOT_APPLIED_EVENT:
+            rounds = (entry.get("data") or {}).get("rounds")
+            if not isinstance(rounds, list) or not all(isinstance(r, int) and not isinstance(r, bool)
+                                                        for r in rounds):
+                raise ValueError(f"a {NOT_APPLIED_EVENT} event must list integer rounds, got {rounds!r}")
+            marked.update(rounds)
+    return marked
+
+
+def round_records(contents: LedgerContents) -> list[RoundRecord]:
+    """The RoundRecords of a parsed ledger, in order, with ``rounds-not-applied`` events
+    honoured (to rebuild the accountant on resume)."""
+    marked = not_applied_rounds(contents.events)
+    records = [RoundRecord.from_dict(entry["record"]) for entry in contents.rounds]
+    return [replace(r, applied=False) if r.round in marked else r for r in records]
+
+
 def load_round_records(path: str | os.PathLike[str]) -> list[RoundRecord]:
-    """The RoundRecords of a ledger, in order (to rebuild the accountant on resume)."""
-    return [RoundRecord.from_dict(entry["record"]) for entry in read_ledger(path).rounds]
+    """The RoundRecords of a ledger, in order (see :func:`round_records`)."""
+    return round_records(read_ledger(path))
 
 
 class PrivacyLedger:
@@ -274,12 +305,19 @@ class PrivacyLedger:
             raise FileNotFoundError(f"cannot resume: privacy ledger {path} does not exist")
         contents = read_ledger(path)
         stored = contents.header.get("accountant_config", {})
+        try:  # fields the header predates read as the rule it was written under (e.g. colluders = 0)
+            stored = _normalize(AccountantConfig.from_dict(stored).to_dict())
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"cannot resume {path}: its header's accountant config is invalid: {err}") from None
         given = _normalize(accountant_config)
         diff = sorted(k for k in set(stored) | set(given) if not _same(stored.get(k), given.get(k)))
         if diff:
             detail = ", ".join(f"{k}: ledger {stored.get(k)!r} != now {given.get(k)!r}" for k in diff)
+            hint = (" (a ledger written before 'colluding-clients' existed was certified with c = 0: set "
+                    "colluding-clients = 0 to continue it under its own rule, or start a new run)"
+                    if "colluders" in diff else "")
             raise ValueError(
-                f"cannot resume {path}: accountant config differs in key(s) {diff} ({detail})"
+                f"cannot resume {path}: accountant config differs in key(s) {diff} ({detail}){hint}"
             )
         return contents
 

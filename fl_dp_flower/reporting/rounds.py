@@ -77,3 +77,4 @@ class RoundSink:
                                  budget_epsilon=self.budget_epsilon,
                                  epsilon_increase=outcome.metrics.get("dp-epsilon-increase"),
                                  expected_increase=outcome.metrics.get("dp-expected-epsilon-increase"))
+            self.exporter.set_ledger_head(self.ledger.head_line_hash)

@@ -11,9 +11,21 @@ What it checks, line by line, and where it stops (the first line that fails is r
 3. **Rounds.** Every round's record is parsed and replayed through a fresh accountant, in order,
    and every number of its report (each bound's mu, epsilon and soundness, the certified bound
    and its epsilon, clients, round counts) must match what was recorded (relative 1e-9).
+   Rounds recorded as not applied (``"applied": false``) and rounds named by a
+   ``rounds-not-applied`` event (from that event on) leave the final-model bound, as the server
+   counted them. A header without ``colluders`` (written before the field) is recomputed with
+   c = 0, the rule it was certified under; a round record without ``applied`` as applied.
 4. **Structure** (schema 2). Each round line follows its ``round-open`` event (the write-ahead
    line the server appends before broadcasting), and nothing but a ``resume`` follows a run's
    ``end``.
+5. **Completeness** (schema 2). The chain proves order, not completeness: a ledger whose last
+   lines were deleted still chains. So the head must reach what the run published: every
+   ``expected_heads`` value (the operator's copy of the head from the run's log, ``summary.json``
+   or Prometheus' ``fl_dp_ledger_head_info``; the CLI adds ``summary.json``'s ``ledger_head`` when
+   one lies beside the ledger) must be the hash of one of the ledger's lines (the last one, or an
+   earlier one when the run went on after publishing it). Without any published head, a ledger
+   that does not end with the run's ``end`` (or ``failed``) event fails unless ``live`` says the
+   run is still running (or crashed and awaits its resume): its tail may have been cut.
 
 What it does not prove: that clients really added the noise they reported, ran the steps they
 echoed, or that the server recorded every client it heard from; it proves that the published
@@ -27,7 +39,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +47,15 @@ from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.privacy.records import AccountantConfig, RoundRecord
 from fl_dp_flower.vocabulary import BOUND_NAMES
 
-from .ledger import ROUND_OPEN_EVENT, SCHEMAS, TORN_TAIL_EVENT, _decode, line_hash
+from .ledger import (
+    NOT_APPLIED_EVENT,
+    ROUND_OPEN_EVENT,
+    SCHEMAS,
+    TORN_TAIL_EVENT,
+    _decode,
+    line_hash,
+    not_applied_rounds,
+)
 
 REL_TOL = 1e-9
 
@@ -51,6 +71,8 @@ class Verification:
     rounds_verified: int = 0
     chained: bool = False
     head: str | None = None
+    ended: bool = False
+    heads_checked: list[str] = field(default_factory=list)
     failure_line: int | None = None
     failure: str | None = None
     notes: list[str] = field(default_factory=list)
@@ -78,7 +100,9 @@ def _report_difference(recorded: Any, recomputed: dict[str, Any]) -> str | None:
     """The first number of ``recomputed`` that ``recorded`` does not match, as text."""
     if not isinstance(recorded, dict):
         return "the round line has no report"
-    for key in ("round", "rounds", "clients", "threat_model", "delta"):
+    for key in ("round", "rounds", "clients", "threat_model", "delta", "rounds_applied", "colluders"):
+        if key not in recorded and key in ("rounds_applied", "colluders"):
+            continue  # written before these fields existed
         if not _close(recorded.get(key), recomputed[key]):
             return f"report {key}: recorded {recorded.get(key)!r}, recomputed {recomputed[key]!r}"
     for key in ("bound", "mu", "epsilon"):
@@ -93,15 +117,66 @@ def _report_difference(recorded: Any, recomputed: dict[str, Any]) -> str | None:
     return None
 
 
-def verify_ledger(path: str | Path) -> Verification:
-    """Run every check of the module docstring on the ledger at ``path``."""
+def _aggregated(entry: dict[str, Any]) -> bool:
+    """Whether a round line's metrics say its aggregate was applied (True when they do not say)."""
+    metrics = entry.get("metrics") or {}
+    return metrics.get("dp-aggregated", 1) != 0 and metrics.get("dp-unfinished-accounted", 0) != 1
+
+
+def verify_ledger(path: str | Path, *, expected_heads: dict[str, str] | None = None,
+                  live: bool = False) -> Verification:
+    """Run every check of the module docstring on the ledger at ``path``.
+
+    ``expected_heads``: {where it was published: head hash} (check 5); ``live``: the run is still
+    running, so a ledger without an ``end`` event is expected (check 5).
+    """
     started = time.perf_counter()
     path = Path(path)
     result = Verification(str(path))
     try:
-        return _verify(path, path.read_bytes(), result)
+        _verify(path, path.read_bytes(), result)
+        if result.ok and result.chained:
+            _check_complete(path.read_bytes(), result, expected_heads or {}, live)
+        return result
     finally:
         result.seconds = time.perf_counter() - started
+
+
+#: Events after which a run wrote nothing more (until a ``resume``).
+CLOSING_EVENTS = ("end", "failed")
+
+
+def _check_complete(data: bytes, v: Verification, expected_heads: dict[str, str], live: bool) -> None:
+    """Check 5: the ledger reaches every published head; without one, it ends with a closing event."""
+    hashes: dict[str, int] = {}
+    for number, raw in enumerate(data.split(b"\n")[:v.lines], start=1):
+        hashes.setdefault(line_hash(raw), number)
+    for source, head in expected_heads.items():
+        head = head.strip().lower()
+        found = hashes.get(head)
+        if found is None:
+            v.fail(v.lines, f"the head the run published ({source}: {head}) is the hash of no line of this "
+                            "ledger: lines were cut from its end (it then under-states the privacy spent), or "
+                            "this is not the ledger that run wrote")
+            return
+        after = v.lines - found
+        v.heads_checked.append(f"{source}: line {found}" + (f", {after} line(s) appended after it" if after else ""))
+    # completeness needs the end event: a head published mid-run (Prometheus, after a round) may be
+    # the last line of a ledger cut right after it
+    if v.ended:
+        return
+    if live:
+        v.notes.append("the ledger has no end event and the run is live (--live): no published head protects "
+                       "its last lines yet; verify again against the head the run publishes when it ends")
+        return
+    if expected_heads:
+        v.notes.append("lines follow the published head without an end event: the run went on after it was "
+                       "published and is live or crashed (pass --live), or its tail was cut after that head")
+    v.fail(v.lines, "the ledger does not end with the run's end event: the run is live or crashed (resume "
+                    "closes it), or its last lines were cut, which the hash chain cannot show (it proves order, "
+                    "not completeness). Compare with the head the run published: pass --expected-head (from "
+                    "its log, summary.json 'ledger_head' or Prometheus fl_dp_ledger_head_info), or --live if "
+                    "the run is still running")
 
 
 def _verify(path: Path, data: bytes, v: Verification) -> Verification:
@@ -133,6 +208,10 @@ def _verify(path: Path, data: bytes, v: Verification) -> Verification:
         config = AccountantConfig.from_dict(header.get("accountant_config"))
     except (ValueError, TypeError) as err:
         return v.fail(1, f"header accountant_config: {err}")
+    if "colluders" not in (header.get("accountant_config") or {}):
+        v.notes.append("the header predates 'colluders': recomputed against an outside observer (c = 0), the "
+                       "rule it was certified under; a participating client, who knows its own upload, is not "
+                       "covered by these numbers (docs/MATH.md §14.2a)")
     if not v.chained:
         v.notes.append("schema 1 ledger (written before the hash chain): edits and deletions of whole "
                        "lines cannot be detected, only numbers that do not follow from the records")
@@ -163,7 +242,19 @@ def _verify(path: Path, data: bytes, v: Verification) -> Verification:
             event, data_ = entry.get("event"), entry.get("data") or {}
             if event == ROUND_OPEN_EVENT:
                 opened = data_.get("round")
+            elif event == NOT_APPLIED_EVENT:
+                try:
+                    marked = not_applied_rounds([entry])
+                except ValueError as err:
+                    return v.fail(lineno, str(err))
+                accounted = {r.round for r in accountant.records}
+                if not marked <= accounted:
+                    return v.fail(lineno, f"{NOT_APPLIED_EVENT} names round(s) {sorted(marked - accounted)} "
+                                          "that are not accounted before it")
+                accountant = PrivacyAccountant.from_records(
+                    config, [replace(r, applied=False) if r.round in marked else r for r in accountant.records])
             ended = event == "end"
+            v.ended = event in CLOSING_EVENTS
             continue
         if kind != "round":
             return v.fail(lineno, f"unknown line kind {kind!r}")
@@ -181,10 +272,15 @@ def _verify(path: Path, data: bytes, v: Verification) -> Verification:
         except (ValueError, TypeError) as err:
             return v.fail(lineno, f"round {record.round} cannot be accounted after round "
                                   f"{accountant.num_releases}: {err}")
+        if "applied" not in (entry.get("record") or {}) and not _aggregated(entry):
+            v.notes.append(f"round {record.round} was not aggregated but its record predates the 'applied' "
+                           "field: it was counted in the final-model bound (the old rule, which can "
+                           "understate that bound; composition and local DP are unaffected)")
         diff = _report_difference(entry.get("report"), recomputed)
         if diff is not None:
             return v.fail(lineno, f"round {record.round}: {diff}")
         v.rounds_verified += 1
+        v.ended = False
         opened = None
     complete = [r for r, e in zip(raw_lines, parsed) if e is not None]
     v.head = line_hash(complete[-1]) if v.chained and complete else None

@@ -34,7 +34,9 @@ _EVENT_TEXT = {
                                f"refusals: {d.get('reason', '')}",
     "round-void": lambda d: f"round {d.get('round')} voided ({d.get('reason')})",
     "torn-tail": lambda d: f"torn line {d.get('line')} found on resume",
-    "unfinished-round-accounted": lambda d: f"round {d.get('round')} accounted conservatively (unfinished)",
+    "unfinished-round-accounted": lambda d: f"round {d.get('round')} charged as planned, not applied (unfinished)",
+    "rounds-not-applied": lambda d: f"round(s) {d.get('rounds')} not applied (model lost before its "
+                                    "checkpoint): out of the final-model bound",
     "failed": lambda d: f"run failed: {d.get('reason', '')}",
     "end": lambda d: f"run ended ({d.get('rounds_accounted')} rounds accounted)",
 }

@@ -22,7 +22,10 @@ the certified epsilon past the target. *When* a release happens depends on that 
   be stopped by the server).
 
 An under-quorum round (fewer than ``min-replies`` usable replies: no aggregate) is still
-accounted with the clients that replied (conservative); :func:`check_replies` applies to it too.
+accounted with the clients that replied, as not applied: it is charged to composition and local
+DP (where a round can only add), and left out of the final-model bound (its noise never reached
+the released model, and adding a noisy round can lower that bound, docs/MATH.md §14.3a);
+:func:`check_replies` applies to it too.
 """
 
 from __future__ import annotations

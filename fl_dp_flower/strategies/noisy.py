@@ -11,7 +11,8 @@ Per round (``Strategy.start`` drives it):
    budget check on that record (threat models that see only global models), then aggregate
    with uniform weights (or by ``num-examples``), ``accountant.step(record)``, and merge
    ``dp-*`` numbers into the metrics.
-3. after central evaluation (the wrapped ``evaluate_fn``): call the reporters
+3. before any client-evaluation broadcast (``configure_evaluate``), after central evaluation:
+   call the reporters
    ``on_round(round, record, report, metrics)`` in order (the ServerApp wires ledger ->
    checkpoint -> log line -> Prometheus), then the next round is broadcast.
 
@@ -21,8 +22,10 @@ t + 1. A round in which no usable reply arrived releases nothing and is not acco
 does not advance t (the next round retries the same schedule position).
 
 Under-quorum rounds (1 <= usable replies < ``min-replies``): the uploads were seen by the
-server, so the round is accounted with the clients that replied (conservative), but the
-global model is not updated.
+server, so the round is accounted with the clients that replied (composition and local DP can
+only grow), but the global model is not updated: the record says ``applied = False`` and the
+final-model bound leaves the round out (adding a noisy round would lower it although its noise
+never reached the released model, docs/MATH.md §14.3a).
 
 Refusing nodes: a node that refuses (``Error`` reply from its guardrails or policy)
 ``max-node-refusals`` rounds in a row is no longer sampled (logged at ERROR, reported in
@@ -115,6 +118,8 @@ class NoisyStrategyMixin:
         self.refusals: dict[int, NodeRefusals] = {}
         self.on_event: Callable[[str, dict[str, Any]], None] | None = None  # ledger events (ServerApp)
         self._round: PendingRound | None = None
+        self._user_evaluate_fn: EvaluateFn | None = None
+        self._closed: tuple[int, MetricRecord | None] | None = None  # round closed before its evaluation
         self._train_metrics: dict[int, MetricRecord] = {}  # the Result so far, per server round
         self._eval_metrics: dict[int, MetricRecord] = {}
 
@@ -274,7 +279,9 @@ class NoisyStrategyMixin:
             return None, None
 
         weights = weights_for(usable, self.dp_config.weighting)
-        record = self._record(server_round, planned, usable, weights)
+        arrived = sum(len(u.members) for u in usable)
+        aggregated = arrived >= self.dp_config.min_replies
+        record = self._record(server_round, planned, usable, weights, applied=aggregated)
         if self.budget is not None:
             try:
                 check_replies(self.accountant, self.budget, record)
@@ -284,24 +291,24 @@ class NoisyStrategyMixin:
         before = self.accountant.report().certified.epsilon
         expected = self.accountant.peek(self.accountant.config.planned_round(record.round)).certified.epsilon
         report = self.accountant.step(record)
-        arrived = sum(len(u.members) for u in usable)
-        aggregated = arrived >= self.dp_config.min_replies
         arrays = average_arrays(usable, weights, reference) if aggregated else None
         if not aggregated:
             log.warning(
                 "round %d: %d usable clients < min-replies %d: global model kept; round accounted "
-                "with the %d clients that replied", server_round, arrived, self.dp_config.min_replies, arrived,
+                "with the %d clients that replied, as not applied (it stays out of the final-model bound)",
+                server_round, arrived, self.dp_config.min_replies, arrived,
             )
         metrics = {**average_metrics(usable, weights), **dp_metrics(report), "dp-aggregated": int(aggregated),
                    "dp-dropped": len(dropped), "dp-echo-mismatch": self._last_mismatch,
                    "dp-epsilon-increase": report.certified.epsilon - before,
                    "dp-expected-epsilon-increase": expected - before}
-        self.global_arrays = arrays if arrays is not None else reference
+        # global_arrays (what a stop saves as the final model) changes only once the round line is durable
         pending.record, pending.report, pending.metrics = record, report, metrics
         self._train_metrics[server_round] = MetricRecord(metrics)
         return arrays, MetricRecord(metrics)
 
-    def _record(self, server_round: int, planned: Applied, usable: list, weights: tuple[float, ...]) -> RoundRecord:
+    def _record(self, server_round: int, planned: Applied, usable: list, weights: tuple[float, ...], *,
+                applied: bool) -> RoundRecord:
         c = self.dp_config
         self._last_mismatch = 0
         for u in usable:
@@ -315,10 +322,27 @@ class NoisyStrategyMixin:
         return RoundRecord(
             round=planned.round_index + 1, algorithm=c.algorithm, step_sizes=etas, clip_norm=worst.clip_norm,
             sigma=worst.sigma, weights=weights, clipping=c.clipping, batch_size=worst.batch_size,
-            prox_alpha=worst.prox_alpha, node_ids=tuple(m for u in usable for m in u.members),
+            prox_alpha=worst.prox_alpha, node_ids=tuple(m for u in usable for m in u.members), applied=applied,
         )
 
     # ------------------------------------------------------------ round closing
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Close the round (central evaluation, round line, checkpoint) before any evaluation
+        instruction carries its aggregate to the clients: a round's aggregate is never
+        broadcast before its ledger line is durable (what an unfinished-round resume relies on)."""
+        self._closed = (server_round, self._after_round(server_round, arrays, self._user_evaluate_fn))
+        return super().configure_evaluate(server_round, arrays, config, grid)  # type: ignore[misc]
+
+    def _evaluate(self, server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+        """``Strategy.start``'s evaluate_fn: the initial evaluation, or the result of the round
+        closed in :meth:`configure_evaluate` (closed here when that was not called)."""
+        closed, self._closed = self._closed, None
+        if closed is not None and closed[0] == server_round:
+            return closed[1]
+        return self._after_round(server_round, arrays, self._user_evaluate_fn)
+
     def _after_round(self, server_round: int, arrays: ArrayRecord, user_fn: EvaluateFn | None) -> MetricRecord | None:
         result = user_fn(server_round, arrays) if user_fn is not None else None
         if result is not None:
@@ -353,12 +377,12 @@ class NoisyStrategyMixin:
             num_rounds = max(self.dp_config.num_server_rounds - self.accountant.num_releases, 0)
         timeout = self.dp_config.round_timeout if timeout is None else timeout
         self.global_arrays = initial_arrays
+        self._user_evaluate_fn, self._closed = evaluate_fn, None
         t0 = time.time()
         try:
             return super().start(  # type: ignore[misc]
                 grid=grid, initial_arrays=initial_arrays, num_rounds=num_rounds, timeout=timeout,
-                train_config=train_config, evaluate_config=evaluate_config,
-                evaluate_fn=lambda r, a: self._after_round(r, a, evaluate_fn),
+                train_config=train_config, evaluate_config=evaluate_config, evaluate_fn=self._evaluate,
             )
         except BudgetExhausted as exc:
             self.stop_reason = exc.reason

@@ -1,0 +1,125 @@
+"""Failures an operator must be able to act on from the ServerApp log alone (issue 18 item 9),
+on the real ServerApp (``run_server``) and the real ClientApp on the in-process grid:
+
+- a full disk anywhere in the run's writes: one ERROR saying what happened, that nothing
+  unaccounted was released, and how to resume; the resume then works;
+- "accounted no round", "all rounds already accounted", an existing ledger: logged at ERROR
+  (``flwr log`` showed only "Exit Code: 201");
+- nodes excluded for refusing stay excluded when the run is resumed.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+
+import pytest
+
+from fl_dp_flower.apps import server as server_module
+from fl_dp_flower.apps.server import LEDGER, SUMMARY, RunFailed
+from fl_dp_flower.reporting import PrivacyLedger, read_ledger
+from fl_dp_flower.reporting.verify import verify_ledger
+from local_grid import TINY_NODES, run_local, tiny_config
+
+SERVER_LOGGER = "flwr.fl_dp_flower"
+
+
+def _errors(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.levelno >= logging.ERROR and r.name.startswith(SERVER_LOGGER)]
+
+
+def _disk_full_at_round_line(monkeypatch, round_: int) -> None:
+    real_write = PrivacyLedger._write_locked
+
+    def write(self, line: bytes) -> None:
+        if line.startswith(b'{"kind":"round"') and f'"round":{round_},'.encode() in line:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_write(self, line)
+
+    monkeypatch.setattr(PrivacyLedger, "_write_locked", write)
+
+
+def _disk_full_at_checkpoint(monkeypatch, round_: int) -> None:
+    """As torch.save reports it: a RuntimeError whose context is the OSError of the write."""
+    real_save = server_module.atomic_torch_save
+
+    def save(obj, path):
+        if path.name == server_module.CHECKPOINT and obj["round"] == round_:
+            try:
+                raise OSError(errno.ENOSPC, "No space left on device", str(path))
+            except OSError:
+                raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 512 vs 0") from None
+        real_save(obj, path)
+
+    monkeypatch.setattr(server_module, "atomic_torch_save", save)
+
+
+@pytest.mark.parametrize("where", ["ledger", "checkpoint"])
+def test_a_full_disk_says_what_happened_and_how_to_resume(tmp_path, monkeypatch, caplog, where):
+    caplog.set_level(logging.INFO)
+    cfg = tiny_config(tmp_path, **{"num-server-rounds": 3})
+    with monkeypatch.context() as m:
+        (_disk_full_at_round_line if where == "ledger" else _disk_full_at_checkpoint)(m, 2)
+        with pytest.raises(RunFailed) as info:
+            run_local(cfg)
+    message = str(info.value)
+    assert message.startswith("disk full (ENOSPC: No space left on device)")
+    assert "Nothing unaccounted was released" in message and "resume=true" in message
+    assert str(tmp_path / "run") in message
+    assert _errors(caplog).count(message) == 1, _errors(caplog)
+    ledger = tmp_path / "run" / LEDGER
+    assert read_ledger(ledger).last_round == (1 if where == "ledger" else 2)
+    # the resume the message names works (round 2 was broadcast: its line is missing when the ledger
+    # write failed, so the resume must account it)
+    caplog.clear()
+    resume = {"resume": True, "num-server-rounds": 3}
+    if where == "ledger":
+        resume["resume-unfinished-round"] = "account"
+    outcome, _ = run_local(tiny_config(tmp_path, **resume))
+    assert outcome.accountant.num_releases == 3
+    assert verify_ledger(ledger).ok
+
+
+def test_no_round_left_to_account_is_logged(tmp_path, caplog):
+    run_local(tiny_config(tmp_path))
+    caplog.set_level(logging.INFO)
+    with pytest.raises(RunFailed, match="all 2 rounds were already accounted"):
+        run_local(tiny_config(tmp_path, resume=True))
+    assert any("the run accounted no round, so nothing was trained: all 2 rounds were already accounted" in e
+               for e in _errors(caplog)), _errors(caplog)
+
+
+def test_an_existing_ledger_is_logged(tmp_path, caplog):
+    run_local(tiny_config(tmp_path))
+    caplog.set_level(logging.INFO)
+    with pytest.raises(FileExistsError):
+        run_local(tiny_config(tmp_path))
+    assert any("already exists; a ledger is never overwritten" in e for e in _errors(caplog)), _errors(caplog)
+
+
+def test_a_budget_too_small_for_any_round_is_logged(tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    with pytest.raises(RunFailed):
+        run_local(tiny_config(tmp_path, **{"target-epsilon": 1e-3}))
+    assert any(e.startswith("the run accounted no round, so nothing was trained: privacy budget")
+               for e in _errors(caplog)), _errors(caplog)
+
+
+def test_excluded_nodes_stay_excluded_after_a_resume(tmp_path, caplog):
+    """Node 2 refuses every round (its floor min-sigma=5 is above the run's sigma): excluded after 2
+    refusals in rounds 1-2; the resume for rounds 3-4 never asks it to train."""
+    refusing = {2: {"min-sigma": 5.0}}
+    cfg = {"max-node-refusals": 2}
+    first, grid = run_local(tiny_config(tmp_path, **cfg), node_config=refusing)
+    assert list(first.strategy.excluded_nodes) == [2]
+    caplog.set_level(logging.INFO)
+    out, grid = run_local(tiny_config(tmp_path, **cfg, **{"num-server-rounds": 4, "resume": True}),
+                          node_config=refusing)
+    asked = sorted({m.metadata.dst_node_id for m in grid.sent})
+    assert asked == [n for n in range(1, TINY_NODES + 1) if n != 2], asked
+    assert [sorted(r.node_ids) for r in out.accountant.records[2:]] == [asked] * 2
+    assert any("nodes excluded earlier in this run stay excluded" in e and "node 2 (" in e for e in _errors(caplog))
+    summary = json.loads((tmp_path / "run" / SUMMARY).read_text())
+    assert list(summary["excluded_nodes"]) == ["2"] and "min-sigma" in summary["excluded_nodes"]["2"]
