@@ -222,6 +222,12 @@ class AppConfig(BaseModel):
         """The epsilon budget, or None when ``target-epsilon`` is 0 (no budget)."""
         return self.target_epsilon if self.target_epsilon > 0 else None
 
+    def resumable_plan(self) -> dict[str, Any]:
+        """The keys a resume may change that ``watch`` shows, in run-config form: recorded in the
+        ledger's ``resume`` event (the header keeps the first run's config)."""
+        run_config = self.to_run_config()
+        return {key: run_config[key] for key in ("num-server-rounds", "target-epsilon", "clients-per-round")}
+
     def to_run_config(self) -> dict[str, Any]:
         """The configuration in run-config form (dash keys)."""
         return self.model_dump(by_alias=True)

@@ -14,6 +14,7 @@ Standard library, pydantic and the privacy math only (no torch): the launcher ca
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 
 from .config import AUTO_SIGMA, AppConfig, ConfigError
@@ -89,6 +90,17 @@ def preflight(config: AppConfig) -> list[str]:
                      "near chance (a heuristic: more clients per round, more rounds or a larger lr x clip-norm "
                      "help; a smaller sigma costs privacy)")
     return notes
+
+
+def log_preflight(config: AppConfig, log: logging.Logger) -> None:
+    """The ServerApp's start: log the notes (warnings at WARNING); log and re-raise a refusal."""
+    try:
+        notes = preflight(config)
+    except ConfigError as err:  # the budget fits no round: refused before anything is written
+        log.error("%s", err)
+        raise
+    for note in notes:
+        (log.warning if note.startswith("warning") else log.info)("%s", note)
 
 
 def chance_level_warning(config: AppConfig, accuracy: float | None) -> str | None:

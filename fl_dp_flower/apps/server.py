@@ -61,7 +61,7 @@ from flwr.serverapp.strategy import Result
 
 from fl_dp_flower.apps.recovery import RunFailed, logged_failures, restore_exclusions
 from fl_dp_flower.config import AppConfig, ConfigError
-from fl_dp_flower.preflight import chance_level_warning, preflight
+from fl_dp_flower.preflight import chance_level_warning, log_preflight
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.reporting import PrivacyLedger, PrivacyMetricsExporter, plot_privacy_curve, render_summary
 from fl_dp_flower.reporting.durable import atomic_write, write_json
@@ -180,19 +180,9 @@ def _open_ledger(config: AppConfig, run_dir: Path) -> tuple[PrivacyLedger, Priva
                     "(resume-unfinished-round = 'account'); certified epsilon now %.6g",
                     unfinished, contents.open_round_line, report.certified.epsilon)
     ledger.append_event("resume", {"rounds_accounted": accountant.num_releases, "checkpoint_round": ckpt_round,
-                                   "plan": _resumed_plan(config)})
+                                   "plan": config.resumable_plan()})
     log.info("resuming %s: %d rounds accounted", path, accountant.num_releases)
     return ledger, accountant, arrays
-
-
-#: Run-config keys a resume may change that ``watch`` shows (the header keeps the first run's).
-RESUMABLE_PLAN_KEYS = ("num-server-rounds", "target-epsilon", "clients-per-round")
-
-
-def _resumed_plan(config: AppConfig) -> dict[str, Any]:
-    """The resumed run's plan, recorded in its ``resume`` event (the header is never rewritten)."""
-    run_config = config.to_run_config()
-    return {key: run_config[key] for key in RESUMABLE_PLAN_KEYS}
 
 
 def _require_ledger(path: Path) -> None:
@@ -273,13 +263,7 @@ def _run_server(grid: Grid, config: AppConfig, fraction_evaluate: float,
     if config.seed >= 0:  # node sampling (random.sample) and model init become reproducible
         random.seed(config.seed)
         torch.manual_seed(config.seed)
-    try:
-        notes = preflight(config)  # calibrated sigma, early budget stop, noise
-    except ConfigError as err:  # the budget fits no round: refuse before anything is written
-        log.error("%s", err)
-        raise
-    for note in notes:
-        (log.warning if note.startswith("warning") else log.info)("%s", note)
+    log_preflight(config, log)  # calibrated sigma, early budget stop, noise; ConfigError: no round fits
     run_dir = (Path(config.output_dir).expanduser() / config.run_name).resolve()
     if config.resume:
         _require_ledger(run_dir / LEDGER)  # before any folder is made
