@@ -159,7 +159,7 @@ def _settings(args: argparse.Namespace) -> str:
 
 _THREAT_RULE = {
     "all-rounds": "composition (the adversary sees every global model)",
-    "final-model": "the smallest sound final-model bound",
+    "final-model": "the smallest certifiable final-model bound",
     "curious-server": "local_dp (the server sees every upload)",
 }
 
@@ -172,15 +172,21 @@ def _print_plan(result: dict[str, Any], args: argparse.Namespace) -> None:
                         f"sigma = {args.sigma:g})\n{_settings(args)}")
     for col in ("bound", "adversary sees", "mu (GDP)", "epsilon", "status"):
         table.add_column(col)
+    from .reporting.console import FINAL_MODEL_ASSUMES, add_remove_note, conditional_note
+
     for name, value in result["bounds"].items():
         status = "sound" if value["sound"] else "paper's stated bound - NOT a guarantee"
-        table.add_row(name, _ADVERSARY[name], _fmt(value["mu"]), _fmt(value["epsilon"]), status)
+        table.add_row(name, _ADVERSARY[name], _fmt(value["mu"]), _fmt(value["epsilon"]),
+                      status + conditional_note(value))
     cert = result["certified"]
     console = Console(width=None if sys.stdout.isatty() else 160)  # no wrapping when piped
     console.print(table)
     threat = args.config.threat_model
+    assumes = conditional_note(cert) + (f", if {FINAL_MODEL_ASSUMES}" if threat == "final-model" else "")
     console.print(f"certified ({cert['bound']}, chosen by threat model {threat}: "
-                  f"{_THREAT_RULE[threat]}): mu = {_fmt(cert['mu'])}, epsilon = {_fmt(cert['epsilon'])}")
+                  f"{_THREAT_RULE[threat]}{assumes}): mu = {_fmt(cert['mu'])}, "
+                  f"epsilon = {_fmt(cert['epsilon'])} for {result['relation']} neighbours; "
+                  f"{add_remove_note(result)}")
     per_round = result["per_round"]
     shown = per_round if len(per_round) <= 12 else per_round[:6] + per_round[-6:]
     if shown:
@@ -320,7 +326,9 @@ def _calibrate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     if args.json:
         print(json.dumps(json_safe(result), indent=2, allow_nan=False))
     else:
-        status = "" if result["sound"] else "  (paper's stated bound - NOT a guarantee)"
+        from .reporting.console import conditional_note
+
+        status = ("" if result["sound"] else "  (paper's stated bound - NOT a guarantee)") + conditional_note(result)
         print(f"{_settings(args)}\nthreat model {args.config.threat_model}")
         print(f"sigma = {result['sigma']:.6g} gives {result['bound']}: mu = {_fmt(result['mu'])}, "
               f"epsilon = {_fmt(result['epsilon'])} at delta {args.config.delta:g}{status}")

@@ -22,7 +22,7 @@ from typing import Any, Literal, Mapping, get_args, get_origin
 import annotated_types as at
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
-from .privacy.records import AccountantConfig
+from .privacy.records import SMOOTHNESS_FIELDS, AccountantConfig, smoothness_problems
 from .vocabulary import (Algorithm, Clipping, CohortNoise, Dataset, Partitioning, Schedule, ThreatModel,
                          UnfinishedRoundPolicy, Weighting)
 from .privacy.terms import SCHEDULE_CONSTANTS, default_cyclic_c, default_iterative_z, resolve_constant
@@ -83,11 +83,18 @@ class AppConfig(BaseModel):
         "run starts so that all 'num-server-rounds' planned rounds certify at most 'target-epsilon'"))
     prox_alpha: float = Field(0.0, ge=0)
     smoothness: float = Field(1.0, ge=0)
+    assume_smooth_losses: bool = Field(
+        False,
+        description="The operator's explicit assertion that every (per-sample) loss is L-smooth with "
+        "L = 'smoothness'. Without it no bound that rests on L certifies: per-sample clipping with "
+        "local-steps >= 2 is accounted at the clipping-only sensitivity (theta = 1), and the final-model "
+        "and paper bounds are reported as conditional on L-smooth losses. Required by threat-model "
+        "'final-model'. The shipped models (LeNet-5, ResNet-18: ReLU, max-pool) are not L-smooth.")
     cyclic_c: float = Field(0.0, ge=0)
     iterative_z: float = Field(0.0, ge=0)
     # --- federation
     num_server_rounds: int = Field(10, ge=1)
-    clients_per_round: int = Field(10, ge=1)
+    clients_per_round: int = Field(2, ge=1)
     clients_per_node: int = Field(1, ge=1)
     cohort_noise: CohortNoise = "summed"
     min_replies: int = Field(1, ge=1)
@@ -195,6 +202,10 @@ class AppConfig(BaseModel):
                     f"'{key}' = {value!r}: must be 0 (use {constant.formula.split(' = ')[0]}) or >= {constant.formula} = "
                     f"{minimum:.6g} for 'local-steps' = {self.local_steps} (smaller constants give no valid bound)"
                 )
+        for problem in smoothness_problems(self.threat_model, self.clipping, self.local_steps, self.smoothness,
+                                           self.assume_smooth_losses):
+            problems.append(re.sub(rf"\b({'|'.join(SMOOTHNESS_FIELDS)})\b", lambda m: f"'{_dash(m.group(1))}'",
+                                   problem))
         if self.min_replies > self.clients_per_round:
             problems.append(
                 f"'min-replies' = {self.min_replies}: must be an integer in [1, 'clients-per-round' = "
@@ -250,6 +261,7 @@ class AppConfig(BaseModel):
             batch_size=self.batch_size,
             cyclic_c=self.cyclic_c if self.schedule == "cyclic" and self.cyclic_c > 0 else None,
             iterative_z=self.iterative_z if self.schedule == "iterative" and self.iterative_z > 0 else None,
+            assume_smooth_losses=self.assume_smooth_losses,
             colluders=self.colluding_clients,
         )
 

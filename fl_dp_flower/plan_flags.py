@@ -132,7 +132,7 @@ def resolve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> AppCon
     ``args.rounds``, ``args.clients``, ``args.per_sample_clipping``.
     """
     from .config import AppConfig, ConfigError, with_auto_sigma
-    from .launcher import UsageError, parse_overrides
+    from .run_plan import UsageError, parse_overrides
 
     try:
         base, source = app_run_config(args.app)

@@ -60,7 +60,7 @@ def test_dropouts_spec_example():
 
 def test_changing_sigma_spec_example():
     # docs/MATH.md §14.3: stage-wise lr=0.02, K=5, m=10, T=8, sigma=0.5 for t<3 then 4.
-    cfg = _config(lr=0.02, clients=10, sigma=0.5, threat_model="final-model")
+    cfg = _config(lr=0.02, clients=10, sigma=0.5, threat_model="final-model", assume_smooth_losses=True)
     records = [_record(t, m=10, lr=0.02, sigma=0.5 if t < 3 else 4.0) for t in range(8)]
     acct = PrivacyAccountant.from_records(cfg, records)
     report = acct.report()
@@ -95,7 +95,7 @@ def test_iterative_record_based_terms_spec_example():
     from fl_dp_flower.privacy.bounds import composition_mu, final_model_mu
     from fl_dp_flower.privacy.terms import round_terms
 
-    cfg = _config(schedule="iterative", threat_model="final-model")
+    cfg = _config(schedule="iterative", threat_model="final-model", assume_smooth_losses=True)
     records = [_record(t, m=20, schedule="iterative") for t in range(1000)]
     acct = PrivacyAccountant.from_records(cfg, records)
     terms = [round_terms(r, 1.0) for r in records]
@@ -112,9 +112,16 @@ def test_iterative_record_based_terms_spec_example():
 def test_threat_models_pick_their_bound():
     records = [_record(t, m=20) for t in range(50)]
     reports = {
-        tm: PrivacyAccountant.from_records(_config(threat_model=tm), records).report()
+        tm: PrivacyAccountant.from_records(_config(threat_model=tm, assume_smooth_losses=True), records).report()
         for tm in ("all-rounds", "final-model", "curious-server")
     }
+    # Without the operator's L-smoothness assertion the final-model bound (it rests on L) does not
+    # certify: the clipping-only composition does, though final_model is smaller (issue 16 item 4).
+    unasserted = PrivacyAccountant.from_records(_config(threat_model="final-model"), records).report()
+    assert unasserted.bounds["final_model"].mu < unasserted.bounds["composition"].mu
+    assert unasserted.certified_bound == "composition"
+    assert unasserted.bounds["final_model"].assumes == ("L-smooth losses (L = 1)",)
+    assert unasserted.bounds["composition"].assumes == ()
     assert reports["all-rounds"].certified_bound == "composition"
     assert reports["curious-server"].certified_bound == "local_dp"
     final = reports["final-model"]
@@ -239,7 +246,7 @@ def test_rounds_never_applied_do_not_lower_the_final_model_bound():
     The old rule put them in the PAVA: certified eps 0.364 for a model whose exact eps is 0.754."""
     from fl_dp_flower.privacy import gdp
 
-    cfg = _config(lr=0.05, sigma=0.5, threat_model="final-model")  # m 20, K 5, stage, L 1, V 1, c = 0
+    cfg = _config(lr=0.05, sigma=0.5, threat_model="final-model", assume_smooth_losses=True)  # m 20, K 5, stage, L 1
     released = PrivacyAccountant(cfg)
     for t in range(1, 11):
         released.step(cfg.planned_round(t))

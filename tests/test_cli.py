@@ -36,7 +36,12 @@ def test_privacy_json_constant_schedule(capsys):
         "bound": "composition",
         "mu": out["bounds"]["composition"]["mu"],
         "epsilon": out["bounds"]["composition"]["epsilon"],
+        "assumes": [],
     }
+    assert out["relation"] == "replace-one"
+    # add/remove-one: per-batch clipping with B unknown (> 1) keeps 2V for the first step and every
+    # later one, so the guarantee is the same (docs/MATH.md §16)
+    assert out["add_remove"]["mu"] == pytest.approx(out["certified"]["mu"], rel=1e-12)
     assert out["certified"]["epsilon"] == pytest.approx(54.4, rel=2e-3)
 
 
@@ -53,16 +58,28 @@ def test_calibrate_round_trips_through_privacy(capsys):
 def test_calibrate_final_model_threat_needs_less_noise(capsys):
     args = [*BASE, "--schedule", "iterative", "--rounds", "1000", "--target-epsilon", "1", "--json"]
     allrounds = _json(capsys, ["calibrate", *args])
-    final = _json(capsys, ["calibrate", *args, "--threat-model", "final-model"])
+    final = _json(capsys, ["calibrate", *args, "--threat-model", "final-model", "--assume-smooth-losses"])
     assert final["bound"] == "final_model" and allrounds["bound"] == "composition"
     assert final["sigma"] < allrounds["sigma"]
+    assert final["assumes"] == ["L-smooth losses (L = 1)"] and allrounds["assumes"] == []
+    # without the assertion the final-model threat model is refused, naming the flag
+    with pytest.raises(SystemExit) as exc:
+        main(["calibrate", *args, "--threat-model", "final-model"])
+    assert exc.value.code == 2
+    assert "--assume-smooth-losses" in capsys.readouterr().err
 
 
-def test_per_sample_clipping_scales_by_theta(capsys):
-    # docs/MATH.md §13: C, lr=0.1, L=1, K=5, B=32, m=20, T=1000 -> composition 0.26981.
-    out = _json(capsys, ["privacy", *BASE, "--sigma", "1", "--rounds", "1000",
-                         "--batch-size", "32", "--per-sample-clipping", "--json"])
+def test_per_sample_clipping_scales_by_theta_only_under_the_smoothness_assertion(capsys):
+    # docs/MATH.md §13: C, lr=0.1, L=1, K=5, B=32, m=20, T=1000 -> composition 0.26981 when every
+    # per-sample loss is asserted L-smooth; clipping alone gives sqrt(T m) 2 lr V K / m = 7.0711.
+    args = ["privacy", *BASE, "--sigma", "1", "--rounds", "1000", "--batch-size", "32", "--per-sample-clipping",
+            "--json"]
+    out = _json(capsys, [*args, "--assume-smooth-losses"])
     assert out["bounds"]["composition"]["mu"] == pytest.approx(0.26981, abs=5e-6)
+    assert out["certified"]["assumes"] == ["L-smooth losses (L = 1)"]
+    plain = _json(capsys, args)
+    assert plain["certified"]["mu"] == pytest.approx(math.sqrt(1000 * 20) * 2 * 0.1 * 5 / 20, rel=1e-12)
+    assert plain["certified"]["assumes"] == []
 
 
 @pytest.mark.parametrize(

@@ -68,6 +68,7 @@ BAD = [
     ("delta", 0.0, "a finite number > 0 and < 1"),
     ("delta", 1.0, "a finite number > 0 and < 1"),
     ("threat-model", "none", "one of 'all-rounds', 'final-model', 'curious-server'"),
+    ("assume-smooth-losses", "maybe", "true or false"),
     ("colluding-clients", -1, "an integer >= 0"),
     ("seed", -2, "an integer >= -1"),
     ("output-dir", "", "a non-empty string"),
@@ -168,11 +169,26 @@ def test_min_replies_at_most_clients_per_round():
 def test_accountant_config_mirrors_app_config():
     cfg = AppConfig.from_run_config({"clipping": "per-sample", "batch-size": 8, "clients-per-round": 4,
                                      "sigma": 0.7, "delta": 1e-6, "threat-model": "final-model",
-                                     "schedule": "stage", "lr": 0.02, "local-steps": 3, "smoothness": 2.0})
+                                     "assume-smooth-losses": True, "schedule": "stage", "lr": 0.02, "local-steps": 3, "smoothness": 2.0})
     ac = cfg.accountant_config()
     assert (ac.clipping, ac.batch_size, ac.clients, ac.sigma, ac.delta, ac.threat_model) == (
         "per-sample", 8, 4, 0.7, 1e-6, "final-model")
     assert (ac.schedule, ac.lr, ac.local_steps, ac.smoothness) == ("stage", 0.02, 3, 2.0)
+    assert ac.assume_smooth_losses is True
+
+
+def test_final_model_needs_the_smoothness_assertion_and_per_sample_l0_is_refused():
+    """issue 16 items 2, 4: the final-model threat model rests on L-smooth losses (config error naming
+    'assume-smooth-losses'); L = 0 asserted with per-sample clipping and K >= 2 is refused."""
+    with pytest.raises(ConfigError, match="'threat-model' 'final-model' requires 'assume-smooth-losses' = true"):
+        AppConfig.from_run_config({"threat-model": "final-model"})
+    with pytest.raises(ConfigError, match="'smoothness' = 0 with 'assume-smooth-losses'"):
+        AppConfig.from_run_config({"clipping": "per-sample", "smoothness": 0.0, "assume-smooth-losses": True})
+    # without the assertion L = 0 is ignored for the sensitivity (theta = 1), so it is accepted
+    cfg = AppConfig.from_run_config({"clipping": "per-sample", "smoothness": 0.0})
+    assert cfg.accountant_config().assume_smooth_losses is False
+    AppConfig.from_run_config({"clipping": "per-sample", "smoothness": 0.0, "local-steps": 1,
+                               "assume-smooth-losses": True})
 
 
 def test_server_main_fails_at_start_naming_the_key(tmp_path):

@@ -5,7 +5,9 @@
   a round line per round plus the summary (no Flower dumps, warnings or tracebacks);
 - Ctrl-C (SIGINT) stops the training for good, stops every process the script started, and
   says what was spent, read from the ledger; the run can then be resumed by name;
-- bad overrides end in about a second with one message naming the key, before anything starts.
+- bad overrides end in about a second with one message naming the key, before anything starts;
+- two runs started at the same time on one machine each get their own SuperLink and Flower home:
+  both complete, each with its own ledger, and neither leaves a process behind.
 
 Waits are bounded by progress (new output, ledger growth), not by a quiet machine's timings.
 """
@@ -17,8 +19,8 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -26,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from deploy_harness import wait_until
-from fl_dp_flower.launcher import processes_of
+from fl_dp_flower.launcher import processes_of, pyproject_run_config
 from fl_dp_flower.presets import PRESETS
 from fl_dp_flower.reporting import read_ledger
 
@@ -35,26 +37,46 @@ SCRIPT = ["bash", str(ROOT / "scripts" / "main-job.sh")]
 QUIET = 240.0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _env(flwr_home: Path | None) -> dict[str, str]:
-    env = {**os.environ, "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(_free_port()),
-           "FLWR_LOCAL_CONTROL_API_PORT": str(_free_port())}
+def _env(flwr_home: Path | None, tmp: Path | None = None) -> dict[str, str]:
+    """The job's environment: no fixed SuperLink port (each run picks its own); ``flwr_home``
+    names the Flower home (else a private temporary one under ``tmp``)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLWR_LOCAL_")}
     if flwr_home is not None:
         env["FL_DP_FLWR_HOME"] = str(flwr_home)
+    if tmp is not None:
+        tmp.mkdir(parents=True, exist_ok=True)
+        env["TMPDIR"] = str(tmp)
     return env
+
+
+@pytest.fixture
+def short_tmp():
+    """A short TMPDIR for a job (Ray puts its AF_UNIX sockets under it: at most 107 bytes a path)."""
+    folder = Path(tempfile.mkdtemp(prefix="fldp-", dir="/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _homes_under(folder: Path) -> dict[int, str]:
+    """Live processes whose FLWR_HOME lies in ``folder`` (the launcher's private homes): pid -> home."""
+    needle = f"FLWR_HOME={folder.resolve()}/".encode()
+    found = {}
+    for d in Path("/proc").iterdir():
+        try:
+            environ = (d / "environ").read_bytes() if d.name.isdigit() else b""
+        except OSError:
+            continue
+        if needle in environ:
+            found[int(d.name)] = environ.split(b"FLWR_HOME=")[1].split(b"\0")[0].decode()
+    return found
 
 
 class Job:
     """``main-job.sh`` as a child process whose output lines are collected as they come."""
 
-    def __init__(self, args: list[str], flwr_home: Path | None) -> None:
+    def __init__(self, args: list[str], flwr_home: Path | None, tmp: Path | None = None) -> None:
         self.lines: list[str] = []
-        self.proc = subprocess.Popen(SCRIPT + args, cwd=ROOT, env=_env(flwr_home), stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen(SCRIPT + args, cwd=ROOT, env=_env(flwr_home, tmp), stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, start_new_session=True)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -80,9 +102,9 @@ def _no_leftovers(flwr_home: Path) -> None:
 # ------------------------------------------------------------------ quick start
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
-def test_quick_start_word_for_word():
+def test_quick_start_word_for_word(short_tmp):
     before = set((ROOT / "outputs").iterdir()) if (ROOT / "outputs").exists() else set()
-    job = Job([], None)  # `bash scripts/main-job.sh`, exactly as the README says
+    job = Job([], None, short_tmp)  # `bash scripts/main-job.sh`, exactly as the README says
     rc = job.wait()
     made = sorted(set((ROOT / "outputs").iterdir()) - before)
     try:
@@ -103,7 +125,9 @@ def test_quick_start_word_for_word():
         listed = re.search(r"outputs: (\S+) \((.*)\)", job.text)
         assert listed and Path(listed.group(1)) == run_dir
         files = listed.group(2).split(", ")
-        assert files == sorted(p.name for p in run_dir.iterdir()) and "model-latest.pt" in files
+        assert files == sorted(p.name for p in run_dir.iterdir() if not p.name.startswith(".")) and \
+            "model-latest.pt" in files
+        assert json.loads((run_dir / ".launcher.json").read_text())["state"] == "completed"
         assert "privacy.png" in files and "flower.log" in files and "flower-strategy.log" in files
         assert "Aggregated MetricRecord" in (run_dir / "flower-strategy.log").read_text()  # Flower's dumps ...
         flower_log = (run_dir / "flower.log").read_text()
@@ -119,7 +143,8 @@ def test_quick_start_word_for_word():
             assert len(ids) == len(set(ids)) == 4000 and entry["report"]["clients"] == 4000
             assert entry["record"]["weights"] == pytest.approx([1 / 4000] * 4000)
             assert len({i // 400 for i in ids}) == 10  # member id = node id x 400 + slot: every node's cohort
-        _no_leftovers((ROOT / ".flwr-home").resolve())
+        wait_until(lambda: not _homes_under(short_tmp), 30, "the job's processes to be gone")
+        assert not list(short_tmp.glob("fl-dp-flower-*"))  # its private Flower home is removed
     finally:
         for d in made:
             shutil.rmtree(d, ignore_errors=True)
@@ -136,7 +161,11 @@ def test_ctrl_c_stops_training_and_the_run_resumes_by_name(tmp_path):
     def two_rounds_shown():
         return sum(1 for line in job.lines if re.match(r"round +\d+/40 \|", line)) >= 2
 
-    wait_until(two_rounds_shown, QUIET, "round 2 on the terminal", interval=0.2, progress=lambda: len(job.lines))
+    def signs_of_life():  # a slow first round still writes logs and starts processes
+        sizes = tuple(p.stat().st_size for p in (ledger, home / "local-superlink" / "superlink.log") if p.exists())
+        return len(job.lines), sizes, len(processes_of(home))
+
+    wait_until(two_rounds_shown, QUIET, "round 2 on the terminal", interval=0.2, progress=signs_of_life)
     os.kill(job.proc.pid, signal.SIGINT)  # bash exec'd the launcher: this is what Ctrl-C reaches
     rc = job.wait("the interrupted job to exit")
     assert rc == 130, job.text[-3000:]
@@ -160,6 +189,39 @@ def test_ctrl_c_stops_training_and_the_run_resumes_by_name(tmp_path):
     assert contents.rounds[-1]["report"]["certified"]["epsilon"] > cert
     assert "resume" in [e["event"] for e in contents.events]
     _no_leftovers(home)
+
+
+# ------------------------------------------------------------------ two runs at once
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_two_runs_at_once_on_one_machine_keep_to_themselves(tmp_path, short_tmp):
+    """Two quick-preset runs (2 rounds each) started together, each with the launcher's default
+    private SuperLink: both complete with their own ledger and the accountant's numbers."""
+    from fl_dp_flower.config import AppConfig
+    from fl_dp_flower.privacy.accountant import PrivacyAccountant
+
+    out, tmp = tmp_path / "out", short_tmp
+    jobs = {name: Job(["--preset", "quick", "--run-name", name, "--output-dir", str(out), "num-server-rounds=2"],
+                      None, tmp) for name in ("first", "second")}
+    wait_until(lambda: len(set(_homes_under(tmp).values())) == 2 or any(j.proc.poll() is not None
+                                                                        for j in jobs.values()),
+               QUIET, "both runs to start", progress=lambda: sum(len(j.lines) for j in jobs.values()))
+    assert len(set(_homes_under(tmp).values())) == 2  # both live at once, each in its own Flower home
+    for name, job in jobs.items():
+        assert job.wait(f"run {name} to exit") == 0, job.text[-3000:]
+    config = AppConfig.from_run_config({**pyproject_run_config(), **PRESETS["quick"], "num-server-rounds": 2})
+    expected = PrivacyAccountant(config.accountant_config())
+    for t in (1, 2):
+        expected.step(config.accountant_config().planned_round(t))
+    for name, job in jobs.items():
+        contents = read_ledger(out / name / "ledger.jsonl")
+        assert [r["round"] for r in contents.rounds] == [1, 2]
+        assert all(r["report"]["clients"] == 10 for r in contents.rounds)
+        cert = contents.rounds[-1]["report"]["certified"]["epsilon"]
+        assert cert == pytest.approx(expected.report().certified.epsilon, rel=1e-9)
+        assert f"finished:completed; privacy spent: 2 rounds accounted, certified eps {cert:.4g}" in job.text
+    wait_until(lambda: not _homes_under(tmp), 30, "the jobs' processes to be gone")
+    assert not list(tmp.glob("fl-dp-flower-*"))
 
 
 # ------------------------------------------------------------------ config errors

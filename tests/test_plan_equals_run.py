@@ -17,7 +17,7 @@ from local_grid import run_local
 
 from fl_dp_flower.apps.server import LEDGER, SUMMARY
 from fl_dp_flower.cli import main
-from fl_dp_flower.launcher import make_plan
+from fl_dp_flower.run_plan import make_plan
 from fl_dp_flower.privacy import gdp
 from fl_dp_flower.reporting import read_ledger
 

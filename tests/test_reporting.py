@@ -28,6 +28,9 @@ ACCT = AccountantConfig(clients=3).to_dict()
 APP = {"run-name": "t", "lr": 0.1, "target-epsilon": 0.0}
 
 
+SMOOTH = "L-smooth losses (L = 1)"
+
+
 def make_report(t: int, eps: float, *, paper_eps: float | None = None, paper_sound: bool = False,
                 clients: int = 3) -> dict:
     mu = eps / 4 if math.isfinite(eps) else INF
@@ -35,13 +38,15 @@ def make_report(t: int, eps: float, *, paper_eps: float | None = None, paper_sou
     return {
         "round": t, "rounds": t, "delta": 1e-5, "threat_model": "all-rounds", "clients": clients,
         "bounds": {
-            "paper": {"mu": pe / 4, "epsilon": pe, "sound": paper_sound},
-            "composition": {"mu": mu, "epsilon": eps, "sound": True},
-            "final_model": {"mu": mu * 2, "epsilon": eps * 2, "sound": True},
-            "local_dp": {"mu": INF, "epsilon": INF, "sound": True},
+            "paper": {"mu": pe / 4, "epsilon": pe, "sound": paper_sound, "assumes": [SMOOTH]},
+            "composition": {"mu": mu, "epsilon": eps, "sound": True, "assumes": []},
+            "final_model": {"mu": mu * 2, "epsilon": eps * 2, "sound": True, "assumes": [SMOOTH]},
+            "local_dp": {"mu": INF, "epsilon": INF, "sound": True, "assumes": []},
         },
-        "certified": {"bound": "composition", "mu": mu, "epsilon": eps},
+        "certified": {"bound": "composition", "mu": mu, "epsilon": eps, "assumes": []},
         "rdp": {"orders": [2.0, 4.0], "values": [0.1 * t, 0.2 * t], "epsilon": eps},
+        "relation": "replace-one",
+        "add_remove": {"bound": "composition", "mu": mu / 2, "epsilon": eps / 3},
     }
 
 
@@ -207,11 +212,26 @@ def test_every_line_is_fsynced(tmp_path, monkeypatch):
 # ------------------------------------------------------------------ console
 
 
+def test_round_line_says_conditional_and_final_model_assumptions():
+    """issue 16 items 4, 5: a certified bound resting on L says so; under final-model the line has no
+    accuracy and names what the threat model assumes."""
+    report = make_report(3, 5.67)
+    report["certified"]["assumes"] = [SMOOTH]
+    report["threat_model"] = "final-model"
+    line = format_round_line(report, accuracy=None, clients=10)
+    assert "acc" not in line
+    assert "conditional on L-smooth losses (L = 1)" in line
+    assert "participants do not reveal the global models they receive" in line
+    assert "add/remove-one mu=0.7087 eps=1.89" in line
+    plain = format_round_line(make_report(3, 5.67), accuracy=0.5, clients=10)
+    assert "conditional" not in plain and "acc 0.500" in plain
+
+
 def test_round_line_labels_unsound_paper_bound():
     line = format_round_line(make_report(3, 5.68, paper_eps=1.2), accuracy=0.912, clients=10)
     assert "\n" not in line
     assert line.startswith("round 3 | clients 10 | acc 0.912 |")
-    assert "certified mu=1.42 eps=5.68 (delta=1e-05, composition)" in line
+    assert "certified mu=1.42 eps=5.68 (delta=1e-05, composition, replace-one)" in line
     assert "paper bound (not a guarantee) mu=0.3 eps=1.2" in line
     sound = format_round_line(make_report(3, 5.67, paper_eps=1.2, paper_sound=True),
                               accuracy=None, clients=10)
@@ -260,11 +280,14 @@ def test_prometheus_exporter_serves_report():
         assert va[("fl_dp_paper_epsilon", ())] == pytest.approx(0.8)
         assert va[("fl_dp_accuracy", ())] == pytest.approx(0.93)
         assert va[("fl_dp_budget_remaining_epsilon", ())] == pytest.approx(5.5)
-        assert va[("fl_dp_bound_epsilon", (("bound", "paper"), ("sound", "false")))] == \
+        # every bound carries what it assumes (issue 16 item 4): "" for clipping-only bounds
+        assert va[("fl_dp_bound_epsilon", (("assumes", SMOOTH), ("bound", "paper"), ("sound", "false")))] == \
             pytest.approx(0.8)
-        assert va[("fl_dp_bound_mu", (("bound", "final_model"), ("sound", "true")))] == 1.25
-        assert va[("fl_dp_certified_info", (("bound", "composition"),))] == 1.0
-        assert va[("fl_dp_bound_epsilon", (("bound", "local_dp"), ("sound", "true")))] == INF
+        assert va[("fl_dp_bound_mu", (("assumes", SMOOTH), ("bound", "final_model"), ("sound", "true")))] == 1.25
+        assert va[("fl_dp_certified_info", (("assumes", ""), ("bound", "composition"),
+                                            ("relation", "replace-one")))] == 1.0
+        assert va[("fl_dp_bound_epsilon", (("assumes", ""), ("bound", "local_dp"), ("sound", "true")))] == INF
+        assert va[("fl_dp_add_remove_mu", ())] == pytest.approx(0.3125)
         # b is independent: infinite epsilon exported as +Inf, no budget gauge
         assert vb[("fl_dp_certified_epsilon", ())] == INF
         assert vb[("fl_dp_clients_aggregated", ())] == 2
@@ -275,8 +298,8 @@ def test_prometheus_exporter_serves_report():
         a.update(make_report(5, 3.0, paper_eps=0.9, paper_sound=True), clients=7, accuracy=0.94,
                  budget_epsilon=8.0)
         va = scrape(a.port)
-        assert ("fl_dp_bound_epsilon", (("bound", "paper"), ("sound", "false"))) not in va
-        assert va[("fl_dp_bound_epsilon", (("bound", "paper"), ("sound", "true")))] == \
+        assert ("fl_dp_bound_epsilon", (("assumes", SMOOTH), ("bound", "paper"), ("sound", "false"))) not in va
+        assert va[("fl_dp_bound_epsilon", (("assumes", SMOOTH), ("bound", "paper"), ("sound", "true")))] == \
             pytest.approx(0.9)
     finally:
         a.close()

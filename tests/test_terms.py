@@ -148,7 +148,12 @@ def test_drift_kappa_edges():
 
 
 def test_spec13_theta_table():
-    ps = dict(clipping="per-sample")
+    # theta < 1 needs the operator's L-smoothness assertion (issue 16 item 2; K = 1 needs none)
+    unasserted = AccountantConfig(**{**BASE, "clipping": "per-sample", "batch_size": 32})
+    assert planned_theta(unasserted) == 1.0
+    assert planned_theta(AccountantConfig(**{**BASE, "clipping": "per-sample", "batch_size": 32,
+                                             "local_steps": 1})) == 1 / 32
+    ps = dict(clipping="per-sample", assume_smooth_losses=True)
     c1 = AccountantConfig(**{**BASE, **ps, "batch_size": 32})
     assert rel(drift_kappa([0.1] * 5, 1.0), 1.22102) < 1e-6
     assert rel(planned_theta(c1), 0.0381569) < 1e-6
@@ -187,7 +192,7 @@ def test_spec13_counterexample_naive_rule_fails_sound_rule_holds():
     assert gap > naive and round(naive, 5) == 0.03125
     rec = RoundRecord(round=1, algorithm="fedavg", step_sizes=[lr] * K, clip_norm=V, sigma=1.0,
                       weights=[1.0], clipping="per-sample", batch_size=B)
-    sound = round_terms(rec, L).client_sensitivity
+    sound = round_terms(rec, L, assume_smooth_losses=True).client_sensitivity
     assert round(sound, 6) == 0.038157
     assert gap <= sound
 
@@ -234,10 +239,14 @@ def test_per_sample_sensitivity_never_exceeded_by_simulation(algorithm):
             return w
 
         gap = float(np.linalg.norm(run(diff[0]) - run(diff[1])))
+        removed = float(np.linalg.norm(run(diff[0]) - run(np.zeros(d))))  # add/remove: zero gradient
         rec = RoundRecord(round=1, algorithm=algorithm, step_sizes=etas.tolist(), clip_norm=V,
                           sigma=1.0, weights=[1.0], clipping="per-sample", batch_size=B,
                           prox_alpha=alpha)
-        bound = round_terms(rec, L).client_sensitivity
+        terms = round_terms(rec, L, assume_smooth_losses=True)
+        bound = terms.client_sensitivity
+        assert removed <= terms.client_sensitivity_add_remove * (1 + 1e-9)
+        assert terms.client_sensitivity_add_remove <= bound
         batch = round_terms(RoundRecord(round=1, algorithm=algorithm, step_sizes=etas.tolist(),
                                         clip_norm=V, sigma=1.0, weights=[1.0], prox_alpha=alpha),
                             L).client_sensitivity

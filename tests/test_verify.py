@@ -21,7 +21,8 @@ VERIFY = [sys.executable, "-m", "fl_dp_flower.cli", "verify"]
 @pytest.fixture(scope="module")
 def real_ledger(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("verify")
-    cfg = tiny_config(out, **{"num-server-rounds": 3, "schedule": "stage", "threat-model": "final-model"})
+    cfg = tiny_config(out, **{"num-server-rounds": 3, "schedule": "stage", "threat-model": "final-model",
+                              "assume-smooth-losses": True})
     outcome, _ = run_local(cfg)
     return outcome.run_dir / "ledger.jsonl"
 

@@ -63,7 +63,9 @@ from fl_dp_flower.apps.recovery import RunFailed, logged_failures, restore_exclu
 from fl_dp_flower.config import AppConfig, ConfigError
 from fl_dp_flower.preflight import chance_level_warning, log_preflight
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
+from fl_dp_flower.privacy.bounds import smoothness_assumption
 from fl_dp_flower.reporting import PrivacyLedger, PrivacyMetricsExporter, plot_privacy_curve, render_summary
+from fl_dp_flower.reporting.console import FINAL_MODEL_ASSUMES, conditional_note
 from fl_dp_flower.reporting.durable import atomic_write, write_json
 from fl_dp_flower.reporting.ledger import NOT_APPLIED_EVENT, LedgerContents, read_ledger, round_records
 from fl_dp_flower.reporting.logfilter import FlowerDumps
@@ -100,7 +102,11 @@ def main(grid: Grid, context: Context) -> None:
         except ConfigError as err:
             log.error("%s", err)
             raise
-        run_server(grid, config, on_run_dir=lambda d: dumps.attach_file(d / STRATEGY_LOG))
+        try:
+            run_server(grid, config, on_run_dir=lambda d: dumps.attach_file(d / STRATEGY_LOG))
+        except FileExistsError as err:  # a second run with the same run-name: say why in `flwr log`
+            log.error("%s", err)
+            raise
     finally:
         dumps.detach_file()
 
@@ -124,6 +130,22 @@ def make_evaluate_fn(config: AppConfig):
         return MetricRecord({"accuracy": float(acc), "loss": float(loss)})
 
     return evaluate_fn
+
+
+def publishes_per_round_models(config: AppConfig) -> bool:
+    """Whether the run publishes model-derived per-round outputs (accuracy, loss, federated evaluation).
+
+    Not under the final-model threat model: its bound covers the released model only, so the run
+    evaluates that model once at the end and publishes nothing derived from the intermediate global
+    models (docs/MATH.md §15). Every sampled client still receives every global model: the bound assumes
+    that participants do not reveal them.
+    """
+    return config.threat_model != "final-model"
+
+
+def final_model_assumptions(config: AppConfig) -> list[str]:
+    """What a final-model certificate assumes, printed next to it."""
+    return [FINAL_MODEL_ASSUMES, smoothness_assumption(config.smoothness)]
 
 
 # ------------------------------------------------------------------ run
@@ -283,7 +305,13 @@ def _run_server(grid: Grid, config: AppConfig, fraction_evaluate: float,
         sink = RoundSink(ledger, lambda round_, saved: atomic_torch_save(
                              {"round": round_, "state_dict": saved.to_torch_state_dict()}, run_dir / CHECKPOINT),
                          log, exporter, config.budget_epsilon)
-        strategy = make_strategy(config, accountant, reporters=[sink], fraction_evaluate=fraction_evaluate)
+        per_round_eval = publishes_per_round_models(config)
+        if not per_round_eval:
+            log.info("threat model 'final-model': no per-round evaluation is published (the bound covers only "
+                     "the released model, which is evaluated once at the end); it assumes %s",
+                     "; ".join(final_model_assumptions(config)))
+        strategy = make_strategy(config, accountant, reporters=[sink],
+                                 fraction_evaluate=fraction_evaluate if per_round_eval else 0.0)
         strategy.on_event = ledger.append_event
         if config.resume:
             restore_exclusions(strategy, read_ledger(run_dir / LEDGER).events)
@@ -292,7 +320,7 @@ def _run_server(grid: Grid, config: AppConfig, fraction_evaluate: float,
                  accountant.num_releases)
         try:
             result = strategy.start(grid=grid, initial_arrays=arrays, num_rounds=remaining,
-                                    evaluate_fn=make_evaluate_fn(config))
+                                    evaluate_fn=make_evaluate_fn(config) if per_round_eval else None)
         except NotEnoughNodes as exc:
             log.error("%s", exc)
             ledger.append_event("failed", {"reason": str(exc), "rounds_accounted": accountant.num_releases})
@@ -353,7 +381,9 @@ def _finish(config: AppConfig, run_dir: Path, ledger: PrivacyLedger, accountant:
         plot = str(plot_privacy_curve(history, run_dir / PLOT, delta=config.delta,
                                       run_config=config.to_run_config()))
     last_metrics = history[-1]["metrics"] if history else {}
-    summary = {
+    if not publishes_per_round_models(config):  # evaluate only the released model (docs/MATH.md §15)
+        last_metrics = dict(make_evaluate_fn(config)(accountant.num_releases, final))
+    summary: dict[str, Any] = {
         "run_dir": str(run_dir),
         "rounds_accounted": accountant.num_releases,
         "num_server_rounds": config.num_server_rounds,
@@ -362,6 +392,7 @@ def _finish(config: AppConfig, run_dir: Path, ledger: PrivacyLedger, accountant:
         "failure": failure,
         "target_epsilon": config.target_epsilon,
         "final_report": accountant.report().to_dict(),
+        "threat_model_assumes": final_model_assumptions(config) if config.threat_model == "final-model" else [],
         "final_accuracy": last_metrics.get("accuracy"),
         "final_loss": last_metrics.get("loss"),
         "echo_mismatches": strategy.echo_mismatches,
@@ -379,9 +410,15 @@ def _finish(config: AppConfig, run_dir: Path, ledger: PrivacyLedger, accountant:
     if chance:
         log.warning("%s", chance)
     cert = summary["final_report"]["certified"]
-    log.info("finished: %d rounds accounted, certified epsilon %s (mu %s, %s) at delta %g%s",
-             accountant.num_releases, cert["epsilon"], cert["mu"], cert["bound"], config.delta,
+    add_remove = summary["final_report"]["add_remove"]
+    log.info("finished: %d rounds accounted, certified epsilon %s (mu %s, %s, replace-one%s) at delta %g; "
+             "add/remove-one epsilon %s%s%s", accountant.num_releases, cert["epsilon"], cert["mu"], cert["bound"],
+             conditional_note(cert), config.delta, add_remove["epsilon"],
+             f"; final-model bound assumes {'; '.join(summary['threat_model_assumes'])}"
+             if summary["threat_model_assumes"] else "",
              f"; stopped: {strategy.stop_reason}" if strategy.stop_reason else "")
+    if summary["threat_model_assumes"]:
+        log.info("released model: accuracy %s, loss %s", summary["final_accuracy"], summary["final_loss"])
     log.info("ledger %s head (SHA-256 of its last line, for `fl-dp-flower verify`): %s",
              run_dir / LEDGER, ledger.head_line_hash)
     if strategy.excluded_nodes:

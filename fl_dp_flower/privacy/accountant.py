@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from . import gdp
-from .bounds import BoundValue, OnlineFinalModel, certified_bound, paper_is_sound, paper_mu
+from .bounds import (RELATION, BoundValue, OnlineFinalModel, add_remove_certified, bound_assumptions,
+                     certified_bound, paper_is_sound, paper_mu)
 from .records import BOUND_NAMES, AccountantConfig, RoundRecord
 from .schedules import step_sizes
 from .terms import RoundTerms, round_terms
@@ -63,6 +64,8 @@ class PrivacyReport:
     rdp_orders: tuple[float, ...] = field(default=REPORT_RDP_ORDERS)
     rounds_applied: int | None = None  # rounds in the final-model bound (None: all rounds)
     colluders: int | None = None
+    #: the certified guarantee under add/remove-one (docs/MATH.md §16): bound, mu, epsilon
+    add_remove: dict[str, Any] = field(default_factory=dict)
 
     @property
     def certified(self) -> BoundValue:
@@ -81,8 +84,11 @@ class PrivacyReport:
             "rounds_applied": self.rounds if self.rounds_applied is None else self.rounds_applied,
             "colluders": self.colluders,
             "bounds": {name: value.to_dict() for name, value in self.bounds.items()},
-            "certified": {"bound": self.certified_bound, "mu": mu, "epsilon": self.certified.epsilon},
+            "certified": {"bound": self.certified_bound, "mu": mu, "epsilon": self.certified.epsilon,
+                          "assumes": list(self.certified.assumes)},
             "rdp": {"orders": list(self.rdp_orders), "values": rdp_values, "epsilon": rdp_eps},
+            "relation": RELATION,
+            "add_remove": dict(self.add_remove),
         }
 
 
@@ -148,6 +154,11 @@ class PrivacyAccountant:
         self._composition = _NeumaierSum()
         self._local = _NeumaierSum()
         self._final = OnlineFinalModel()
+        # the same three bounds under add/remove-one (docs/MATH.md §16)
+        self._composition_ar = _NeumaierSum()
+        self._local_ar = _NeumaierSum()
+        self._final_ar = OnlineFinalModel()
+        self._uses_smoothness = False  # some round's sensitivity used the per-sample drift bound
         self._min_clients: int | None = None
         self._min_sigma: float | None = None
         self._as_planned = True
@@ -222,30 +233,49 @@ class PrivacyAccountant:
             "final_model": min(final, composition),
             "local_dp": math.sqrt(max(self._local.value_with(local), 0.0)),
         }
+        comp_ar = math.sqrt(max(self._composition_ar.value_with(_ratio_sq(terms.gamma_add_remove,
+                                                                          terms.target_noise_std)), 0.0))
+        final_ar = (self._final_ar.peek(terms.log_rho, terms.gamma_add_remove, terms.noise_std) if record.applied
+                    else self._final_ar.mu)
+        ar_mus = {
+            "composition": comp_ar,
+            "final_model": min(final_ar, comp_ar),
+            "local_dp": math.sqrt(max(self._local_ar.value_with(
+                _ratio_sq(terms.client_sensitivity_add_remove, terms.sigma)), 0.0)),
+        }
         first_round = self._records[0].round if self._records else record.round
         sound = self._soundness(as_planned=self._as_planned and self._matches_plan(record),
                                 starts_at_one=first_round == 1)
         return self._report(mus, sound, record.round, self.num_releases + 1, record.clients,
-                            applied=self._applied + int(record.applied))
+                            applied=self._applied + int(record.applied),
+                            ar_mus=ar_mus, uses_smoothness=self._uses_smoothness or terms.uses_smoothness)
 
     def report(self, delta: float | None = None) -> PrivacyReport:
         """The running guarantee (epsilon at ``delta``, default the config's delta)."""
         last = self._records[-1] if self._records else None
         sound = self._soundness(self._as_planned, self._records_start_at_one())
         return self._report(self._mus(), sound, last.round if last else 0, self.num_releases,
-                            last.clients if last else 0, delta, applied=self._applied)
+                            last.clients if last else 0, delta, applied=self._applied, ar_mus=self._ar_mus(),
+                            uses_smoothness=self._uses_smoothness)
 
     def _report(self, mus: dict[str, float], sound: dict[str, bool], round_: int, rounds: int, clients: int,
-                delta: float | None = None, *, applied: int) -> PrivacyReport:
+                delta: float | None = None, *, applied: int, ar_mus: dict[str, float],
+                uses_smoothness: bool) -> PrivacyReport:
         d = self._config.delta if delta is None else delta
+        asserted = self._config.assume_smooth_losses
+        assumes = bound_assumptions(self._config.smoothness, uses_smoothness)
         bounds = {
-            name: BoundValue(mu=mus[name], epsilon=gdp.epsilon(mus[name], d), sound=sound[name])
+            name: BoundValue(mu=mus[name], epsilon=gdp.epsilon(mus[name], d), sound=sound[name],
+                             assumes=assumes[name])
             for name in BOUND_NAMES
         }
+        ar_name = add_remove_certified(self._config.threat_model, ar_mus, assumes, asserted)
+        add_remove = {"bound": ar_name, "mu": ar_mus[ar_name], "epsilon": gdp.epsilon(ar_mus[ar_name], d)}
         return PrivacyReport(
             round=round_, rounds=rounds, delta=d, threat_model=self._config.threat_model, clients=clients,
             bounds=bounds, rounds_applied=applied, colluders=self._config.colluders,
-            certified_bound=certified_bound(self._config.threat_model, mus, sound),
+            certified_bound=certified_bound(self._config.threat_model, bounds, asserted),
+            add_remove=add_remove,
         )
 
     # -------------------------------------------------------------------- state
@@ -274,7 +304,8 @@ class PrivacyAccountant:
             raise ValueError(
                 f"record.round must be {self._records[-1].round + 1} (rounds are accounted in order), got {record.round}"
             )
-        return round_terms(record, self._config.smoothness, self._config.colluders)
+        return round_terms(record, self._config.smoothness, self._config.colluders,
+                           self._config.assume_smooth_losses)
 
     def _apply(self, record: RoundRecord, terms: RoundTerms) -> None:
         self._records.append(record)
@@ -282,7 +313,11 @@ class PrivacyAccountant:
         self._local.add(_ratio_sq(terms.client_sensitivity, terms.sigma))
         if record.applied:  # the released model saw only applied rounds (docs/MATH.md §14.3a)
             self._final.push(terms.log_rho, terms.gamma, terms.noise_std)
+            self._final_ar.push(terms.log_rho, terms.gamma_add_remove, terms.noise_std)
             self._applied += 1
+        self._composition_ar.add(_ratio_sq(terms.gamma_add_remove, terms.target_noise_std))
+        self._local_ar.add(_ratio_sq(terms.client_sensitivity_add_remove, terms.sigma))
+        self._uses_smoothness = self._uses_smoothness or terms.uses_smoothness
         self._min_clients = record.clients if self._min_clients is None else min(self._min_clients, record.clients)
         self._min_sigma = record.sigma if self._min_sigma is None else min(self._min_sigma, record.sigma)
         if self._as_planned:
@@ -319,6 +354,12 @@ class PrivacyAccountant:
             "final_model": min(self._final.mu, composition),
             "local_dp": math.sqrt(max(self._local.value, 0.0)),
         }
+
+    def _ar_mus(self) -> dict[str, float]:
+        """composition, final_model and local_dp under add/remove-one (docs/MATH.md §16)."""
+        composition = math.sqrt(max(self._composition_ar.value, 0.0))
+        return {"composition": composition, "final_model": min(self._final_ar.mu, composition),
+                "local_dp": math.sqrt(max(self._local_ar.value, 0.0))}
 
     def _soundness(self, as_planned: bool, starts_at_one: bool) -> dict[str, bool]:
         paper_sound = paper_is_sound(self._config.algorithm, self._config.schedule) and as_planned and starts_at_one

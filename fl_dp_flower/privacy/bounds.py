@@ -29,14 +29,22 @@ from scipy.special import logsumexp, zeta
 
 from .records import ALGORITHMS, BOUND_NAMES, AccountantConfig
 from .schedules import SCHEDULES
-from .terms import bound_terms, planned_theta, resolve_cyclic_c, resolve_iterative_z
+from .terms import (bound_terms, exact_rounds_limit, planned_terms, planned_theta, resolve_cyclic_c,
+                    resolve_iterative_z)
 from .validate import int_at_least, positive
 
 __all__ = [
     "BOUND_KEYS",
+    "CONDITIONAL_LABEL",
     "FINAL_MODEL_EXACT_ROUNDS",
+    "RELATION",
+    "BoundValue",
     "OnlineFinalModel",
+    "add_remove_certified",
+    "bound_assumptions",
     "cauchy_schwarz_mu",
+    "certifiable",
+    "certified_bound",
     "composition_mu",
     "final_model_mu",
     "hidden_clients",
@@ -45,6 +53,7 @@ __all__ = [
     "paper_mu",
     "planned_bounds",
     "planned_curve",
+    "smoothness_assumption",
     "tanh_ratio",
 ]
 
@@ -452,14 +461,37 @@ def cauchy_schwarz_mu(
 
 @dataclass(frozen=True)
 class BoundValue:
-    """A Gaussian-DP parameter mu, its epsilon at the report's delta, and whether it is sound."""
+    """A Gaussian-DP parameter mu, its epsilon at the report's delta, whether it is sound, and
+    what it assumes beyond clipping and the noise (e.g. "L-smooth losses (L = 1)"; empty for a
+    clipping-only bound). A bound with assumptions certifies only when they are asserted."""
 
     mu: float
     epsilon: float
     sound: bool
+    assumes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"mu": self.mu, "epsilon": self.epsilon, "sound": self.sound}
+        return {"mu": self.mu, "epsilon": self.epsilon, "sound": self.sound, "assumes": list(self.assumes)}
+
+
+#: the neighbouring relation every bound is stated for; the add/remove-one guarantee is reported beside it
+RELATION = "replace-one"
+#: the words printed next to a bound that rests on L-smooth losses
+CONDITIONAL_LABEL = "conditional on L-smooth losses"
+
+
+def smoothness_assumption(smoothness: float) -> str:
+    """The assumption a bound that uses L states, e.g. "L-smooth losses (L = 1)"."""
+    return f"L-smooth losses (L = {float(smoothness):g})"
+
+
+def bound_assumptions(smoothness: float, sensitivity_uses_smoothness: bool) -> dict[str, tuple[str, ...]]:
+    """What each bound assumes (docs/MATH.md §13, §15): final_model and paper always rest on
+    L-smooth losses (rho_t); composition and local_dp only when their sensitivity used the
+    per-sample drift bound theta < 1."""
+    smooth = (smoothness_assumption(smoothness),)
+    clip = smooth if sensitivity_uses_smoothness else ()
+    return {"paper": smooth, "composition": clip, "final_model": smooth, "local_dp": clip}
 
 
 #: threat model -> the bounds that answer its adversary (docs/MATH.md §15)
@@ -470,12 +502,28 @@ ADMISSIBLE: dict[str, tuple[str, ...]] = {
 }
 
 
-def certified_bound(threat_model: str, mus: dict[str, float], sound: dict[str, bool]) -> str:
-    """The smallest sound bound the threat model admits (ties: the first in ``BOUND_NAMES``).
+def certifiable(value: BoundValue, assume_smooth_losses: bool) -> bool:
+    """Whether a bound may certify: sound, and its assumptions asserted (only L-smoothness exists)."""
+    return value.sound and (assume_smooth_losses or not value.assumes)
 
+
+def certified_bound(threat_model: str, bounds: dict[str, BoundValue], assume_smooth_losses: bool) -> str:
+    """The smallest certifiable bound the threat model admits (ties: the first in ``BOUND_NAMES``).
+
+    Without ``assume_smooth_losses`` no bound that rests on L may certify (final_model, paper,
+    a per-sample theta < 1); a clipping-only composition / local_dp is always there.
     The one rule the accountant, the planner and the budget all use.
     """
-    candidates = [name for name in ADMISSIBLE[threat_model] if sound[name]]
+    candidates = [name for name in ADMISSIBLE[threat_model] if certifiable(bounds[name], assume_smooth_losses)]
+    return min(candidates, key=lambda name: (bounds[name].mu, BOUND_NAMES.index(name)))
+
+
+def add_remove_certified(threat_model: str, mus: dict[str, float], assumes: dict[str, tuple[str, ...]],
+                         assume_smooth_losses: bool) -> str:
+    """The certified bound under add/remove-one: the same rule over the bounds computed with the
+    add/remove sensitivities (composition, final_model, local_dp; the paper's forms are replace-one only)."""
+    candidates = [name for name in ADMISSIBLE[threat_model]
+                  if name in mus and (assume_smooth_losses or not assumes[name])]
     return min(candidates, key=lambda name: (mus[name], BOUND_NAMES.index(name)))
 
 
@@ -524,23 +572,14 @@ def _is_constant_terms(config: AccountantConfig) -> bool:
     return config.schedule in ("constant", "cyclic")
 
 
-def _planned_sum_gamma_sq(config: AccountantConfig, first: int, last: int) -> float:
-    """sum_{t=first}^{last} gamma_t^2 of the planned terms (0-based t), O(1)/O(2^20)."""
+def _table2_sum_gamma_sq(config: AccountantConfig, first: int, last: int) -> float:
+    """sum_{t=first}^{last} gamma_t^2 of the Table 2 terms (0-based t), O(1)/O(2^20): an upper bound
+    on the exact terms' sum (FedProx: FedAvg's per-batch terms, 1 - prod(1 - eta alpha) <= alpha sum eta)."""
     if last < first:
         return 0.0
-    if config.algorithm == "fedprox" and not _is_constant_terms(config):
-        # exact per-round FedProx terms (terms.planned_terms): summed directly to 2^20 rounds; beyond,
-        # bounded by FedAvg's per-batch terms of the same schedule (1 - prod(1 - eta alpha) <= alpha sum eta)
-        direct_last = min(last, _DIRECT_SUM_MAX - 1)
-        total = 0.0
-        if first <= direct_last:
-            g = bound_terms(config, direct_last + 1)[1][first:direct_last + 1]
-            total += float(np.sum(np.square(g[::-1])))
-        if last > direct_last:
-            fedavg = dataclasses.replace(config, algorithm="fedavg", prox_alpha=None, clipping="per-batch")
-            total += _planned_sum_gamma_sq(fedavg, max(first, direct_last + 1), last)
-        return total
-    gamma0 = float(bound_terms(config, 1)[1][0])
+    if config.algorithm == "fedprox":
+        config = dataclasses.replace(config, algorithm="fedavg", prox_alpha=None, clipping="per-batch")
+    gamma0 = float(planned_terms(config, 1)[1][0])
     if _is_constant_terms(config):
         return (last - first + 1) * gamma0 * gamma0
     if config.schedule == "stage":  # gamma_t = gamma_0/(t+1)
@@ -549,55 +588,71 @@ def _planned_sum_gamma_sq(config: AccountantConfig, first: int, last: int) -> fl
     return amp * amp * _sum_log1p_inv_sq(first + 1, last + 1)
 
 
-def planned_bounds(config: AccountantConfig, rounds: int) -> dict[str, float]:
+def _planned_sum_gamma_sq(config: AccountantConfig, first: int, last: int, add_remove: bool = False) -> float:
+    """sum_{t=first}^{last} gamma_t^2 of :func:`terms.bound_terms` (0-based t): the exact terms summed
+    directly over their range (O(1) when every round is the same), the Table 2 closed forms beyond."""
+    if last < first:
+        return 0.0
+    if _is_constant_terms(config):
+        gamma0 = float(bound_terms(config, 1, add_remove=add_remove)[1][0])
+        return (last - first + 1) * gamma0 * gamma0
+    direct_last = min(last, exact_rounds_limit(config) - 1)
+    total = 0.0
+    if first <= direct_last:
+        g = bound_terms(config, direct_last + 1, add_remove=add_remove)[1][first:direct_last + 1]
+        total += float(np.sum(np.square(g[::-1])))
+    if last > direct_last:
+        total += _table2_sum_gamma_sq(config, max(first, direct_last + 1), last)
+    return total
+
+
+def planned_bounds(config: AccountantConfig, rounds: int, *, add_remove: bool = False) -> dict[str, float]:
     """The four mu values after ``rounds`` homogeneous planned rounds (keys :data:`BOUND_KEYS`).
 
-    Terms: :func:`terms.planned_terms` (Table 2, c_K/z_K, theta), s_t = sigma*sqrt(m - c_eff)/m
-    (the noise a coalition of ``config.colluders`` participants cannot subtract, §14.2a; the
-    accountant's rule for uniform weights; c = 0: sigma/sqrt(m)), client sensitivity m*gamma_t.
+    Terms: :func:`terms.bound_terms` (the exact per-round terms the accountant would compute for
+    the planned rounds; Table 2 upper bounds beyond :func:`terms.exact_rounds_limit`),
+    s_t = sigma*sqrt(m - c_eff)/m (the noise a coalition of ``config.colluders`` participants
+    cannot subtract, §14.2a; the accountant's rule for uniform weights; c = 0: sigma/sqrt(m)),
+    client sensitivity m*gamma_t (uniform weights 1/m). ``add_remove``: under add/remove-one
+    (docs/MATH.md §16); then there is no ``paper`` key.
 
-    - ``paper``: :func:`paper_mu` (O(1)).
-    - ``composition``: sqrt(m sum gamma_t^2)/sigma * sqrt(m/(m - c_eff)); O(1) for C/CD/FedProx (T gamma^2), and
-      for SD/ID direct sums to 2^20 rounds, Hurwitz-zeta closed forms beyond (docs/MATH.md §8.1).
+    - ``paper``: :func:`paper_mu` on the Table 2 terms (O(1)).
+    - ``composition``: sqrt(m sum gamma_t^2)/sigma * sqrt(m/(m - c_eff)); O(1) for C/CD, direct sums
+      over the exact range and Hurwitz-zeta closed forms of the Table 2 terms beyond (docs/MATH.md §8.1).
     - ``local_dp``: m sqrt(sum gamma_t^2)/sigma (does not depend on c).
-    - ``final_model``: equals composition for C/CD/FedProx (docs/MATH.md §7.2). For SD/ID the exact
-      PAVA optimum for T <= :data:`FINAL_MODEL_EXACT_ROUNDS`; for larger T the value of a
-      feasible point of the same problem -- the exact optimum over the first
-      FINAL_MODEL_EXACT_ROUNDS rounds followed by lambda = 1 (composition) on the rest --
-      which is a sound upper bound on the exact optimum and <= composition.
+    - ``final_model``: equals composition for C/CD (docs/MATH.md §7.2). Otherwise the exact
+      PAVA optimum over the first n0 = min(T, exact range) rounds followed by lambda = 1
+      (composition) on the rest: exact for T <= n0, beyond a feasible point of the same problem,
+      hence a sound upper bound, and <= composition.
     """
     T = _rounds(rounds)
     m = config.clients
     sigma = float(config.sigma)
     hidden = hidden_clients(m, config.colluders) / m  # (m - c_eff)/m: s_t^2 = hidden * sigma^2/m
-    sum_sq = _planned_sum_gamma_sq(config, 0, T - 1)
+    sum_sq = _planned_sum_gamma_sq(config, 0, T - 1, add_remove)
     composition = math.sqrt(m * sum_sq) / sigma / math.sqrt(hidden)
     local_dp = m * math.sqrt(sum_sq) / sigma
     if _is_constant_terms(config):
         final = composition
     else:
-        n0 = min(T, FINAL_MODEL_EXACT_ROUNDS)
-        log_rho, gamma = bound_terms(config, n0)
+        n0 = min(T, FINAL_MODEL_EXACT_ROUNDS, exact_rounds_limit(config))
+        log_rho, gamma = bound_terms(config, n0, add_remove=add_remove)
         s = sigma / math.sqrt(m) * math.sqrt(hidden)
         model = OnlineFinalModel()
         model._extend_arrays(log_rho, gamma, np.full(n0, s))
         final_sq = model.mu**2
         if T > n0:
-            final_sq += m * _planned_sum_gamma_sq(config, n0, T - 1) / sigma**2 / hidden
+            final_sq += m * _planned_sum_gamma_sq(config, n0, T - 1, add_remove) / sigma**2 / hidden
         final = min(math.sqrt(final_sq), composition)
-    return {
-        "paper": paper_mu(config, T),
-        "composition": composition,
-        "final_model": final,
-        "local_dp": local_dp,
-    }
+    mus = {"composition": composition, "final_model": final, "local_dp": local_dp}
+    return mus if add_remove else {"paper": paper_mu(config, T), **mus}
 
 
 def planned_curve(config: AccountantConfig, rounds: int) -> dict[str, np.ndarray]:
     """mu after each round 1..T for each bound (keys :data:`BOUND_KEYS`), O(T) in total.
 
-    Same homogeneous planned terms as :func:`planned_bounds` (exact PAVA for every T here;
-    a pure-Python pass for stage/iterative, about 1 s per 1e6 rounds).
+    Same planned terms as :func:`planned_bounds` (exact PAVA over the exact range, then
+    lambda = 1 on the rest; a pure-Python pass for stage/iterative, about 1 s per 1e6 rounds).
     """
     T = _rounds(rounds)
     m = config.clients
@@ -616,8 +671,10 @@ def planned_curve(config: AccountantConfig, rounds: int) -> dict[str, np.ndarray
     if _is_constant_terms(config):
         final = composition.copy()
     else:
+        n0 = min(T, exact_rounds_limit(config))
         s = sigma / math.sqrt(m) * math.sqrt(hidden)
         out = np.empty(T)
-        OnlineFinalModel()._extend_arrays(log_rho, gamma, np.full(T, s), out=out)
+        OnlineFinalModel()._extend_arrays(log_rho[:n0], gamma[:n0], np.full(n0, s), out=out[:n0])
+        out[n0:] = out[n0 - 1] + m * (cum_sq[n0:] - cum_sq[n0 - 1]) / sigma**2 / hidden
         final = np.minimum(np.sqrt(out), composition)
     return {"paper": paper, "composition": composition, "final_model": final, "local_dp": local_dp}

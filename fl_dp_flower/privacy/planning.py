@@ -1,9 +1,10 @@
 """Planning before a run: the guarantee of a planned configuration, and the sigma
 that meets a target (epsilon, delta) after T rounds.
 
-Planning uses the Table 2 terms (docs/MATH.md §4, with c_K, z_K and the per-sample factor
-theta of §13) for T identical rounds, so its numbers are the companions of the
-paper's closed forms. Every bound here is proportional to 1/sigma, so calibration
+Planning evaluates T identical planned rounds. The certified bounds (composition, final model,
+local DP) use the exact per-round terms the accountant computes for those rounds
+(:func:`terms.bound_terms`), so the planner and the accountant agree on a run that goes as
+planned; the paper's closed form keeps its Table 2 terms (docs/MATH.md §4, §13). Every bound here is proportional to 1/sigma, so calibration
 is exact: sigma = sigma_0 * mu(sigma_0) / mu*, with mu* the largest mu meeting the
 target (docs/MATH.md §9.2).
 
@@ -20,22 +21,34 @@ import dataclasses
 import functools
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from . import gdp
 from .accountant import Budget, PrivacyAccountant, PrivacyReport
-from .bounds import BoundValue, certified_bound, paper_is_sound, planned_bounds
+from .bounds import (
+    RELATION,
+    BoundValue,
+    add_remove_certified,
+    bound_assumptions,
+    certified_bound,
+    paper_is_sound,
+    planned_bounds,
+)
 from .records import BOUND_CHOICES, BOUND_NAMES, AccountantConfig, BoundChoice
+from .terms import drift_bound_allowed
 from .validate import int_at_least
 
 
 @dataclass(frozen=True)
 class Plan:
-    """All four bounds after ``rounds`` planned rounds, and the certified one."""
+    """All four bounds after ``rounds`` planned rounds, the certified one, and the certified
+    guarantee under add/remove-one (``add_remove``: bound, mu, epsilon)."""
 
     rounds: int
     delta: float
     bounds: dict[str, BoundValue]
     certified_bound: str
+    add_remove: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def certified(self) -> BoundValue:
@@ -45,9 +58,11 @@ class Plan:
         return {
             "rounds": self.rounds,
             "delta": self.delta,
-            "bounds": {k: dataclasses.asdict(v) for k, v in self.bounds.items()},
-            "certified": {"bound": self.certified_bound, **{
-                k: v for k, v in dataclasses.asdict(self.certified).items() if k != "sound"}},
+            "relation": RELATION,
+            "bounds": {k: v.to_dict() for k, v in self.bounds.items()},
+            "certified": {"bound": self.certified_bound, "mu": self.certified.mu,
+                          "epsilon": self.certified.epsilon, "assumes": list(self.certified.assumes)},
+            "add_remove": dict(self.add_remove),
         }
 
 
@@ -58,10 +73,11 @@ class Calibration:
     mu: float
     epsilon: float
     sound: bool
+    assumes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
         return {"sigma": self.sigma, "bound": self.bound, "mu": self.mu, "epsilon": self.epsilon,
-                "sound": self.sound}
+                "sound": self.sound, "assumes": list(self.assumes), "relation": RELATION}
 
 
 def plan(config: AccountantConfig, rounds: int) -> Plan:
@@ -70,10 +86,15 @@ def plan(config: AccountantConfig, rounds: int) -> Plan:
     mus = planned_bounds(config, rounds)
     sound = {name: paper_is_sound(config.algorithm, config.schedule) if name == "paper" else True
              for name in BOUND_NAMES}
-    bounds = {name: BoundValue(mu=mus[name], epsilon=gdp.epsilon(mus[name], config.delta), sound=sound[name])
-              for name in BOUND_NAMES}
-    return Plan(rounds=rounds, delta=config.delta, bounds=bounds,
-                certified_bound=certified_bound(config.threat_model, mus, sound))
+    uses_l = drift_bound_allowed(config.clipping, config.local_steps, config.assume_smooth_losses)
+    assumes = bound_assumptions(config.smoothness, uses_l)
+    bounds = {name: BoundValue(mu=mus[name], epsilon=gdp.epsilon(mus[name], config.delta), sound=sound[name],
+                               assumes=assumes[name]) for name in BOUND_NAMES}
+    ar_mus = planned_bounds(config, rounds, add_remove=True)
+    ar_name = add_remove_certified(config.threat_model, ar_mus, assumes, config.assume_smooth_losses)
+    add_remove = {"bound": ar_name, "mu": ar_mus[ar_name], "epsilon": gdp.epsilon(ar_mus[ar_name], config.delta)}
+    return Plan(rounds=rounds, delta=config.delta, bounds=bounds, add_remove=add_remove,
+                certified_bound=certified_bound(config.threat_model, bounds, config.assume_smooth_losses))
 
 
 def calibrate(config: AccountantConfig, rounds: int, target_epsilon: float,
@@ -100,7 +121,8 @@ def calibrate(config: AccountantConfig, rounds: int, target_epsilon: float,
         sigma = config.sigma * reference.bounds[name].mu / mu_star
         calibrated = plan(dataclasses.replace(config, sigma=sigma), rounds)
     value = calibrated.bounds[name]
-    return Calibration(sigma=sigma, bound=name, mu=value.mu, epsilon=value.epsilon, sound=value.sound)
+    return Calibration(sigma=sigma, bound=name, mu=value.mu, epsilon=value.epsilon, sound=value.sound,
+                       assumes=value.assumes)
 
 
 @dataclass(frozen=True)

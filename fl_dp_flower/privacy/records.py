@@ -9,9 +9,13 @@ Units and conventions (see docs/MATH.md §1, §13, §14):
 - ``step_sizes``: the K local step sizes eta_{k,t} used in the round.
 - ``weights``: aggregation weights p_{t,i} of the clients whose replies were
   aggregated (>= 0, summing to 1). Uniform weights 1/m are the paper's model.
-- ``smoothness`` (L): every (per-sample) loss is assumed L-smooth. It only enters
-  the model-sensitivity factor rho_t of the final-model bound and the per-sample
-  drift factor kappa; composition with per-batch clipping does not depend on it.
+- ``smoothness`` (L): the smoothness constant of every (per-sample) loss. It enters the
+  model-sensitivity factor rho_t of the final-model bound (and the paper's closed forms)
+  and, only when ``assume_smooth_losses`` is set, the per-sample drift factor kappa;
+  composition and local DP never depend on it otherwise (docs/MATH.md §13).
+- ``assume_smooth_losses``: the operator's explicit assertion that every (per-sample)
+  loss is L-smooth with the configured L. Without it no bound that depends on L
+  (final_model, paper, per-sample theta < 1) may certify (docs/MATH.md §13, §15).
 """
 
 from __future__ import annotations
@@ -27,8 +31,8 @@ from fl_dp_flower.vocabulary import (ALGORITHMS, BOUND_CHOICES, BOUND_NAMES, CLI
 from .schedules import step_sizes
 from .validate import choice, int_at_least, nonnegative, positive
 
-__all__ = ["ALGORITHMS", "BOUND_CHOICES", "BOUND_NAMES", "CLIPPING_MODES", "SCHEDULES", "THREAT_MODELS",
-           "AccountantConfig", "Algorithm", "BoundChoice", "BoundName", "Clipping", "RoundRecord", "Schedule",
+__all__ = ["ALGORITHMS", "BOUND_CHOICES", "BOUND_NAMES", "CLIPPING_MODES", "SCHEDULES", "SMOOTHNESS_FIELDS",
+           "THREAT_MODELS", "AccountantConfig", "smoothness_problems", "Algorithm", "BoundChoice", "BoundName", "Clipping", "RoundRecord", "Schedule",
            "ThreatModel"]
 
 
@@ -65,6 +69,32 @@ def check_prox(algorithm: str, prox_alpha: float | None, smoothness: float, max_
         )
 
 
+#: fields the L-smoothness rules name (callers rewrite them as CLI flags or run-config keys)
+SMOOTHNESS_FIELDS = ("assume_smooth_losses", "threat_model", "smoothness", "clipping", "local_steps")
+
+
+def smoothness_problems(threat_model: str, clipping: str, local_steps: int, smoothness: float,
+                        assume_smooth_losses: bool) -> list[str]:
+    """What the planned run asks of the L-smoothness assertion and does not have (docs/MATH.md §13, §15).
+
+    - The final-model threat model is certified only by bounds that rest on L-smooth losses, so
+      choosing it requires the explicit assertion (the shipped ReLU/max-pool models have no finite L).
+    - smoothness = 0 asserted with per-sample clipping and K >= 2 claims linear per-sample losses
+      and would divide the sensitivity by B (the rule docs/MATH.md §13 disproves for other losses):
+      refused. Without the assertion L is ignored there (theta = 1).
+    """
+    problems = []
+    if threat_model == "final-model" and not assume_smooth_losses:
+        problems.append("threat_model 'final-model' requires assume_smooth_losses = true: its bounds rest on "
+                        "L-smooth losses with L = smoothness, which ReLU/max-pool models (LeNet-5, ResNet-18) "
+                        "do not satisfy (use threat_model 'all-rounds' otherwise)")
+    if assume_smooth_losses and clipping == "per-sample" and local_steps >= 2 and smoothness == 0:
+        problems.append("smoothness = 0 with assume_smooth_losses, per-sample clipping and local_steps >= 2 "
+                        "asserts linear per-sample losses (sensitivity divided by the batch size): give the "
+                        "losses' real smoothness > 0, or drop assume_smooth_losses (theta = 1 from clipping alone)")
+    return problems
+
+
 @dataclass(frozen=True)
 class AccountantConfig:
     """The planned run: what the paper's closed forms and planning tools are evaluated on.
@@ -78,6 +108,8 @@ class AccountantConfig:
       the paper's bound where it is sound).
     - ``curious-server``: the server sees each client's noisy upload -> local_dp.
 
+    ``assume_smooth_losses`` (default False) asserts that every (per-sample) loss is
+    L-smooth with L = ``smoothness``; the bounds that rest on it certify only when set.
     ``colluders`` (c) is the number of participating clients colluding with the adversary of
     the all-rounds and final-model bounds (docs/MATH.md §14.2a): 0 = an outside observer, 1
     (default) = any one participating client, who knows its own noisy upload and subtracts
@@ -103,10 +135,13 @@ class AccountantConfig:
     cyclic_c: float | None = None
     iterative_z: float | None = None
     colluders: int = 1
+    assume_smooth_losses: bool = False
 
     def __post_init__(self) -> None:
         choice("algorithm", self.algorithm, ALGORITHMS)
         int_at_least("colluders", self.colluders, 0)
+        if not isinstance(self.assume_smooth_losses, bool):
+            raise ValueError(f"assume_smooth_losses must be true or false, got {self.assume_smooth_losses!r}")
         choice("schedule", self.schedule, SCHEDULES)
         choice("threat_model", self.threat_model, THREAT_MODELS)
         choice("clipping", self.clipping, CLIPPING_MODES)

@@ -26,6 +26,7 @@ Only ``math``, ``numpy`` and ``scipy`` are used.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Callable, Iterable
@@ -39,9 +40,12 @@ from .validate import int_at_least, nonnegative, positive
 __all__ = [
     "EULER_GAMMA",
     "RoundTerms",
+    "bound_terms",
     "default_cyclic_c",
     "default_iterative_z",
+    "drift_bound_allowed",
     "drift_kappa",
+    "exact_rounds_limit",
     "harmonic",
     "per_sample_theta",
     "planned_terms",
@@ -211,7 +215,7 @@ def per_sample_theta(kappa: float, batch_size: int) -> float:
 
 @dataclass(frozen=True)
 class RoundTerms:
-    """Privacy terms of one round (docs/MATH.md §14.1).
+    """Privacy terms of one round (docs/MATH.md §14.1), under replace-one and add/remove-one.
 
     - ``log_rho``: log of the model-sensitivity factor rho_t (dimensionless, >= 0).
     - ``gamma``: aggregate data sensitivity gamma_t = max_i p_i * Gamma_t (parameter units).
@@ -222,6 +226,12 @@ class RoundTerms:
     - ``target_noise_std``: the noise hiding the largest-weight client from the worst
       coalition (>= ``noise_std``; equal for uniform weights); composition uses it.
     - ``sigma``: per-client noise std of the round.
+    - ``client_sensitivity_add_remove`` / ``gamma_add_remove``: the same sensitivities under
+      add/remove-one with the zero-substitution convention (docs/MATH.md §16), <= the
+      replace-one values.
+    - ``uses_smoothness``: whether the sensitivities above may rest on the L-smoothness
+      assertion (per-sample clipping, K >= 2, ``assume_smooth_losses``: the drift bound is
+      used); then composition and local DP are reported as conditional on L-smooth losses.
 
     Per-round GDP contributions: gamma/target_noise_std (central), client_sensitivity/sigma (local).
     """
@@ -232,6 +242,9 @@ class RoundTerms:
     noise_std: float
     sigma: float
     target_noise_std: float
+    client_sensitivity_add_remove: float = math.nan
+    gamma_add_remove: float = math.nan
+    uses_smoothness: bool = False
 
 
 def _fedprox_parts(etas: np.ndarray, alpha: float, L: float) -> tuple[float, float]:
@@ -247,23 +260,55 @@ def _fedprox_parts(etas: np.ndarray, alpha: float, L: float) -> tuple[float, flo
     return one_minus_prod_alpha, one_minus_prod_gap
 
 
-def round_terms(record: RoundRecord, smoothness: float, colluders: int = 0) -> RoundTerms:
+def drift_bound_allowed(clipping: str, local_steps: int, assume_smooth_losses: bool) -> bool:
+    """Whether per-sample clipping may use the L-dependent drift bound theta < 1 (docs/MATH.md §13).
+
+    Only with per-sample clipping, K >= 2 and the operator's explicit assertion that every
+    per-sample loss is L-smooth. Without it the clipping-only sensitivity 2V sum eta holds
+    (theta = 1). K = 1 needs no L: one step from a common point, theta = 1/B exactly.
+    """
+    return clipping == "per-sample" and local_steps >= 2 and bool(assume_smooth_losses)
+
+
+def _first_step_sensitivity(clipping: str, batch_size: int | None, clip_norm: float) -> tuple[float, float]:
+    """(replace-one, add/remove-one) bound on the change of one local step's gradient at a common
+    point caused by the differing sample (docs/MATH.md §13, §16), in gradient units.
+
+    Per-sample: 2V/B and V/B (the removed sample's clipped gradient becomes zero). Per-batch:
+    2V and, only for B = 1 (the step's gradient is that one sample's), V; per-batch with B > 1
+    (or B unknown) keeps 2V under add/remove, since clip_V(a) and clip_V(a - g/B) can differ by 2V.
+    """
+    V = float(clip_norm)
+    if clipping == "per-sample":
+        return 2.0 * V / (batch_size or 1), V / (batch_size or 1)
+    if batch_size == 1:
+        return 2.0 * V, V
+    return 2.0 * V, 2.0 * V
+
+
+def round_terms(record: RoundRecord, smoothness: float, colluders: int = 0,
+                assume_smooth_losses: bool = False) -> RoundTerms:
     """Exact per-round terms of docs/MATH.md §14.1 from the step sizes the round actually used.
 
     FedAvg (Lemmas 7, 8): Gamma = 2V sum_k eta_k, log rho = sum_k log1p(eta_k L).
-    Per-sample clipping: Gamma *= theta_t = min(1, kappa_t/B), kappa_t = drift_kappa of
-    this round's own steps (docs/MATH.md §13).
+    Per-sample clipping: K = 1 gives Gamma = 2V eta/B (theta = 1/B, no L needed). With K >= 2
+    Gamma is the clipping-only 2V sum eta unless ``assume_smooth_losses``; then
+    Gamma *= theta_t = min(1, kappa_t/B), kappa_t = drift_kappa of this round's own steps
+    (docs/MATH.md §13).
 
     FedProx (Lemmas 9, 10; needs alpha > L and every eta_k <= 1/alpha, else ValueError):
     Gamma = 2V(1 - prod_k(1 - eta_k alpha))/alpha (telescoped, <= 2V/alpha) and the
     paper's log rho = log(alpha/(alpha - L)) = log1p(L/(alpha - L)). Per-sample clipping
-    uses the sound telescoped min of docs/MATH.md §13,
+    (K = 1: divided by B; K >= 2 only with ``assume_smooth_losses``) uses the sound
+    telescoped min of docs/MATH.md §13,
 
         Gamma^ps = min{ 2V(1 - prod(1 - eta_k alpha))/alpha,
-                        (2V/B)(1 - prod(1 - eta_k (alpha - L)))/(alpha - L) },
+                        (2V/B)(1 - prod(1 - eta_k (alpha - L)))/(alpha - L) }.
 
-    which is <= theta * Gamma with theta = min(1, alpha/((alpha - L) B)) (so never looser
-    than the planned Table 2 value 2V theta/alpha).
+    Add/remove-one (docs/MATH.md §16): the step that first uses the differing sample moves
+    by the first-step bound d1 of :func:`_first_step_sensitivity`, every later step by 2V
+    (FedAvg: Gamma^ar = eta_0 d1 + 2V sum_{k>=1} eta_k; FedProx K >= 2: the replace-one
+    value); the drift bound (when allowed) is halved exactly.
 
     gamma = max_i p_i * Gamma; noise_std and target_noise_std as
     :meth:`RoundRecord.hidden_noise_stds` for a coalition of ``colluders`` participants
@@ -274,7 +319,9 @@ def round_terms(record: RoundRecord, smoothness: float, colluders: int = 0) -> R
     L = nonnegative("smoothness", smoothness)
     etas = np.asarray(record.step_sizes, dtype=float)
     V = float(record.clip_norm)
-    per_sample = record.clipping == "per-sample"
+    K = record.local_steps
+    drift = drift_bound_allowed(record.clipping, K, assume_smooth_losses)
+    first_ro, first_ar = _first_step_sensitivity(record.clipping, record.batch_size, V)
 
     if record.algorithm == "fedprox":
         alpha = float(record.prox_alpha)  # validated > 0 by RoundRecord
@@ -291,16 +338,25 @@ def round_terms(record: RoundRecord, smoothness: float, colluders: int = 0) -> R
         gap = alpha - L
         frac_alpha, frac_gap = _fedprox_parts(etas, alpha, L)
         client = 2.0 * V * frac_alpha / alpha
-        if per_sample:
-            client = min(client, (2.0 * V / record.batch_size) * frac_gap / gap)
+        client_ar = client
+        if K == 1:  # one step from w_t: the prox term is common, eta times the first-step bound
+            client, client_ar = etas[0] * first_ro, etas[0] * first_ar
+        elif drift:
+            smooth = (2.0 * V / (record.batch_size or 1)) * frac_gap / gap
+            client, client_ar = min(client, smooth), min(client_ar, smooth / 2.0)
         log_rho = math.log1p(L / gap)
     else:
         sum_eta = math.fsum(record.step_sizes)
-        client = 2.0 * V * sum_eta
+        clip_only = 2.0 * V * sum_eta
         log_rho = _sum_log1p(etas * L) if L > 0 else 0.0
-        if per_sample:
+        client = float(etas[0]) * first_ro if K == 1 else clip_only
+        client_ar = float(etas[0]) * first_ar + 2.0 * V * (sum_eta - float(etas[0]))
+        client_ar = min(client_ar, client)
+        if drift:
             kappa = _kappa_from(log_rho, L * sum_eta) if L > 0 else 1.0
-            client *= per_sample_theta(kappa, record.batch_size)
+            smooth = (2.0 * V / (record.batch_size or 1)) * kappa * sum_eta if math.isfinite(kappa) else math.inf
+            client = clip_only * per_sample_theta(kappa, record.batch_size or 1)
+            client_ar = min(client_ar, smooth / 2.0)
 
     s_min, s_target = record.hidden_noise_stds(colluders)
     return RoundTerms(
@@ -309,6 +365,9 @@ def round_terms(record: RoundRecord, smoothness: float, colluders: int = 0) -> R
         client_sensitivity=float(client),
         noise_std=s_min,
         sigma=float(record.sigma),
+        client_sensitivity_add_remove=float(client_ar),
+        gamma_add_remove=record.max_weight * float(client_ar),
+        uses_smoothness=drift,
         target_noise_std=s_target,
     )
 
@@ -319,14 +378,19 @@ def round_terms(record: RoundRecord, smoothness: float, colluders: int = 0) -> R
 def planned_theta(config: AccountantConfig) -> float:
     """Schedule-level per-sample factor theta = min(1, kappa_0/B) (docs/MATH.md §13 table); 1 per batch.
 
-    kappa_0 is the drift factor of the round t = 0, which dominates every later round:
-    C/SD ((1 + lr L)^K - 1)/(K lr L); CD/ID (prod_n(1 + lr L/n) - 1)/(lr L H_K);
-    FedProx alpha/(alpha - L).
+    K = 1: 1/B exactly (no L needed). K >= 2: 1 (clipping only) unless
+    ``config.assume_smooth_losses``; then kappa_0 is the drift factor of the round t = 0,
+    which dominates every later round: C/SD ((1 + lr L)^K - 1)/(K lr L); CD/ID
+    (prod_n(1 + lr L/n) - 1)/(lr L H_K); FedProx alpha/(alpha - L).
     """
     if config.clipping != "per-sample":
         return 1.0
-    L = float(config.smoothness)
     K = config.local_steps
+    if K == 1:
+        return per_sample_theta(1.0, config.batch_size or 1)
+    if not drift_bound_allowed(config.clipping, K, config.assume_smooth_losses):
+        return 1.0
+    L = float(config.smoothness)
     lr = float(config.lr)
     if config.algorithm == "fedprox":
         alpha = float(config.prox_alpha)
@@ -336,14 +400,12 @@ def planned_theta(config: AccountantConfig) -> float:
     elif config.schedule in ("constant", "stage"):
         kappa = _kappa_from(K * math.log1p(lr * L), K * lr * L)
     else:  # cyclic, iterative: t = 0 steps are lr/(k+1)
-        a = 0.0
         parts = []
         for start in range(1, K + 1, _CHUNK):
             n = np.arange(start, min(K, start + _CHUNK - 1) + 1, dtype=float)
             parts.append(float(np.sum(np.log1p(lr * L / n))))
-        a = math.fsum(parts)
-        kappa = _kappa_from(a, lr * L * harmonic(K))
-    return per_sample_theta(kappa, config.batch_size)
+        kappa = _kappa_from(math.fsum(parts), lr * L * harmonic(K))
+    return per_sample_theta(kappa, config.batch_size or 1)
 
 
 def _log_prod_one_minus(config: AccountantConfig, T: int, rate: float) -> np.ndarray:
@@ -365,15 +427,98 @@ def _log_prod_one_minus(config: AccountantConfig, T: int, rate: float) -> np.nda
         return out
 
 
-def _planned_fedprox_terms(config: AccountantConfig, T: int) -> tuple[np.ndarray, np.ndarray]:
-    """Exact per-round FedProx terms of the planned rounds (what :func:`round_terms` gives them)."""
+def _planned_first_steps(config: AccountantConfig, T: int) -> np.ndarray:
+    """eta_{0,t} for t = 0..T-1 (the first local step of each planned round)."""
+    lr, K = float(config.lr), config.local_steps
+    t = np.arange(T, dtype=float)
+    if config.schedule in ("constant", "cyclic"):
+        return np.full(T, lr)
+    if config.schedule == "stage":
+        return lr / (t + 1.0)
+    return lr / (t * K + 1.0)
+
+
+def _planned_fedprox_terms(config: AccountantConfig, T: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Exact per-round FedProx terms (log rho_t, gamma_t, add/remove gamma_t) of the planned rounds
+    (what :func:`round_terms` gives them)."""
     alpha, L, V, m = float(config.prox_alpha), float(config.smoothness), float(config.clip_norm), config.clients
     log_rho = np.full(T, math.log1p(L / (alpha - L)))
     client = 2.0 * V * -np.expm1(_log_prod_one_minus(config, T, alpha)) / alpha
-    if config.clipping == "per-sample":
+    client_ar = client
+    if config.local_steps == 1:
+        first_ro, first_ar = _first_step_sensitivity(config.clipping, config.batch_size, V)
+        first = _planned_first_steps(config, T)
+        client, client_ar = first * first_ro, first * first_ar
+    elif drift_bound_allowed(config.clipping, config.local_steps, config.assume_smooth_losses):
         gap = alpha - L
-        client = np.minimum(client, (2.0 * V / config.batch_size) * -np.expm1(_log_prod_one_minus(config, T, gap)) / gap)
-    return log_rho, client / m
+        smooth = (2.0 * V / (config.batch_size or 1)) * -np.expm1(_log_prod_one_minus(config, T, gap)) / gap
+        client, client_ar = np.minimum(client, smooth), np.minimum(client_ar, smooth / 2.0)
+    return log_rho, client / m, client_ar / m
+
+
+def _planned_fedavg_sums(config: AccountantConfig, T: int) -> tuple[np.ndarray, np.ndarray]:
+    """(sum_k eta_{k,t}, sum_k log1p(eta_{k,t} L)) for t = 0..T-1, from the schedule's own step sizes.
+
+    O(K) for constant/cyclic, O(T) for stage, O(T K) in chunks for iterative.
+    """
+    lr, K, L = float(config.lr), config.local_steps, float(config.smoothness)
+    if config.schedule in ("constant", "cyclic"):
+        etas = np.asarray(step_sizes(config.schedule, config.lr, 0, K), dtype=float)
+        log_rho = _sum_log1p(etas * L) if L > 0 else 0.0
+        return np.full(T, math.fsum(etas.tolist())), np.full(T, log_rho)
+    t = np.arange(T, dtype=float)
+    if config.schedule == "stage":
+        eta = lr / (t + 1.0)
+        return K * eta, K * np.log1p(eta * L)
+    sums, logs = np.empty(T), np.empty(T)  # iterative: eta_{k,t} = lr / (tK + k + 1)
+    k = np.arange(K, dtype=float)
+    chunk = max(1, (1 << 22) // K)
+    for lo in range(0, T, chunk):
+        etas = lr / (t[lo:lo + chunk, None] * K + k + 1.0)
+        sums[lo:lo + chunk] = np.sum(etas, axis=1)
+        logs[lo:lo + chunk] = np.sum(np.log1p(etas * L), axis=1)
+    return sums, logs
+
+
+def _planned_fedavg_terms(config: AccountantConfig, T: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Exact per-round FedAvg terms (log rho_t, gamma_t, add/remove gamma_t) of the planned rounds:
+    what :func:`round_terms` gives them, per-round kappa_t included (docs/MATH.md §13, §16)."""
+    V, K, L, m = float(config.clip_norm), config.local_steps, float(config.smoothness), config.clients
+    sum_eta, log_rho = _planned_fedavg_sums(config, T)
+    if L == 0.0:
+        log_rho = np.zeros(T)
+    first_ro, first_ar = _first_step_sensitivity(config.clipping, config.batch_size, V)
+    first = _planned_first_steps(config, T)
+    if K == 1:
+        return log_rho, first * first_ro / m, first * first_ar / m
+    client = 2.0 * V * sum_eta
+    client_ar = np.minimum(first * first_ar + 2.0 * V * (sum_eta - first), client)
+    if drift_bound_allowed(config.clipping, K, config.assume_smooth_losses):
+        if L > 0:
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+                kappa = np.where(log_rho < 700.0, np.expm1(np.minimum(log_rho, 700.0)) / (L * sum_eta), np.inf)
+            kappa = np.where(log_rho == 0.0, 1.0, np.where(np.isnan(kappa), np.inf, np.maximum(kappa, 1.0)))
+        else:
+            kappa = np.ones(T)
+        client = client * np.minimum(1.0, kappa / (config.batch_size or 1))
+        with np.errstate(invalid="ignore"):
+            smooth_half = np.where(np.isfinite(kappa), (V / (config.batch_size or 1)) * kappa * sum_eta, np.inf)
+        client_ar = np.minimum(client_ar, smooth_half)
+    return log_rho, client / m, client_ar / m
+
+
+#: bound_terms computes exact terms for at most this many local steps in total (iterative:
+#: O(T K)); the rounds beyond get their Table 2 terms, which are upper bounds on both.
+EXACT_STEP_BUDGET = 1 << 26
+#: and for at most this many rounds (the planner's exact PAVA / direct-sum range).
+EXACT_ROUNDS_MAX = 1 << 20
+
+
+def exact_rounds_limit(config: AccountantConfig) -> int:
+    """How many leading planned rounds :func:`bound_terms` gives exactly (>= 1)."""
+    if config.schedule == "iterative":
+        return max(1, min(EXACT_ROUNDS_MAX, EXACT_STEP_BUDGET // config.local_steps))
+    return EXACT_ROUNDS_MAX
 
 
 def planned_terms(config: AccountantConfig, rounds: int) -> tuple[np.ndarray, np.ndarray]:
@@ -428,16 +573,28 @@ def planned_terms(config: AccountantConfig, rounds: int) -> tuple[np.ndarray, np
     return log_rho, gamma
 
 
-def bound_terms(config: AccountantConfig, rounds: int) -> tuple[np.ndarray, np.ndarray]:
-    """The terms the planner's sound bounds (composition, final model, local DP) use.
+def bound_terms(config: AccountantConfig, rounds: int, *, add_remove: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """The terms (log rho_t, gamma_t) the planner's certified bounds (composition, final model,
+    local DP) use: for t < :func:`exact_rounds_limit`, the exact record-based terms of each planned
+    round's own step sizes, i.e. what the accountant's :func:`round_terms` gives those rounds
+    (per-round kappa_t for per-sample clipping, FedProx's telescoped 2V(1 - prod(1 - eta alpha))/alpha);
+    beyond, the Table 2 terms of :func:`planned_terms`, which bound both from above.
+    ``add_remove``: gamma_t under add/remove-one (docs/MATH.md §16) instead of replace-one.
 
-    FedAvg: :func:`planned_terms`. FedProx: the exact telescoped sensitivity of each planned
-    round's own step sizes, 2V (1 - prod_k(1 - eta_k alpha)) / (m alpha) (with the per-sample
-    minimum of docs/MATH.md §13), i.e. what the accountant's :func:`round_terms` gives those
-    rounds, instead of the paper's 2V/(m alpha), which ignores lr and K (at lr 0.05, K 5,
-    alpha 2 it is 2.4 times larger).
+    The paper's closed forms keep the Table 2 terms. The exact terms are smaller for CD/ID
+    (Table 2's c_K, z_K cover the worst round; ID at K = 5 is up to z_K = 3.3 times larger in late
+    rounds) and for FedProx (2V/(m alpha) ignores lr and K).
     """
     T = int_at_least("rounds", rounds, 1)
-    if config.algorithm == "fedprox":
-        return _planned_fedprox_terms(config, T)
-    return planned_terms(config, T)
+    n = min(T, exact_rounds_limit(config))
+    exact = _planned_fedprox_terms if config.algorithm == "fedprox" else _planned_fedavg_terms
+    log_rho, gamma, gamma_ar = exact(config, n)
+    if add_remove:
+        gamma = gamma_ar
+    if n == T:
+        return log_rho, gamma
+    table_rho, table_gamma = planned_terms(config, T)
+    if config.algorithm == "fedprox":  # FedProx's Table 2 gamma is K-free; use FedAvg per-batch (>= it)
+        fedavg = dataclasses.replace(config, algorithm="fedavg", prox_alpha=None, clipping="per-batch")
+        table_gamma = planned_terms(fedavg, T)[1]
+    return np.concatenate([log_rho, table_rho[n:]]), np.concatenate([gamma, table_gamma[n:]])

@@ -38,6 +38,29 @@ def fmt_acc(x: Any) -> str:
     return "n/a" if x is None else f"{float(x):.3f}"
 
 
+#: printed next to a number that rests on L-smooth losses (privacy.bounds.CONDITIONAL_LABEL)
+CONDITIONAL = "conditional on L-smooth losses"
+#: what the final-model threat model assumes beyond the bound's own assumptions (docs/MATH.md §15)
+FINAL_MODEL_ASSUMES = "participants do not reveal the global models they receive"
+
+
+def conditional_note(bound: dict[str, Any]) -> str:
+    """", conditional on L-smooth losses (L = 1)" for a bound that assumes L, "" otherwise."""
+    assumes = bound.get("assumes") or []
+    if not assumes:
+        return ""
+    detail = "; ".join(a.removeprefix("L-smooth losses ") for a in assumes)
+    return f", {CONDITIONAL} {detail}".rstrip()
+
+
+def add_remove_note(report: dict[str, Any]) -> str:
+    """"add/remove-one eps=1.75" beside the (replace-one) certified number, "" when not reported."""
+    ar = report.get("add_remove") or {}
+    if not ar:
+        return ""
+    return f"add/remove-one mu={fmt_num(ar['mu'])} eps={fmt_num(ar['epsilon'])}"
+
+
 def _paper_label(paper: dict[str, Any]) -> str:
     return "paper bound" if paper.get("sound") else "paper bound (not a guarantee)"
 
@@ -46,16 +69,23 @@ def format_round_line(report: dict[str, Any], *, accuracy: float | None, clients
     """One log line for a finished round, e.g.
 
     ``round 3 | clients 10 | acc 0.912 | certified mu=1.234 eps=5.67 (delta=1e-05,
-    composition) | paper bound (not a guarantee) mu=0.45 eps=1.2``
+    composition, replace-one) | add/remove-one mu=0.617 eps=2.5 | paper bound (not a guarantee)
+    mu=0.45 eps=1.2``
+
+    ``accuracy=None`` under the final-model threat model leaves the accuracy out (no per-round
+    model-derived output is published there, docs/MATH.md §15). A certified bound that rests on
+    L-smooth losses says so; the add/remove-one guarantee follows the (replace-one) certified one.
     """
     cert = report["certified"]
-    parts = [
-        f"round {report['round']}",
-        f"clients {clients}",
-        f"acc {fmt_acc(accuracy)}",
-        f"certified mu={fmt_num(cert['mu'])} eps={fmt_num(cert['epsilon'])} "
-        f"(delta={report['delta']:g}, {cert['bound']})",
-    ]
+    final_model = report.get("threat_model") == "final-model"
+    parts = [f"round {report['round']}", f"clients {clients}"]
+    if not (final_model and accuracy is None):
+        parts.append(f"acc {fmt_acc(accuracy)}")
+    parts.append(f"certified mu={fmt_num(cert['mu'])} eps={fmt_num(cert['epsilon'])} "
+                 f"(delta={report['delta']:g}, {cert['bound']}, {report.get('relation', 'replace-one')}"
+                 f"{conditional_note(cert)}{', if ' + FINAL_MODEL_ASSUMES if final_model else ''})")
+    if add_remove_note(report):
+        parts.append(add_remove_note(report))
     paper = report.get("bounds", {}).get("paper")
     if paper is not None:
         parts.append(
@@ -89,7 +119,7 @@ def summary_table(history: list[dict[str, Any]], max_rows: int | None = None) ->
         table.add_column(name, justify=justify)
     for name in BOUND_NAMES:
         table.add_column(f"{name} eps", justify="right")
-    any_unsound = False
+    any_unsound = any_conditional = False
     rows = shown_rounds(len(history), max_rows)
     for entry in (history[i] for i in rows):
         report, metrics = entry["report"], entry.get("metrics") or {}
@@ -102,8 +132,9 @@ def summary_table(history: list[dict[str, Any]], max_rows: int | None = None) ->
             if bound is None:
                 cells.append("")
                 continue
-            mark = "" if bound.get("sound") else "*"
+            mark = ("" if bound.get("sound") else "*") + ("†" if bound.get("assumes") else "")
             any_unsound = any_unsound or not bound.get("sound")
+            any_conditional = any_conditional or bool(bound.get("assumes"))
             cells.append(fmt_num(bound["epsilon"]) + mark)
         table.add_row(*cells)
     notes = []
@@ -111,6 +142,11 @@ def summary_table(history: list[dict[str, Any]], max_rows: int | None = None) ->
         notes.append(f"{len(rows)} of {len(history)} rounds shown; every round is in ledger.jsonl")
     if any_unsound:
         notes.append("* not a guarantee: this bound is not sound for this run (shown for reference)")
+    if any_conditional:
+        notes.append(f"† {CONDITIONAL}: certifies only when the run asserts assume-smooth-losses")
+    last = history[-1]["report"] if history else {}
+    if last.get("add_remove"):
+        notes.append(f"bounds for replace-one neighbours; {add_remove_note(last)} (certified, last round)")
     if notes:
         table.caption = "\n".join(notes)
     return table

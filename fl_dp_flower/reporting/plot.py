@@ -17,6 +17,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from .console import CONDITIONAL
 from .durable import atomic_write
 
 
@@ -66,22 +67,25 @@ def privacy_figure(history: list[dict[str, Any]], *, delta: float,
     paper_sound = all(bool(r["bounds"]["paper"]["sound"]) for r in reports)
     cert_names = sorted({str(r["certified"]["bound"]) for r in reports})
     budget = float(run_config.get("target-epsilon", 0.0) or 0.0)
+    # a bound resting on L-smooth losses says so in the legend (issue 16 item 4)
+    cert_cond = f", {CONDITIONAL}" if any(r["certified"].get("assumes") for r in reports) else ""
+    paper_cond = f", {CONDITIONAL}" if any(r["bounds"]["paper"].get("assumes") for r in reports) else ""
 
     fig = Figure(figsize=(8, 5.8), dpi=110)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     ax.plot(rounds, cert, color="tab:blue", linewidth=2.6, marker="o", markersize=4,
-            label=_label(f"certified ({', '.join(cert_names)})", cert_inf))
+            label=_label(f"certified ({', '.join(cert_names)}{cert_cond})", cert_inf))
     ax.plot(rounds, comp, color="tab:green", linewidth=1.2, linestyle=":", marker="s",
             markersize=3, label=_label("composition (every global model)", comp_inf))
     ax.plot(rounds, local, color="tab:purple", linewidth=1.2, linestyle="-.", marker="v",
             markersize=3, label=_label("local DP (a curious server sees every upload)", local_inf))
     if paper_sound:
         ax.plot(rounds, paper, color="tab:red", linewidth=1.2, marker="^", markersize=3,
-                label=_label("paper's bound", paper_inf))
+                label=_label(f"paper's bound{paper_cond}", paper_inf))
     else:
         ax.plot(rounds, paper, color="tab:red", linewidth=1.4, linestyle="--",
-                label=_label("paper's stated bound (not certified)", paper_inf))
+                label=_label(f"paper's stated bound (not certified{paper_cond})", paper_inf))
     if budget > 0:
         ax.axhline(budget, color="black", linewidth=1.2, linestyle=(0, (6, 3)), label=f"budget ε = {budget:g}")
 

@@ -5,9 +5,12 @@ several exporters can live in one process and :meth:`~PrivacyMetricsExporter.clo
 the port. Exported metrics (all gauges, prefix ``fl_dp_``):
 
 - ``fl_dp_rounds_completed``, ``fl_dp_last_round``, ``fl_dp_clients_aggregated``, ``fl_dp_delta``
-- ``fl_dp_certified_mu``, ``fl_dp_certified_epsilon``, ``fl_dp_certified_info{bound=...}``
+- ``fl_dp_certified_mu``, ``fl_dp_certified_epsilon``,
+  ``fl_dp_certified_info{bound, relation, assumes}`` (``assumes``: e.g. "L-smooth losses (L = 1)",
+  empty for a clipping-only bound: a non-empty value means conditional on L-smooth losses)
+- ``fl_dp_add_remove_mu``, ``fl_dp_add_remove_epsilon`` (the certified guarantee under add/remove-one)
 - ``fl_dp_paper_mu``, ``fl_dp_paper_epsilon`` (the paper's closed form; see ``bound_*`` for ``sound``)
-- ``fl_dp_bound_mu{bound, sound}``, ``fl_dp_bound_epsilon{bound, sound}``
+- ``fl_dp_bound_mu{bound, sound, assumes}``, ``fl_dp_bound_epsilon{bound, sound, assumes}``
 - ``fl_dp_accuracy`` (NaN until known)
 - ``fl_dp_budget_epsilon`` and ``fl_dp_budget_remaining_epsilon`` (only once a budget is given),
   ``fl_dp_stopped_by_budget`` (1 once the run stopped because the next round would exceed it)
@@ -230,9 +233,14 @@ class PrivacyMetricsExporter:
                                registry=r)
         self._paper_eps = Gauge("fl_dp_paper_epsilon",
                                 "The paper's closed-form epsilon (may be unsound)", registry=r)
-        self._bound_mu = Gauge("fl_dp_bound_mu", "mu of each bound", ["bound", "sound"], registry=r)
-        self._bound_eps = Gauge("fl_dp_bound_epsilon", "epsilon of each bound", ["bound", "sound"],
+        labels = ["bound", "sound", "assumes"]
+        self._bound_mu = Gauge("fl_dp_bound_mu", "mu of each bound (assumes: conditional on it)", labels, registry=r)
+        self._bound_eps = Gauge("fl_dp_bound_epsilon", "epsilon of each bound (assumes: conditional on it)", labels,
                                 registry=r)
+        self._bound_labels: dict[str, tuple[str, str]] = {}  # bound -> (sound, assumes) last published
+        self._ar_mu = Gauge("fl_dp_add_remove_mu", "Certified Gaussian-DP mu under add/remove-one", registry=r)
+        self._ar_eps = Gauge("fl_dp_add_remove_epsilon", "Certified epsilon at delta under add/remove-one",
+                             registry=r)
         self._accuracy = Gauge("fl_dp_accuracy", "Accuracy of the global model", registry=r)
         self._last_time = Gauge("fl_dp_last_round_timestamp_seconds", "Unix time of the last accounted round",
                                 registry=r)
@@ -248,7 +256,7 @@ class PrivacyMetricsExporter:
         self._budget: Gauge | None = None
         self._budget_remaining: Gauge | None = None
         for g in (self._delta, self._cert_mu, self._cert_eps, self._paper_mu, self._paper_eps,
-                  self._accuracy, self._min_replies, self._increase, self._expected):
+                  self._ar_mu, self._ar_eps, self._accuracy, self._min_replies, self._increase, self._expected):
             g.set(_NAN)
         self._exhausted.set(0)
         app = make_wsgi_app(self.registry)
@@ -297,13 +305,20 @@ class PrivacyMetricsExporter:
         cert = report["certified"]
         self._cert_mu.set(float(cert["mu"]))
         self._cert_eps.set(float(cert["epsilon"]))
-        self._cert_info.info({"bound": str(cert["bound"])})
+        self._cert_info.info({"bound": str(cert["bound"]), "relation": str(report.get("relation", "replace-one")),
+                              "assumes": "; ".join(cert.get("assumes", []))})
+        add_remove = report.get("add_remove") or {}
+        if add_remove:
+            self._ar_mu.set(float(add_remove["mu"]))
+            self._ar_eps.set(float(add_remove["epsilon"]))
         for name, bound in report.get("bounds", {}).items():
-            sound = "true" if bound.get("sound") else "false"
-            other = "false" if sound == "true" else "true"
+            labels = ("true" if bound.get("sound") else "false", "; ".join(bound.get("assumes", [])))
+            previous = self._bound_labels.get(name)
             for gauge, key in ((self._bound_mu, "mu"), (self._bound_eps, "epsilon")):
-                gauge.remove(name, other)  # no stale series when a bound's soundness changes
-                gauge.labels(bound=name, sound=sound).set(float(bound[key]))
+                if previous is not None and previous != labels:
+                    gauge.remove(name, *previous)  # no stale series when a bound's labels change
+                gauge.labels(name, *labels).set(float(bound[key]))
+            self._bound_labels[name] = labels
             if name == "paper":
                 self._paper_mu.set(float(bound["mu"]))
                 self._paper_eps.set(float(bound["epsilon"]))

@@ -114,6 +114,11 @@ def _report_difference(recorded: Any, recomputed: dict[str, Any]) -> str | None:
             got = ((recorded.get("bounds") or {}).get(name) or {}).get(key)
             if not _close(got, recomputed["bounds"][name][key]):
                 return f"{name} {key}: recorded {got!r}, recomputed {recomputed['bounds'][name][key]!r}"
+    if "add_remove" in recorded:  # reports since issue 16 item 10a: the add/remove-one guarantee too
+        for key in ("bound", "mu", "epsilon"):
+            got = (recorded.get("add_remove") or {}).get(key)
+            if not _close(got, recomputed["add_remove"][key]):
+                return f"add/remove-one {key}: recorded {got!r}, recomputed {recomputed['add_remove'][key]!r}"
     return None
 
 

@@ -25,6 +25,7 @@ from typing import Any
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.privacy.records import AccountantConfig, RoundRecord
 
+from ..run_output import read_marker
 from .ledger import _decode
 
 _EVENT_TEXT = {
@@ -127,6 +128,27 @@ def _fmt(x: Any, digits: int = 4) -> str:
     return str(x)
 
 
+def run_status(view: RunView, ledger: Path) -> str:
+    """Finished (the ledger's end), else what the run's launcher recorded and whether it lives.
+
+    One channel each: the ledger (the ServerApp's) says whether the run ended; the launcher's
+    marker ``.launcher.json`` beside it (``fl-dp-flower run`` only) says whether it was stopped.
+    """
+    if view.ended:
+        return "finished"
+    marker = read_marker(ledger.parent)
+    if marker is None:
+        return "running (or stopped without an end line)"
+    state = marker.get("state")
+    if state == "interrupted":
+        return f"interrupted ({marker.get('why') or 'stopped by its launcher'}); resume with --resume"
+    if state in ("completed", "failed"):
+        return f"ended without an end line (launcher: {marker.get('status') or state})"
+    if marker["alive"]:
+        return "running"
+    return "stopped (its launcher is gone and the ledger has no end line)"
+
+
 def render(view: RunView, source: Path, *, now: float | None = None):
     """The view as a rich renderable."""
     from rich.console import Group
@@ -147,7 +169,7 @@ def render(view: RunView, source: Path, *, now: float | None = None):
     if view.last_time:
         seconds = (now or time.time()) - datetime.fromisoformat(view.last_time).timestamp()
         age = f"; last line {seconds:.0f} s ago"
-    status = "finished" if view.ended else "running (or stopped without an end line)"
+    status = run_status(view, source)
 
     head = Table.grid(padding=(0, 2))
     head.add_column(style="bold")
@@ -158,9 +180,14 @@ def render(view: RunView, source: Path, *, now: float | None = None):
                             f"accuracy {_fmt(metrics.get('accuracy'), 3)}")
     if cert is not None and acct.num_releases == 0:
         head.add_row("certified", "no round accounted yet")
-    elif cert is not None:
+    elif cert is not None and report is not None:
+        from .console import FINAL_MODEL_ASSUMES, add_remove_note, conditional_note
+
+        final = f", if {FINAL_MODEL_ASSUMES}" if report.threat_model == "final-model" else ""
         head.add_row("certified", f"epsilon {_fmt(cert.epsilon)} (mu {_fmt(cert.mu)}) at delta {report.delta:g}, "
-                                  f"bound {report.certified_bound}, threat model {report.threat_model}")
+                                  f"bound {report.certified_bound}, threat model {report.threat_model}, "
+                                  f"replace-one{conditional_note(cert.to_dict())}{final}")
+        head.add_row("add/remove-one", add_remove_note(report.to_dict()))
     nxt = view.next_round_epsilon()
     if budget > 0 and cert is not None:
         share = cert.epsilon / budget

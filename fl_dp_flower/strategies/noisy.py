@@ -55,6 +55,7 @@ from fl_dp_flower.privacy.records import RoundRecord
 from fl_dp_flower.reporting.rounds import RoundOutcome, dp_metrics
 
 from .budget import BudgetExhausted, check_before_broadcast, check_replies
+from .nodes import warn_until_enough_nodes
 from .replies import (Applied, average_arrays, average_metrics, member_id, mismatches, reconcile, screen,
                       weights_for)
 
@@ -208,6 +209,7 @@ class NoisyStrategyMixin:
         """
         c = self.dp_config
         cpn = c.clients_per_node
+        warn_until_enough_nodes(grid, self.min_available_nodes, c)
         _, available = sample_nodes(grid, self.min_available_nodes, self.min_available_nodes)  # waits
         excluded = self.excluded_nodes
         eligible = sorted(n for n in available if n not in excluded)

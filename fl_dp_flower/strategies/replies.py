@@ -193,8 +193,11 @@ def reconcile(planned: Applied, echoed: list[Applied], schedule: str, per_sample
     etas = [step_sizes(schedule, a.lr, a.round_index, a.local_steps) for a in everyone]
     worst_etas = tuple(max(x for x in col if x is not None) for col in zip_longest(*etas))
     batch = planned.batch_size
+    sizes = [a.batch_size for a in everyone if a.batch_size is not None]
     if per_sample:
-        batch = min(a.batch_size for a in everyone if a.batch_size is not None)
+        batch = min(sizes)
+    elif sizes:  # per-batch: B enters only the add/remove-one sensitivity (B = 1 halves it): the largest
+        batch = max(sizes)
     alphas = [a.prox_alpha for a in everyone if a.prox_alpha is not None]
     worst = replace(
         planned,

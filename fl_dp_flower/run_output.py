@@ -1,0 +1,123 @@
+"""What ``fl-dp-flower run`` prints and records about a run, read from its ledger and summary.
+
+- :func:`round_line`: one ledger round as a terminal line (accuracy, certified epsilon, ETA);
+- :func:`spent_text`: the privacy spent so far, read from the ledger (after Ctrl-C, a failure, or
+  at the end), naming an open round and how to account it;
+- :func:`shortfall_text`: "ended with k of n planned rounds" when a run stopped early;
+- :class:`LauncherMarker`: ``<run dir>/.launcher.json``, the launcher's own state of the run
+  (running / interrupted / completed / failed, with its pid), which ``fl-dp-flower watch`` reads
+  beside the ledger. The ledger stays the ServerApp's alone: the launcher never writes into it.
+
+Standard library only (the ledger reader does not import torch or flwr).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+MARKER = ".launcher.json"
+
+
+def num(x: Any) -> str:
+    """A number in 4 significant digits (inf/nan and non-numbers as they are)."""
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return str(x)
+    if not math.isfinite(x):
+        return str(x)
+    return f"{x:.4g}"
+
+
+def seconds_between(a: Any, b: Any) -> float | None:
+    try:
+        return (datetime.fromisoformat(b) - datetime.fromisoformat(a)).total_seconds()
+    except (TypeError, ValueError):
+        return None
+
+
+def round_line(entry: dict, index: int, rounds: list, total: int) -> str:
+    """One ledger round as a terminal line (index: 1-based position in ``rounds``; total: planned)."""
+    report, metrics = entry["report"], entry.get("metrics", {})
+    cert = report["certified"]
+    paper = report["bounds"]["paper"]
+    acc = metrics.get("accuracy")
+    done = entry["round"]
+    eta = ""
+    if index >= 2:  # rate between the ledger times of the first and this round (no start-up)
+        spent = seconds_between(rounds[0].get("time"), entry.get("time"))
+        if spent is not None:
+            eta = f" | ETA {spent / (index - 1) * max(total - done, 0):.0f}s"
+    paper_text = "" if paper.get("sound") else f" | paper {num(paper['epsilon'])} (not a guarantee)"
+    return (f"round {done:>3}/{total} | clients {report['clients']:>3} | acc "
+            f"{'  -  ' if acc is None else f'{acc:.3f}'} | certified eps {num(cert['epsilon'])} "
+            f"({cert['bound']}){paper_text}{eta}")
+
+
+def spent_text(ledger: Path) -> str:
+    """The privacy spent, read from the ledger."""
+    from .reporting.ledger import read_ledger
+    try:
+        contents = read_ledger(ledger)
+    except (OSError, ValueError) as err:
+        return f"could not read the ledger {ledger}: {err}"
+    if not contents.rounds:
+        return f"no round was accounted (ledger {ledger})"
+    cert = contents.rounds[-1]["report"]["certified"]
+    text = (f"privacy spent: {len(contents.rounds)} rounds accounted, certified eps "
+            f"{num(cert['epsilon'])} (mu {num(cert['mu'])}, {cert['bound']}) at delta "
+            f"{contents.rounds[-1]['report']['delta']:g}")
+    if contents.open_round is not None:
+        text += (f"; round {contents.open_round} was under way (resume with --resume and "
+                 "resume-unfinished-round='account' to account it)")
+    return text
+
+
+def shortfall_text(summary: dict[str, Any]) -> str:
+    """"; ended with k of n planned rounds (why)" when the summary shows fewer rounds than planned."""
+    planned = summary.get("planned_rounds", summary.get("num_server_rounds"))
+    done = summary.get("accounted_rounds", summary.get("rounds_accounted"))
+    if not isinstance(planned, int) or not isinstance(done, int) or done >= planned:
+        return ""
+    why = summary.get("stop_reason") or summary.get("failure") or "see Flower's log"
+    return f"; ended with {done} of {planned} planned rounds ({why})"
+
+
+# ------------------------------------------------------------------ the launcher's marker
+def write_marker(run_dir: Path, state: str, **extra: Any) -> None:
+    """Record the launcher's state of the run (atomic replace, owner-only)."""
+    if not run_dir.is_dir():
+        return
+    data = {"state": state, "pid": os.getpid(), "time": datetime.now(UTC).isoformat(), **extra}
+    tmp = run_dir / f"{MARKER}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f)
+    os.replace(tmp, run_dir / MARKER)
+
+
+def read_marker(run_dir: Path) -> dict[str, Any] | None:
+    """The launcher's marker, with ``alive`` = whether its launcher process still runs (None: none)."""
+    try:
+        data = json.loads((run_dir / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    pid = data.get("pid")
+    data["alive"] = isinstance(pid, int) and _alive(pid)
+    return data
+
+
+def _alive(pid: int) -> bool:
+    """The launcher ``pid`` still runs (a reused pid of another program does not count)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"fl-dp-flower" in cmdline or b"fl_dp_flower" in cmdline
