@@ -118,10 +118,10 @@ def test_console_script_is_installed():
 
 
 def test_table_states_the_defaults_and_which_threat_model_chose_the_bound(capsys):
-    # issue 21.3: the defaults are the run config's (pyproject: K 10, V 2, m 10, T 10), not the CLI's own
+    # issue 21.3: the defaults are the run config's (pyproject: K 10, V 2, m 2, T 10), not the CLI's own
     assert main(["privacy", "--sigma", "1"]) == 0
     out = capsys.readouterr().out
-    assert "m 10 clients/round, T 10 rounds" in out and "constant schedule, lr 0.1, K 10, V 2" in out
+    assert "m 2 clients/round, T 10 rounds" in out and "constant schedule, lr 0.1, K 10, V 2" in out
     assert "run config: " in out and "pyproject.toml + flags" in out
     assert "certified (composition, chosen by threat model all-rounds" in out
     assert main(["privacy", "--sigma", "1", "--threat-model", "curious-server"]) == 0

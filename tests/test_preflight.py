@@ -20,7 +20,8 @@ from fl_dp_flower.privacy.planning import calibrate_sigma, planned_run
 
 
 def _config(**overrides) -> AppConfig:
-    return AppConfig.from_run_config({**pyproject_defaults(), **overrides})
+    """The quick preset's run config (m = 10) with ``overrides``."""
+    return AppConfig.from_run_config({**pyproject_defaults(), **PRESETS["quick"], **overrides})
 
 
 def test_dataset_facts_are_the_models():
