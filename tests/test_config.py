@@ -79,6 +79,11 @@ BAD = [
     ("metrics-port", -1, "an integer >= 0 and <= 65535"),
     ("metrics-linger", -1.0, "a finite number >= 0 and <= 86400"),
     ("max-node-refusals", 0, "an integer >= 1"),
+    ("echo-tolerance", 0.5, "a finite number >= 1"),
+    ("noise-check-alpha", 1.0, "a finite number >= 0 and < 1"),
+    ("update-bound-alpha", 0.0, "a finite number > 0 and < 1"),
+    ("examples-cap-ratio", 0.9, "a finite number >= 1"),
+    ("noise-mode", "crypto", "one of 'standard', 'secure'"),
     ("clients-per-node", 0, "an integer >= 1"),
     ("cohort-noise", "each", "one of 'summed', 'per-member'"),
     ("resume-unfinished-round", "ignore", "one of 'refuse', 'account'"),
@@ -89,6 +94,12 @@ ANY_STRING = {"data-dir", "metrics-certfile", "metrics-keyfile", "metrics-auth-f
 
 def test_every_key_has_a_bad_value_case():
     assert {k for k, _, _ in BAD} == set(_run_config()) - ANY_STRING  # any string is a valid path
+
+
+def test_secure_noise_needs_os_entropy():
+    with pytest.raises(ConfigError, match="'noise-mode' = 'secure': needs 'seed' = -1"):
+        AppConfig.from_run_config({**_run_config(), "noise-mode": "secure", "seed": 3})
+    assert AppConfig.from_run_config({**_run_config(), "noise-mode": "secure"}).noise_mode == "secure"
 
 
 def test_metrics_tls_needs_both_files():

@@ -232,8 +232,9 @@ def _legacy(lines: list[bytes]) -> list[bytes]:
     from fl_dp_flower.privacy import AccountantConfig, PrivacyAccountant, RoundRecord
 
     header = json.loads(lines[0])
-    cfg = AccountantConfig(**{**header["accountant_config"], "colluders": 0})
+    cfg = AccountantConfig(**{**header["accountant_config"], "colluders": 0, "assume_smooth_losses": True})
     del header["accountant_config"]["colluders"]
+    header["accountant_config"].pop("assume_smooth_losses", None)  # predates it too (issue 16 item 4)
     accountant = PrivacyAccountant(cfg)
     out = [json.dumps(header, separators=(",", ":")).encode()]
     for raw in lines[1:]:
@@ -241,7 +242,7 @@ def _legacy(lines: list[bytes]) -> list[bytes]:
         if entry["kind"] == "round":
             del entry["record"]["applied"]
             report = accountant.step(RoundRecord.from_dict(entry["record"])).to_dict()
-            del report["rounds_applied"], report["colluders"]
+            del report["rounds_applied"], report["colluders"], report["relation"], report["add_remove"]
             entry["report"] = report
         out.append(json.dumps(entry, separators=(",", ":")).encode())
     return _rechain(out)
@@ -266,6 +267,22 @@ def test_a_ledger_written_before_colluders_is_recomputed_as_written(real_ledger,
     lines = _lines(legacy)
     lines[0] = _edit(lines[0], lambda e: e["accountant_config"].__setitem__("colluders", 1))
     assert not verify_ledger(_write(tmp_path, _rechain(lines))).ok
+
+
+def test_a_ledger_written_before_assume_smooth_losses_is_recomputed_as_written(real_ledger, tmp_path):
+    """Issue 16 items 2, 4: old ledgers certified L-dependent bounds (here the final-model bound)
+    without an assertion; verify recomputes them under that rule and says so, and resuming one
+    without the assertion is refused naming the key."""
+    from fl_dp_flower.reporting.ledger import PrivacyLedger
+
+    legacy = _write(tmp_path, _legacy(_lines(real_ledger)))
+    result = verify_ledger(legacy)
+    assert result.ok, result.failure
+    assert any("predates 'assume_smooth_losses'" in note for note in result.notes)
+    header = {**json.loads(_lines(real_ledger)[0])["accountant_config"], "colluders": 0}
+    with pytest.raises(ValueError, match=r"assume_smooth_losses.*assume-smooth-losses = true"):
+        PrivacyLedger.check_resumable(legacy, accountant_config={**header, "assume_smooth_losses": False})
+    assert PrivacyLedger.check_resumable(legacy, accountant_config=header).last_round == 3
 
 
 def test_a_not_applied_mark_must_name_accounted_rounds(real_ledger, tmp_path):

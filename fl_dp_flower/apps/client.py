@@ -2,9 +2,9 @@
 
 Train instruction (docs/ARCHITECTURE.md): ``msg.content["arrays"]`` (global model w_t) and
 ``msg.content["config"]`` with the ``dp.*`` keys. Reply: ``RecordDict({"arrays": noisy state_dict,
-"metrics": MetricRecord})`` with num-examples, train-loss, clipped-fraction and the settings as
-applied (dp.sigma, dp.clip-norm, dp.local-steps, dp.lr, dp.round-index, dp.batch-size,
-dp.prox-alpha).
+"metrics": MetricRecord})`` with num-examples, dp.partition-id and the settings as applied
+(dp.sigma, dp.clip-norm, dp.local-steps, dp.lr, dp.round-index, dp.batch-size, dp.prox-alpha);
+train statistics only with ``share-metrics`` (below).
 
 Node-side guardrails: a node can set ``min-sigma``, ``max-clip-norm``, ``max-local-steps`` and
 ``max-lr`` in its node config. A train instruction that violates them (or is malformed: sigma <= 0,
@@ -18,9 +18,11 @@ Node policy (the node's decision, never the server's; docs/deployment.md §2.5):
   that anyone who knows the seed can regenerate and subtract. The node refuses it unless its node
   config sets ``allow-fixed-seed=true`` or its environment sets ``FL_DP_ALLOW_FIXED_SEED=1``
   (the only way in Flower's simulation engine, whose node config holds just the partition).
-- ``share-metrics`` (default false): ``train-loss`` and ``clipped-fraction`` are computed on the
-  local data and are neither noised nor accounted, so they are only sent when the node config
-  sets ``share-metrics=true``; evaluate instructions (loss/accuracy on the local test split, also
+- ``share-metrics`` (default false): ``train-loss``, ``clipped-fraction``, ``train-seconds``
+  (the local training time, which depends on the data) and ``nonfinite-gradients`` are computed
+  on the local data and are neither noised nor accounted, so they are only sent when the node
+  config sets ``share-metrics=true`` or its environment ``FL_DP_SHARE_METRICS=1`` (the count of
+  non-finite gradients is always logged on the node); evaluate instructions (loss/accuracy on the local test split, also
   un-noised) are refused unless it does.
 
 Data: ``partition-id`` / ``num-partitions`` from the node config (num-partitions falls back to the
@@ -50,7 +52,7 @@ from fl_dp_flower.training.cohort import Member, cohort_update
 from fl_dp_flower.training.local_update import evaluate_model, local_update
 from fl_dp_flower.vocabulary import ALGORITHMS, CLIPPING_MODES, SCHEDULES
 from fl_dp_flower.training.models import build_model
-from fl_dp_flower.training.noise import add_gaussian_noise_, make_generator
+from fl_dp_flower.training.noise import add_gaussian_noise_, make_noise_source
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +66,7 @@ NODE_LIMITS = {  # node-config key -> (setting, comparison that must hold)
 ALLOW_FIXED_SEED = "allow-fixed-seed"  # node-config key (bool)
 ALLOW_FIXED_SEED_ENV = "FL_DP_ALLOW_FIXED_SEED"  # node environment: "1" allows, like the key
 SHARE_METRICS = "share-metrics"  # node-config key (bool): send un-noised train/eval statistics
+SHARE_METRICS_ENV = "FL_DP_SHARE_METRICS"  # node environment: "1" shares them, like the key
 
 app = ClientApp()
 
@@ -176,6 +179,13 @@ def fixed_seed_allowed(node_config: Mapping, environ: Mapping[str, str] | None =
     return node_flag(node_config, ALLOW_FIXED_SEED) or env.get(ALLOW_FIXED_SEED_ENV, "") == "1"
 
 
+def metrics_shared(node_config: Mapping, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this node sends un-noised statistics: node config or node environment (the only
+    way in Flower's simulation engine, as for allow-fixed-seed)."""
+    env = os.environ if environ is None else environ
+    return node_flag(node_config, SHARE_METRICS) or env.get(SHARE_METRICS_ENV, "") == "1"
+
+
 def check_node_policy(s: TrainSettings, node_config: Mapping, environ: Mapping[str, str] | None = None) -> None:
     """Raise Refused if ``s`` asks for a fixed noise seed this node has not allowed."""
     if s.seed >= 0 and not fixed_seed_allowed(node_config, environ):
@@ -222,6 +232,18 @@ def _derived_seed(seed: int, *parts: int) -> int:
     return int(np.random.SeedSequence([seed, *parts]).generate_state(1, np.uint64)[0] >> np.uint64(1))
 
 
+def shared_statistics(**values: float | int) -> dict[str, float | int]:
+    """The un-noised statistics of local training (sent only with ``share-metrics=true``), in
+    reply-key form: train-seconds, train-loss, clipped-fraction, nonfinite-gradients."""
+    return {key.replace("_", "-"): value for key, value in values.items()}
+
+
+def _log_nonfinite(count: int, unit: str) -> None:
+    if count:
+        log.warning("%d non-finite %s gradient(s) this round were replaced by zero before clipping "
+                    "(NaN/Inf loss or data); the upload stays finite and within the clipping bound", count, unit)
+
+
 def _refuse(msg: Message, err: Refused) -> Message:
     log.warning("Refusing train instruction: %s", err)
     return Message(Error(code=REFUSED, reason=f"{REFUSAL_PREFIX}{err}"), reply_to=msg)
@@ -264,19 +286,22 @@ def _train_cohort(msg: Message, context: Context, s: TrainSettings, config: AppC
         noise_seed = -1 if s.seed == -1 else _derived_seed(s.seed, client, s.round_index, 0)
         per_member = config.cohort_noise == "per-member"
         members.append(Member(part.x_train, part.y_train, batch_gen,
-                              make_generator(device, noise_seed) if per_member else None))
+                              make_noise_source(config.noise_mode, device, noise_seed) if per_member else None))
     summed = None
     if config.cohort_noise == "summed":  # one draw of the members' summed noise (training.cohort)
-        summed = make_generator(device, -1 if s.seed == -1 else _derived_seed(s.seed, pid, s.round_index, 2))
+        summed = make_noise_source(config.noise_mode, device,
+                                   -1 if s.seed == -1 else _derived_seed(s.seed, pid, s.round_index, 2))
     alpha = s.prox_alpha if s.algorithm == "fedprox" else 0.0
     started = time.perf_counter()
     result = cohort_update(model, members, step_sizes=etas, clip_norm=s.clip_norm, batch_size=s.batch_size,
                            sigma=s.sigma, prox_alpha=alpha, summed_noise=summed)
+    _log_nonfinite(result.nonfinite_gradients, "(member, step)")
     metrics = MetricRecord({
         "num-examples": sum(len(m.y) for m in members),
-        "train-seconds": time.perf_counter() - started,
-        **({"clipped-fraction": result.clipped_fraction} if share else {}),
+        **(shared_statistics(train_seconds=time.perf_counter() - started, clipped_fraction=result.clipped_fraction,
+                             nonfinite_gradients=result.nonfinite_gradients) if share else {}),
         "dp.members": slots,
+        "dp.partition-id": pid,
         "dp.sigma": s.sigma, "dp.clip-norm": s.clip_norm, "dp.local-steps": len(etas), "dp.lr": s.lr,
         "dp.round-index": s.round_index, "dp.batch-size": min(result.batch_sizes), "dp.prox-alpha": alpha,
     })
@@ -292,7 +317,7 @@ def train(msg: Message, context: Context) -> Message:
         s = parse_train_config(msg.content["config"])
         check_node_limits(s, context.node_config)
         check_node_policy(s, context.node_config)
-        share = node_flag(context.node_config, SHARE_METRICS)
+        share = metrics_shared(context.node_config)
         config = run_config(context)
         slots = _cohort_slots(msg.content["config"], config)
         if slots is not None:
@@ -323,13 +348,16 @@ def train(msg: Message, context: Context) -> Message:
         batch_size=s.batch_size, prox_alpha=alpha, generator=batch_gen,
     )
     noise_seed = -1 if s.seed == -1 else _derived_seed(s.seed, pid, s.round_index, 0)
-    add_gaussian_noise_(model, s.sigma, make_generator(device, noise_seed))
+    add_gaussian_noise_(model, s.sigma, make_noise_source(config.noise_mode, device, noise_seed))
     train_seconds = time.perf_counter() - started
+    _log_nonfinite(stats.nonfinite_gradients, "per-sample" if s.clipping == "per-sample" else "step")
 
     metrics = MetricRecord({
         "num-examples": len(part.y_train),  # public under replace-one adjacency (docs/deployment.md)
-        "train-seconds": train_seconds,
-        **({"train-loss": stats.loss, "clipped-fraction": stats.clipped_fraction} if share else {}),
+        **(shared_statistics(train_seconds=train_seconds, train_loss=stats.loss,
+                             clipped_fraction=stats.clipped_fraction,
+                             nonfinite_gradients=stats.nonfinite_gradients) if share else {}),
+        "dp.partition-id": pid,  # the server detects two nodes given one partition
         "dp.sigma": s.sigma,
         "dp.clip-norm": s.clip_norm,
         "dp.local-steps": stats.steps,
@@ -348,7 +376,7 @@ def evaluate(msg: Message, context: Context) -> Message:
     with node config ``share-metrics=true``)."""
     torch.set_num_threads(1)
     try:
-        if not node_flag(context.node_config, SHARE_METRICS):
+        if not metrics_shared(context.node_config):
             raise Refused(f"evaluate replies are un-noised statistics of local data; this node sends "
                           f"them only with node config {SHARE_METRICS}=true")
         config = run_config(context)

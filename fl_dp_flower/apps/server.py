@@ -60,17 +60,17 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Result
 
 from fl_dp_flower.apps.recovery import RunFailed, logged_failures, restore_exclusions
+from fl_dp_flower.apps.threat import final_model_assumptions, node_assumptions, publishes_per_round_models
 from fl_dp_flower.config import AppConfig, ConfigError
 from fl_dp_flower.preflight import chance_level_warning, log_preflight
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
-from fl_dp_flower.privacy.bounds import smoothness_assumption
 from fl_dp_flower.reporting import PrivacyLedger, PrivacyMetricsExporter, plot_privacy_curve, render_summary
-from fl_dp_flower.reporting.console import FINAL_MODEL_ASSUMES, conditional_note
+from fl_dp_flower.reporting.console import conditional_note
 from fl_dp_flower.reporting.durable import atomic_write, write_json
 from fl_dp_flower.reporting.ledger import NOT_APPLIED_EVENT, LedgerContents, read_ledger, round_records
 from fl_dp_flower.reporting.logfilter import FlowerDumps
 from fl_dp_flower.reporting.rounds import RoundSink
-from fl_dp_flower.strategies import NoisyStrategyMixin, NotEnoughNodes, make_strategy
+from fl_dp_flower.strategies import ModelNotFinite, NoisyStrategyMixin, NotEnoughNodes, make_strategy
 from fl_dp_flower.training.data import DEFAULT_DATA_SEED, load_dataset
 from fl_dp_flower.training.local_update import evaluate_model
 from fl_dp_flower.training.models import build_model
@@ -102,11 +102,7 @@ def main(grid: Grid, context: Context) -> None:
         except ConfigError as err:
             log.error("%s", err)
             raise
-        try:
-            run_server(grid, config, on_run_dir=lambda d: dumps.attach_file(d / STRATEGY_LOG))
-        except FileExistsError as err:  # a second run with the same run-name: say why in `flwr log`
-            log.error("%s", err)
-            raise
+        run_server(grid, config, on_run_dir=lambda d: dumps.attach_file(d / STRATEGY_LOG))
     finally:
         dumps.detach_file()
 
@@ -130,22 +126,6 @@ def make_evaluate_fn(config: AppConfig):
         return MetricRecord({"accuracy": float(acc), "loss": float(loss)})
 
     return evaluate_fn
-
-
-def publishes_per_round_models(config: AppConfig) -> bool:
-    """Whether the run publishes model-derived per-round outputs (accuracy, loss, federated evaluation).
-
-    Not under the final-model threat model: its bound covers the released model only, so the run
-    evaluates that model once at the end and publishes nothing derived from the intermediate global
-    models (docs/MATH.md §15). Every sampled client still receives every global model: the bound assumes
-    that participants do not reveal them.
-    """
-    return config.threat_model != "final-model"
-
-
-def final_model_assumptions(config: AppConfig) -> list[str]:
-    """What a final-model certificate assumes, printed next to it."""
-    return [FINAL_MODEL_ASSUMES, smoothness_assumption(config.smoothness)]
 
 
 # ------------------------------------------------------------------ run
@@ -306,10 +286,8 @@ def _run_server(grid: Grid, config: AppConfig, fraction_evaluate: float,
                              {"round": round_, "state_dict": saved.to_torch_state_dict()}, run_dir / CHECKPOINT),
                          log, exporter, config.budget_epsilon)
         per_round_eval = publishes_per_round_models(config)
-        if not per_round_eval:
-            log.info("threat model 'final-model': no per-round evaluation is published (the bound covers only "
-                     "the released model, which is evaluated once at the end); it assumes %s",
-                     "; ".join(final_model_assumptions(config)))
+        if not per_round_eval:  # docs/MATH.md §15
+            log.info("final-model: no per-round evaluation is published; the released model is evaluated at the end")
         strategy = make_strategy(config, accountant, reporters=[sink],
                                  fraction_evaluate=fraction_evaluate if per_round_eval else 0.0)
         strategy.on_event = ledger.append_event
@@ -321,7 +299,7 @@ def _run_server(grid: Grid, config: AppConfig, fraction_evaluate: float,
         try:
             result = strategy.start(grid=grid, initial_arrays=arrays, num_rounds=remaining,
                                     evaluate_fn=make_evaluate_fn(config) if per_round_eval else None)
-        except NotEnoughNodes as exc:
+        except (NotEnoughNodes, ModelNotFinite) as exc:
             log.error("%s", exc)
             ledger.append_event("failed", {"reason": str(exc), "rounds_accounted": accountant.num_releases})
             _finish(config, run_dir, ledger, accountant, strategy, strategy.partial_result(), time.time() - t0,
@@ -387,6 +365,8 @@ def _finish(config: AppConfig, run_dir: Path, ledger: PrivacyLedger, accountant:
         "run_dir": str(run_dir),
         "rounds_accounted": accountant.num_releases,
         "num_server_rounds": config.num_server_rounds,
+        "planned_rounds": config.num_server_rounds,
+        "accounted_rounds": accountant.num_releases,
         "stopped_by_budget": strategy.stop_reason is not None,
         "stop_reason": strategy.stop_reason,
         "failure": failure,
@@ -396,6 +376,7 @@ def _finish(config: AppConfig, run_dir: Path, ledger: PrivacyLedger, accountant:
         "final_accuracy": last_metrics.get("accuracy"),
         "final_loss": last_metrics.get("loss"),
         "echo_mismatches": strategy.echo_mismatches,
+        "node_assumptions": node_assumptions(config),
         "node_refusals": {str(n): r.to_dict() for n, r in sorted(strategy.refusals.items())},
         "excluded_nodes": {str(n): why for n, why in sorted(strategy.excluded_nodes.items())},
         "wall_seconds": seconds,
@@ -409,16 +390,18 @@ def _finish(config: AppConfig, run_dir: Path, ledger: PrivacyLedger, accountant:
     write_json(run_dir / SUMMARY, summary)
     if chance:
         log.warning("%s", chance)
-    cert = summary["final_report"]["certified"]
-    add_remove = summary["final_report"]["add_remove"]
-    log.info("finished: %d rounds accounted, certified epsilon %s (mu %s, %s, replace-one%s) at delta %g; "
-             "add/remove-one epsilon %s%s%s", accountant.num_releases, cert["epsilon"], cert["mu"], cert["bound"],
-             conditional_note(cert), config.delta, add_remove["epsilon"],
-             f"; final-model bound assumes {'; '.join(summary['threat_model_assumes'])}"
-             if summary["threat_model_assumes"] else "",
-             f"; stopped: {strategy.stop_reason}" if strategy.stop_reason else "")
-    if summary["threat_model_assumes"]:
-        log.info("released model: accuracy %s, loss %s", summary["final_accuracy"], summary["final_loss"])
+    cert, assumes = summary["final_report"]["certified"], summary["threat_model_assumes"]
+    log.info("finished: %d of %d planned rounds accounted, certified epsilon %s (mu %s, %s, replace-one%s) at "
+             "delta %g; add/remove-one epsilon %s%s%s", accountant.num_releases, config.num_server_rounds,
+             cert["epsilon"], cert["mu"], cert["bound"], conditional_note(cert), config.delta,
+             summary["final_report"]["add_remove"]["epsilon"],
+             f"; final-model bound assumes {'; '.join(assumes)}; released model accuracy {summary['final_accuracy']}"
+             if assumes else "", f"; stopped: {strategy.stop_reason}" if strategy.stop_reason else "")
+    log.info("every bound assumes %s", "; ".join(summary["node_assumptions"]))
+    if accountant.num_releases < config.num_server_rounds:
+        log.warning("the run ends with %d of its %d planned rounds accounted%s", accountant.num_releases,
+                    config.num_server_rounds, f" ({failure or strategy.stop_reason})"
+                    if (failure or strategy.stop_reason) else "")
     log.info("ledger %s head (SHA-256 of its last line, for `fl-dp-flower verify`): %s",
              run_dir / LEDGER, ledger.head_line_hash)
     if strategy.excluded_nodes:

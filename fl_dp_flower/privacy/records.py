@@ -199,12 +199,16 @@ class AccountantConfig:
         """
         d = _fields_of(cls, data, "accountant config")
         d.setdefault("colluders", LEGACY_COLLUDERS)
+        # written before ``assume_smooth_losses``: L-dependent bounds certified unconditionally then
+        d.setdefault("assume_smooth_losses", LEGACY_ASSUME_SMOOTH_LOSSES)
         return cls(**d)
 
 
 _WEIGHT_SUM_TOL = 1e-9
 #: colluders of a ledger header written before the field existed (docs/MATH.md §14.2a)
 LEGACY_COLLUDERS = 0
+#: a header without ``assume_smooth_losses`` was certified with L taken for granted (issue 16 item 2/4)
+LEGACY_ASSUME_SMOOTH_LOSSES = True
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,22 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+MAX_INT_DIGITS = 30  # a ledger's integers (rounds, counts, member ids node id x clients-per-node + slot) are far shorter
+
+
+def _bounded_int(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > MAX_INT_DIGITS:
+        raise json.JSONDecodeError(f"an integer of {digits} digits (at most {MAX_INT_DIGITS} are plausible)", text, 0)
+    return int(text)
+
+
+def load_json_line(raw: bytes) -> Any:
+    """Parse one JSON line (UTF-8); integers longer than ``MAX_INT_DIGITS`` digits are rejected
+    (json.JSONDecodeError), so no count, round or id of absurd size is ever accepted."""
+    return json.loads(raw.decode("utf-8"), parse_int=_bounded_int)
+
+
 def json_safe(obj: Any) -> Any:
     """Map non-finite floats to strings and containers to JSON types (recursively)."""
     if isinstance(obj, bool) or obj is None or isinstance(obj, (str, int)):

@@ -34,13 +34,10 @@ durable: a crash, or a torn write of its round line. Resuming must not silently 
 ServerApp refuses, or, on the operator's explicit choice, charges it as the planned round, not
 applied: its aggregate was never saved or broadcast, since a round line precedes both).
 
-Applied rounds (docs/MATH.md §14.3a): a round record's ``"applied": false`` says its aggregate
-never reached the released model (under quorum, or accounted by an unfinished-round resume).
-A round whose line was written but whose aggregate was lost to a crash before the checkpoint
-is marked on resume by a ``rounds-not-applied`` event (``{"rounds": [...]}``, written before
-any later round; lines are never rewritten). :func:`round_records` and ``verify`` honour it:
-from that event on, those rounds leave the final-model bound (they stay in composition and
-local DP). Records written before the field existed read as applied.
+Applied rounds (docs/MATH.md §14.3a): ``"applied": false`` in a record, or a later
+``rounds-not-applied`` event (``{"rounds": [...]}``, for a round whose model was lost before its
+checkpoint; lines are never rewritten), takes a round out of the final-model bound;
+:func:`round_records` and ``verify`` honour both.
 
 Crash tolerance: a final line without a trailing newline that is not valid JSON is a torn
 write (``torn_tail=True``; its kind, as far as the fragment shows, in ``torn_kind``) and is
@@ -69,6 +66,7 @@ from typing import Any
 from fl_dp_flower.privacy.records import AccountantConfig, RoundRecord
 from .durable import fsync_dir as _fsync_dir
 from .durable import json_safe as _encode
+from .durable import load_json_line
 
 SCHEMA = 2  # written by this version: hash-chained lines
 SCHEMAS = (1, 2)  # read: 1 = before the chain
@@ -141,7 +139,7 @@ class LedgerContents:
 
 def _parse_line(raw: bytes) -> dict[str, Any] | None:
     try:
-        entry = json.loads(raw.decode("utf-8"))
+        entry = load_json_line(raw)
     except (UnicodeDecodeError, json.JSONDecodeError):
         return None
     return entry if isinstance(entry, dict) and "kind" in entry else None
@@ -241,11 +239,10 @@ def not_applied_rounds(events: list[dict[str, Any]]) -> set[int]:
 
 
 def round_records(contents: LedgerContents) -> list[RoundRecord]:
-    """The RoundRecords of a parsed ledger, in order, with ``rounds-not-applied`` events
-    honoured (to rebuild the accountant on resume)."""
+    """The RoundRecords of a parsed ledger, in order, ``rounds-not-applied`` events honoured."""
     marked = not_applied_rounds(contents.events)
-    records = [RoundRecord.from_dict(entry["record"]) for entry in contents.rounds]
-    return [replace(r, applied=False) if r.round in marked else r for r in records]
+    return [replace(r, applied=False) if r.round in marked else r
+            for r in (RoundRecord.from_dict(entry["record"]) for entry in contents.rounds)]
 
 
 def load_round_records(path: str | os.PathLike[str]) -> list[RoundRecord]:
@@ -305,7 +302,7 @@ class PrivacyLedger:
             raise FileNotFoundError(f"cannot resume: privacy ledger {path} does not exist")
         contents = read_ledger(path)
         stored = contents.header.get("accountant_config", {})
-        try:  # fields the header predates read as the rule it was written under (e.g. colluders = 0)
+        try:  # a field the header predates reads as the rule it was written under (colluders = 0)
             stored = _normalize(AccountantConfig.from_dict(stored).to_dict())
         except (TypeError, ValueError) as err:
             raise ValueError(f"cannot resume {path}: its header's accountant config is invalid: {err}") from None
@@ -316,6 +313,10 @@ class PrivacyLedger:
             hint = (" (a ledger written before 'colluding-clients' existed was certified with c = 0: set "
                     "colluding-clients = 0 to continue it under its own rule, or start a new run)"
                     if "colluders" in diff else "")
+            if "assume_smooth_losses" in diff:
+                hint += (" (a ledger written before 'assume-smooth-losses' existed took L-smooth losses for "
+                         "granted: set assume-smooth-losses = true to continue it under its own rule, or start "
+                         "a new run)")
             raise ValueError(
                 f"cannot resume {path}: accountant config differs in key(s) {diff} ({detail}){hint}"
             )

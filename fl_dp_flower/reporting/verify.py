@@ -47,6 +47,7 @@ from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.privacy.records import AccountantConfig, RoundRecord
 from fl_dp_flower.vocabulary import BOUND_NAMES
 
+from .durable import load_json_line
 from .ledger import (
     NOT_APPLIED_EVENT,
     ROUND_OPEN_EVENT,
@@ -195,7 +196,7 @@ def _verify(path: Path, data: bytes, v: Verification) -> Verification:
     parsed: list[dict[str, Any] | None] = []
     for raw in raw_lines:
         try:
-            entry = json.loads(raw.decode("utf-8"))
+            entry = load_json_line(raw)
             parsed.append(_decode(entry) if isinstance(entry, dict) else None)
         except (UnicodeDecodeError, json.JSONDecodeError):
             parsed.append(None)
@@ -217,6 +218,10 @@ def _verify(path: Path, data: bytes, v: Verification) -> Verification:
         v.notes.append("the header predates 'colluders': recomputed against an outside observer (c = 0), the "
                        "rule it was certified under; a participating client, who knows its own upload, is not "
                        "covered by these numbers (docs/MATH.md §14.2a)")
+    if "assume_smooth_losses" not in (header.get("accountant_config") or {}):
+        v.notes.append("the header predates 'assume_smooth_losses': recomputed with L-smooth losses taken for "
+                       "granted, the rule it was certified under; its final-model, paper and per-sample "
+                       "(K >= 2) numbers hold only if every loss is L-smooth (docs/MATH.md §13, §15)")
     if not v.chained:
         v.notes.append("schema 1 ledger (written before the hash chain): edits and deletions of whole "
                        "lines cannot be detected, only numbers that do not follow from the records")

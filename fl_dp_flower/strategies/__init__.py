@@ -3,10 +3,11 @@
 from .budget import BudgetExhausted, check_before_broadcast, check_replies, pre_broadcast_record
 from fl_dp_flower.reporting.rounds import RoundOutcome, dp_metrics
 
-from .noisy import NodeRefusals, NoisyFedAvg, NoisyFedProx, NoisyStrategyMixin, NotEnoughNodes, PendingRound, make_strategy
+from .noisy import ModelNotFinite, NodeRefusals, NoisyFedAvg, NoisyFedProx, NoisyStrategyMixin, NotEnoughNodes, PendingRound, make_strategy
 
 __all__ = [
     "BudgetExhausted",
+    "ModelNotFinite",
     "NodeRefusals",
     "NoisyFedAvg",
     "NoisyFedProx",

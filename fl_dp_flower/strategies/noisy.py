@@ -6,7 +6,9 @@ Per round (``Strategy.start`` drives it):
    before anything is sent), sample exactly ``clients-per-round`` eligible nodes, add the
    ``dp.*`` keys (and FedProx's ``proximal-mu``) to the train ConfigRecord.
 2. ``aggregate_train``: screen replies (errors and malformed replies are dropped and logged
-   with the real node id), track node refusals, build the :class:`RoundRecord` of what
+   with the real node id; echoes outside the plan, uploads too far from the broadcast model or
+   with too little noise, duplicate partition ids and echoes the accountant cannot account are
+   dropped as refusals: :mod:`.screening`, :mod:`.guard`, docs/MATH.md §17), track node refusals, build the :class:`RoundRecord` of what
    *arrived* (node ids, weights, least private of planned vs echoed settings), the exact
    budget check on that record (threat models that see only global models), then aggregate
    with uniform weights (or by ``num-examples``), ``accountant.step(record)``, and merge
@@ -26,6 +28,9 @@ server, so the round is accounted with the clients that replied (composition and
 only grow), but the global model is not updated: the record says ``applied = False`` and the
 final-model bound leaves the round out (adding a noisy round would lower it although its noise
 never reached the released model, docs/MATH.md §14.3a).
+
+A non-finite aggregate (which screening makes impossible short of a bug) is not used: the round
+stays accounted and recorded, then :class:`ModelNotFinite` fails the run.
 
 Refusing nodes: a node that refuses (``Error`` reply from its guardrails or policy)
 ``max-node-refusals`` rounds in a row is no longer sampled (logged at ERROR, reported in
@@ -55,9 +60,11 @@ from fl_dp_flower.privacy.records import RoundRecord
 from fl_dp_flower.reporting.rounds import RoundOutcome, dp_metrics
 
 from .budget import BudgetExhausted, check_before_broadcast, check_replies
+from .guard import ReplyGuard, all_finite
 from .nodes import warn_until_enough_nodes
 from .replies import (Applied, average_arrays, average_metrics, member_id, mismatches, reconcile, screen,
                       weights_for)
+from .screening import rules_for
 
 log = logging.getLogger("flwr").getChild(__name__)  # Flower's handlers: shows in `flwr log`
 
@@ -77,6 +84,10 @@ class PendingRound:
     record: RoundRecord | None = None  # set once accounted
     report: PrivacyReport | None = None
     metrics: dict[str, Any] | None = None
+
+
+class ModelNotFinite(RuntimeError):
+    """The aggregated global model has non-finite values: the run cannot continue."""
 
 
 class NotEnoughNodes(RuntimeError):
@@ -123,6 +134,9 @@ class NoisyStrategyMixin:
         self._closed: tuple[int, MetricRecord | None] | None = None  # round closed before its evaluation
         self._train_metrics: dict[int, MetricRecord] = {}  # the Result so far, per server round
         self._eval_metrics: dict[int, MetricRecord] = {}
+        self.guard = ReplyGuard(accountant, log)  # duplicate partition ids, per-reply accountant errors
+        self.residual_energies: list[tuple[int, int, float | None]] = []  # (round, node, E): tests, never published
+        self.diverged: str | None = None
 
     # ------------------------------------------------------------------ planning
     @property
@@ -266,8 +280,12 @@ class NoisyStrategyMixin:
         usable, dropped = screen(
             list(replies), asked=asked, reference=reference, arrays_key=self.arrayrecord_key,
             fedprox=self.dp_config.algorithm == "fedprox", slots=pending.slots,
-            clients_per_node=self.dp_config.clients_per_node,
+            clients_per_node=self.dp_config.clients_per_node, rules=rules_for(self.dp_config, planned),
         )
+        usable = self.guard.check_partitions(usable, dropped)
+        usable = self.guard.accountable(usable, dropped, planned, lambda us: self._record(
+            server_round, planned, us, self._weights(us), applied=True, quiet=True))
+        self.residual_energies.extend((server_round, u.node_id, u.residual_energy) for u in usable)
         for node, reason, refused in dropped:
             log.warning("round %d: dropped reply of node %d: %s%s", server_round, node, reason,
                         " (refusal)" if refused else "")
@@ -280,9 +298,14 @@ class NoisyStrategyMixin:
             self._event("round-void", {"round": planned.round_index + 1, "reason": "no usable reply"})
             return None, None
 
-        weights = weights_for(usable, self.dp_config.weighting)
+        weights = self._weights(usable)
         arrived = sum(len(u.members) for u in usable)
         aggregated = arrived >= self.dp_config.min_replies
+        arrays = average_arrays(usable, weights, reference) if aggregated else None
+        if arrays is not None and not all_finite(arrays):  # not applied; accounted; then the run fails
+            self.diverged = f"round {server_round}: the aggregated global model has non-finite values"
+            log.error("%s: the global model is kept and the run stops after recording the round", self.diverged)
+            arrays, aggregated = None, False
         record = self._record(server_round, planned, usable, weights, applied=aggregated)
         if self.budget is not None:
             try:
@@ -293,8 +316,7 @@ class NoisyStrategyMixin:
         before = self.accountant.report().certified.epsilon
         expected = self.accountant.peek(self.accountant.config.planned_round(record.round)).certified.epsilon
         report = self.accountant.step(record)
-        arrays = average_arrays(usable, weights, reference) if aggregated else None
-        if not aggregated:
+        if not aggregated and self.diverged is None:
             log.warning(
                 "round %d: %d usable clients < min-replies %d: global model kept; round accounted "
                 "with the %d clients that replied, as not applied (it stays out of the final-model bound)",
@@ -309,17 +331,22 @@ class NoisyStrategyMixin:
         self._train_metrics[server_round] = MetricRecord(metrics)
         return arrays, MetricRecord(metrics)
 
+    def _weights(self, usable: list) -> tuple[float, ...]:
+        return weights_for(usable, self.dp_config.weighting, self.dp_config.examples_cap_ratio)
+
     def _record(self, server_round: int, planned: Applied, usable: list, weights: tuple[float, ...], *,
-                applied: bool) -> RoundRecord:
+                applied: bool, quiet: bool = False) -> RoundRecord:
+        """The least private record of the replies; ``quiet``: a trial (ReplyGuard), nothing logged."""
         c = self.dp_config
-        self._last_mismatch = 0
-        for u in usable:
-            diff = mismatches(planned, u.applied)
-            if diff:
-                self._last_mismatch += 1
-                log.error("round %d: node %d applied other settings than sent (%s); accounting the least "
-                          "private values", server_round, u.node_id, "; ".join(diff))
-        self.echo_mismatches += self._last_mismatch
+        if not quiet:
+            self._last_mismatch = 0
+            for u in usable:
+                diff = mismatches(planned, u.applied)
+                if diff:
+                    self._last_mismatch += 1
+                    log.error("round %d: node %d applied other settings than sent (%s); accounting the least "
+                              "private values", server_round, u.node_id, "; ".join(diff))
+            self.echo_mismatches += self._last_mismatch
         worst, etas = reconcile(planned, [u.applied for u in usable], c.schedule, c.clipping == "per-sample")
         return RoundRecord(
             round=planned.round_index + 1, algorithm=c.algorithm, step_sizes=etas, clip_norm=worst.clip_norm,
@@ -357,6 +384,8 @@ class NoisyStrategyMixin:
         outcome = RoundOutcome(pending.record.round, pending.record, pending.report, merged, arrays)
         for reporter in self.reporters:
             reporter(outcome)
+        if self.diverged is not None:  # the round is recorded; the model it produced is not used
+            raise ModelNotFinite(self.diverged)
         return result
 
     def start(

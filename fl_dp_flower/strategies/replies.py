@@ -15,6 +15,7 @@ monotone in these directions, so the accounted round dominates what actually ran
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -25,6 +26,10 @@ from flwr.app import Array, ArrayRecord, Message, MetricRecord
 
 from fl_dp_flower.privacy.schedules import step_sizes
 from fl_dp_flower.protocol import REFUSAL_CODE, REFUSAL_PREFIX
+
+from .screening import Rejected, ScreeningRules, check_reply, reference_norm
+
+log = logging.getLogger("flwr").getChild(__name__)  # Flower's handlers: shows in `flwr log`
 
 SUPERLINK_NODE_ID = 1  # src_node_id of error replies the SuperLink makes (timeouts, dead nodes)
 
@@ -55,6 +60,11 @@ class Usable:
     applied: Applied
     num_examples: int
     members: tuple[int, ...] = ()
+    residual_energy: float | None = None  # ||reply - M w_t||^2 / (d M sigma^2) (screening rules)
+    partition_id: int | None = None  # the echoed dp.partition-id (None: not echoed)
+
+
+MAX_NUM_EXAMPLES = 2**53  # larger counts are not exact in float64: malformed
 
 
 def member_id(node_id: int, slot: int, clients_per_node: int) -> int:
@@ -125,6 +135,7 @@ def addressee(msg: Message, by_message_id: Mapping[str, int]) -> int:
 def screen(
     replies: list[Message], *, asked: Mapping[int, str], reference: ArrayRecord, arrays_key: str, fedprox: bool,
     slots: Mapping[int, Sequence[int]] | None = None, clients_per_node: int = 1,
+    rules: ScreeningRules | None = None,
 ) -> tuple[list[Usable], list[tuple[int, str, bool]]]:
     """Split replies into usable ones and ``(node_id, reason, is_refusal)`` of dropped ones.
 
@@ -132,11 +143,14 @@ def screen(
     sets it when pushing; empty for in-process grids, where the reply's source is used).
     ``slots`` (cohort mode): node -> the member slots it was asked to train; its reply must echo
     exactly those in ``dp.members``, and carries their summed uploads.
+    ``rules``: the echo bounds, update-magnitude and residual-noise checks of :mod:`.screening`;
+    a reply they reject is dropped as a refusal of its node.
     """
     usable: list[Usable] = []
     dropped: list[tuple[int, str, bool]] = []
     seen: set[int] = set()
     ref_sig = _signature(reference)
+    w_norm = reference_norm(reference) if rules is not None else 0.0
     by_message_id = {mid: node for node, mid in asked.items() if mid}
     for msg in replies:
         node = addressee(msg, by_message_id)
@@ -161,13 +175,24 @@ def screen(
                 raise ValueError("arrays contain non-finite values")
             metrics = next(iter(content.metric_records.values()))
             n = _number(metrics, "num-examples", integer=True, minimum=1, strict=False)
+            if n > MAX_NUM_EXAMPLES:
+                raise ValueError(f"num-examples = {n!r} exceeds 2**53 (not a plausible count)")
             applied = parse_applied(metrics, fedprox=fedprox)
             members = _members(metrics, node, None if slots is None else slots.get(node, ()), clients_per_node)
+            partition = None
+            if "dp.partition-id" in metrics:
+                partition = int(_number(metrics, "dp.partition-id", integer=True, minimum=0, strict=False))
+            energy = None
+            if rules is not None:
+                energy = check_reply(arrays, reference, len(members), applied, rules, w_norm)
+        except Rejected as err:
+            dropped.append((node, str(err), True))  # a screening rule: counts towards exclusion
+            continue
         except ValueError as err:
             dropped.append((node, str(err), is_refusal(msg)))
             continue
         seen.add(node)
-        usable.append(Usable(node, arrays, metrics, applied, int(n), members))
+        usable.append(Usable(node, arrays, metrics, applied, int(n), members, energy, partition))
     return usable, dropped
 
 
@@ -210,9 +235,19 @@ def reconcile(planned: Applied, echoed: list[Applied], schedule: str, per_sample
     return worst, worst_etas
 
 
-def weights_for(usable: list[Usable], weighting: str) -> tuple[float, ...]:
+def capped_examples(counts: Sequence[int], ratio: float) -> list[int]:
+    """The counts weighting 'examples' uses: each claimed num-examples capped at ``ratio`` times
+    the round's lower median claim (``examples-cap-ratio``), so no single node can claim the
+    whole weight; a capped count is logged at WARNING."""
+    ordered = sorted(counts)
+    cap = max(1, math.floor(ratio * ordered[(len(ordered) - 1) // 2]))
+    return [min(n, cap) for n in counts]
+
+
+def weights_for(usable: list[Usable], weighting: str, examples_cap_ratio: float = math.inf) -> tuple[float, ...]:
     """Aggregation weights p_i, one per member in reply order: uniform 1/m over all members (the
-    paper's model) or proportional to num-examples (single-client replies only)."""
+    paper's model) or proportional to num-examples (single-client replies only), each count
+    capped by :func:`capped_examples`."""
     members = [len(u.members) for u in usable]
     if weighting == "uniform":
         total = sum(members)
@@ -220,8 +255,15 @@ def weights_for(usable: list[Usable], weighting: str) -> tuple[float, ...]:
     if weighting == "examples":
         if any(k != 1 for k in members):
             raise ValueError("weighting 'examples' needs one client per reply (no cohorts)")
-        total = math.fsum(u.num_examples for u in usable)
-        return tuple(u.num_examples / total for u in usable)
+        claimed = [u.num_examples for u in usable]
+        counts = claimed if math.isinf(examples_cap_ratio) else capped_examples(claimed, examples_cap_ratio)
+        for u, n in zip(usable, counts):
+            if n < u.num_examples:
+                log.warning("node %d claims num-examples = %d, more than examples-cap-ratio = %g times the "
+                            "round's median claim: weighted as %d", u.node_id, u.num_examples,
+                            examples_cap_ratio, n)
+        mass = math.fsum(counts)
+        return tuple(n / mass for n in counts)
     raise ValueError(f"weighting must be 'uniform' or 'examples', got {weighting!r}")
 
 

@@ -26,7 +26,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from .local_update import LossFn
+from .local_update import LossFn, zero_nonfinite
+from .noise import SecureGaussian, gaussian_noised
 
 
 @dataclass(frozen=True)
@@ -37,19 +38,21 @@ class Member:
     x: torch.Tensor
     y: torch.Tensor
     batch_generator: torch.Generator
-    noise_generator: torch.Generator | None = None
+    noise_generator: torch.Generator | SecureGaussian | None = None
 
 
 @dataclass(frozen=True)
 class CohortResult:
     """``total``: name -> sum over members of their noisy uploads (what the node sends).
     ``members``: name -> [M, ...] each member's noisy upload (only with ``keep_members``).
-    ``clipped_fraction``: share of (member, step) gradients whose norm exceeded V."""
+    ``clipped_fraction``: share of (member, step) gradients whose norm exceeded V.
+    ``nonfinite_gradients``: (member, step) gradients that were not finite, replaced by zero."""
 
     total: dict[str, torch.Tensor]
     members: dict[str, torch.Tensor] | None
     clipped_fraction: float
     batch_sizes: tuple[int, ...]
+    nonfinite_gradients: int = 0
 
 
 def cohort_update(
@@ -63,7 +66,7 @@ def cohort_update(
     prox_alpha: float = 0.0,
     loss_fn: LossFn = F.cross_entropy,
     keep_members: bool = False,
-    summed_noise: torch.Generator | None = None,
+    summed_noise: torch.Generator | SecureGaussian | None = None,
 ) -> CohortResult:
     """K clipped GD steps and Gaussian noise for every member, starting from ``model``'s weights.
 
@@ -104,7 +107,7 @@ def cohort_update(
     per_member_grad = vmap(grad(batch_loss))
     trained: dict[int, dict[str, torch.Tensor]] = {}
     noiseless = {n: torch.zeros_like(start[n]) for n in names}  # sum of the members' trained weights
-    clipped = 0
+    clipped, nonfinite = 0, 0
     for bsz in sorted(set(sizes)):
         group = [i for i, s in enumerate(sizes) if s == bsz]
         params = {n: start[n].expand(len(group), *start[n].shape).clone() for n in names}
@@ -120,6 +123,8 @@ def cohort_update(
             grads = per_member_grad(params, xb, yb)
             sq = sum(grads[n].flatten(1).pow(2).sum(1) for n in names)
             norm = torch.sqrt(sq)  # each member's gradient norm over all parameters
+            fixed, norm, bad = zero_nonfinite([grads[n] for n in names], norm)  # NaN/Inf -> 0
+            grads, nonfinite = dict(zip(names, fixed)), nonfinite + bad
             factor = (clip_norm / norm.clamp_min(1e-30)).clamp(max=1.0)
             clipped += int((norm > clip_norm).sum())
             with torch.no_grad():
@@ -142,16 +147,17 @@ def cohort_update(
         scale = float(sigma) * math.sqrt(len(members))
         for n in noise_order:
             t = noiseless[n]
-            total[n] = t + scale * torch.randn(t.shape, generator=summed_noise, device=t.device, dtype=t.dtype)
+            total[n] = gaussian_noised(t, scale, summed_noise)
         return CohortResult(total=total, members=None, clipped_fraction=clipped / (len(members) * len(etas)),
-                            batch_sizes=tuple(sizes))
+                            batch_sizes=tuple(sizes), nonfinite_gradients=nonfinite)
     if any(m.noise_generator is None for m in members):
         raise ValueError("every member needs a noise_generator (or pass summed_noise)")
     for i, member in enumerate(members):
-        gen = member.noise_generator
+        source = member.noise_generator
+        assert source is not None  # checked above
         for n in noise_order:
             w = trained[i][n]
-            noisy = w + float(sigma) * torch.randn(w.shape, generator=gen, device=w.device, dtype=w.dtype)
+            noisy = gaussian_noised(w, float(sigma), source)
             total[n] += noisy
             if kept is not None:
                 kept[n].append(noisy)
@@ -160,4 +166,5 @@ def cohort_update(
         members={n: torch.stack(v) for n, v in kept.items()} if kept is not None else None,
         clipped_fraction=clipped / (len(members) * len(etas)),
         batch_sizes=tuple(sizes),
+        nonfinite_gradients=nonfinite,
     )

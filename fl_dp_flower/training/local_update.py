@@ -9,6 +9,9 @@ Step k (k = 0..K-1, step size eta_k from ``privacy.schedules.step_sizes``):
     w_{k+1} = w_k - eta_k g_k
 
 clip_V(g) = g * min(1, V / ||g||) with ||.|| the L2 norm over ALL trainable parameters jointly.
+A gradient whose norm is not finite (NaN/Inf from an overflowing loss or a bad sample) is replaced
+by zero before clipping (:func:`zero_nonfinite`; counted in ``nonfinite_gradients``): zero has norm
+<= V, so every sensitivity bound still holds, and the upload stays finite.
 Plain gradient descent: no momentum, no weight decay, no optimizer state. These are exactly the
 assumptions of the sensitivity terms the accountant uses (per step, replacing one sample moves g_k by
 at most 2V per-batch and 2V/B per-sample). Everything runs on the model's device.
@@ -34,13 +37,31 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 class LocalUpdateStats:
     """loss: mean mini-batch loss over the K steps (at the pre-step weights);
     clipped_fraction: fraction of clipped gradients (of steps per-batch, of per-sample gradients
-    per-sample); steps: K; batch_size: the B actually used."""
+    per-sample); steps: K; batch_size: the B actually used; nonfinite_gradients: gradients (steps
+    per-batch, per-sample gradients per-sample) that were not finite and were replaced by zero."""
 
     loss: float
     clipped_fraction: float
     steps: int
     batch_size: int
+    nonfinite_gradients: int = 0
 
+
+def zero_nonfinite(grads: Sequence[torch.Tensor], norm: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor, int]:
+    """Replace by zero every gradient whose norm is not finite.
+
+    ``norm``: shape () (one gradient) or (N,) (N gradients stacked on the leading axis of every
+    tensor of ``grads``). Returns (grads, norm with 0 for the replaced ones, how many were replaced).
+    """
+    bad = ~torch.isfinite(norm)
+    count = int(bad.sum())
+    if count == 0:
+        return list(grads), norm, 0
+    out = []
+    for g in grads:
+        mask = bad.reshape(*bad.shape, *([1] * (g.dim() - bad.dim())))
+        out.append(torch.where(mask, torch.zeros((), dtype=g.dtype, device=g.device), g))
+    return out, torch.where(bad, torch.zeros((), dtype=norm.dtype, device=norm.device), norm), count
 
 def _clip_factor(norm: torch.Tensor, clip_norm: float) -> torch.Tensor:
     """min(1, V / norm), elementwise; 1 for a zero gradient."""
@@ -48,16 +69,18 @@ def _clip_factor(norm: torch.Tensor, clip_norm: float) -> torch.Tensor:
 
 
 def _per_batch_grad(model, names, params, xb, yb, loss_fn, clip_norm):
-    """Clipped mean gradient of the batch. Returns (grads, loss, number_clipped)."""
+    """Clipped mean gradient of the batch. Returns (grads, loss, number_clipped, number_nonfinite)."""
     loss = loss_fn(model(xb), yb)
     grads = list(torch.autograd.grad(loss, params))
     norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))  # L2 over all parameters
+    grads, norm, bad = zero_nonfinite(grads, norm)
     torch._foreach_mul_(grads, _clip_factor(norm, clip_norm))  # fresh tensors: scale in place
-    return grads, float(loss.detach()), int(norm > clip_norm)
+    return grads, float(loss.detach()), int(norm > clip_norm), bad
 
 
 def _per_sample_grad(model, names, params, xb, yb, loss_fn, clip_norm, chunk):
-    """Mean of per-sample clipped gradients (torch.func). Returns (grads, loss, number_clipped)."""
+    """Mean of per-sample clipped gradients (torch.func). Returns (grads, loss, number_clipped,
+    number_nonfinite)."""
     buffers = dict(model.named_buffers())
 
     def sample_loss(p, x, y):
@@ -68,18 +91,20 @@ def _per_sample_grad(model, names, params, xb, yb, loss_fn, clip_norm, chunk):
     per_sample = vmap(grad(sample_loss, has_aux=True), in_dims=(None, 0, 0))
     p = {n: t.detach() for n, t in zip(names, params)}
     total = [torch.zeros_like(t) for t in params]
-    loss_sum, clipped = 0.0, 0
+    loss_sum, clipped, nonfinite = 0.0, 0, 0
     for start in range(0, len(yb), chunk):
         g, losses = per_sample(p, xb[start : start + chunk], yb[start : start + chunk])
         g = [g[n] for n in names]
         norms = torch.sqrt(sum(gi.flatten(1).pow(2).sum(1) for gi in g))
+        g, norms, bad = zero_nonfinite(g, norms)
+        nonfinite += bad
         factor = _clip_factor(norms, clip_norm)
         for acc, gi in zip(total, g):
             acc += torch.einsum("b,b...->...", factor, gi)
         loss_sum += float(losses.sum())
         clipped += int((norms > clip_norm).sum())
     b = len(yb)
-    return [t / b for t in total], loss_sum / b, clipped
+    return [t / b for t in total], loss_sum / b, clipped, nonfinite
 
 
 def local_update(
@@ -125,19 +150,20 @@ def local_update(
     x, y = x.to(device), y.to(device)
     anchor = [p.detach().clone() for p in params] if prox_alpha > 0 else None
 
-    losses, clipped, counted = [], 0, 0
+    losses, clipped, counted, nonfinite = [], 0, 0, 0
     for eta in etas:
         idx = torch.randperm(n, generator=generator, device=generator.device)[:bsz].to(device)
         xb, yb = x[idx], y[idx]
         if clipping == "per-batch":
-            grads, loss, c = _per_batch_grad(model, names, params, xb, yb, loss_fn, clip_norm)
+            grads, loss, c, bad = _per_batch_grad(model, names, params, xb, yb, loss_fn, clip_norm)
             counted += 1
         else:
-            grads, loss, c = _per_sample_grad(
+            grads, loss, c, bad = _per_sample_grad(
                 model, names, params, xb, yb, loss_fn, clip_norm, per_sample_chunk
             )
             counted += bsz
         clipped += c
+        nonfinite += bad
         losses.append(loss)
         with torch.no_grad():
             if anchor is not None:  # proximal term added after clipping (Eq. 4)
@@ -148,6 +174,7 @@ def local_update(
         clipped_fraction=clipped / counted,
         steps=len(etas),
         batch_size=bsz,
+        nonfinite_gradients=nonfinite,
     )
 
 

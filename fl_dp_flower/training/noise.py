@@ -9,21 +9,81 @@ cannot be reproduced by anyone who knows the configuration. A fixed seed makes t
 reproducible -- useful for experiments, never for real privacy (whoever knows the seed can subtract
 the noise). torch's generators are not cryptographically secure PRNGs; the OS-entropy seed only
 ensures that the seed itself is unpredictable.
+
+Two samplers (run config ``noise-mode``; docs/MATH.md §18 says what each certifies):
+
+- ``standard`` (a ``torch.Generator``): ``torch.randn`` in the tensor's dtype. For float32 that
+  is Box-Muller on 24-bit uniforms from MT19937: no draw beyond about 5.77 sigma, values on a
+  float32 grid. Fast; reproducible with a fixed seed.
+- ``secure`` (:class:`SecureGaussian`): every normal from 64 bits of ``os.urandom`` (the OS's
+  cryptographic generator): one sign bit and a 53-bit uniform u in (0, 1], |z| = -ndtri(u / 2)
+  (inverse-CDF sampling in float64; no value beyond about 8.29 sigma), added to the weights in
+  float64 and rounded once to their dtype. Never reproducible (no seed).
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
 import secrets
 from collections.abc import Iterable, Mapping
 
+import numpy as np
 import torch
+from scipy.special import ndtri
 from torch import nn
 
 log = logging.getLogger(__name__)
 
-Generators = torch.Generator | Mapping[str, torch.Generator]
+UNIFORM_BITS = 53  # resolution of the secure sampler's uniforms (a float64 mantissa)
+
+
+class SecureGaussian:
+    """Standard normals from ``os.urandom`` (cryptographically secure bytes), float64, 53-bit uniforms.
+
+    Inverse-CDF sampling of the half-normal with a random sign: u = (k + 1) / 2^53 for a uniform
+    53-bit integer k, |z| = -ndtri(u / 2). The largest |z| is -ndtri(2^-54) = 8.29 (the only
+    truncation); between grid points ndtri is evaluated in float64. Thread-safe (no state).
+    """
+
+    max_abs = float(-ndtri(2.0 ** -(UNIFORM_BITS + 1)))
+
+    def standard_normal(self, count: int) -> np.ndarray:
+        """``count`` i.i.d. N(0, 1) draws as float64."""
+        words = np.frombuffer(os.urandom(8 * count), dtype=np.uint64)
+        k = words >> np.uint64(64 - UNIFORM_BITS)  # the top 53 bits
+        sign = np.where((words & np.uint64(1)) == 1, -1.0, 1.0)  # the lowest bit
+        u = (k.astype(np.float64) + 1.0) * 2.0 ** -(UNIFORM_BITS + 1)  # u / 2 in (0, 1/2]
+        return sign * -ndtri(u)
+
+    def noisy(self, t: torch.Tensor, sigma: float) -> torch.Tensor:
+        """t + sigma N(0, I), computed in float64 and rounded once to t's dtype, on t's device."""
+        z = torch.from_numpy(self.standard_normal(t.numel()).reshape(tuple(t.shape)))
+        return (t.detach().to(torch.float64) + float(sigma) * z.to(t.device)).to(t.dtype)
+
+
+Generators = torch.Generator | Mapping[str, torch.Generator] | SecureGaussian
+
+
+def make_noise_source(mode: str, device: torch.device | str = "cpu", seed: int | None = None
+                      ) -> torch.Generator | SecureGaussian:
+    """The sampler of ``noise-mode``: a torch.Generator (standard) or :class:`SecureGaussian`
+    (secure: needs seed None/-1, since its noise is never reproducible)."""
+    if mode == "standard":
+        return make_generator(device, seed)
+    if mode == "secure":
+        if seed not in (None, -1):
+            raise ValueError(f"noise-mode 'secure' draws from os.urandom and takes no seed, got {seed!r}")
+        return SecureGaussian()
+    raise ValueError(f"noise mode must be 'standard' or 'secure', got {mode!r}")
+
+
+def gaussian_noised(t: torch.Tensor, sigma: float, source: torch.Generator | SecureGaussian) -> torch.Tensor:
+    """A new tensor t + N(0, sigma^2 I) from ``source`` (on t's device)."""
+    if isinstance(source, SecureGaussian):
+        return source.noisy(t, sigma)
+    return t + float(sigma) * torch.randn(t.shape, generator=source, device=t.device, dtype=t.dtype)
 
 
 def make_generator(device: torch.device | str = "cpu", seed: int | None = None) -> torch.Generator:
@@ -48,7 +108,7 @@ def _tensors(target: nn.Module | Iterable[torch.Tensor]) -> list[torch.Tensor]:
     return [t.data if isinstance(t, nn.Parameter) else t for t in target]
 
 
-def _generator_for(generator: Generators, device: torch.device) -> torch.Generator:
+def _generator_for(generator: torch.Generator | Mapping[str, torch.Generator], device: torch.device) -> torch.Generator:
     if isinstance(generator, torch.Generator):
         gen = generator
     else:
@@ -70,7 +130,8 @@ def add_gaussian_noise_(
 
     target: a module (all parameters and buffers) or an iterable of tensors (e.g. a state_dict's
     values). Non-floating tensors cannot carry Gaussian noise and would be released un-noised, so
-    they raise TypeError. generator: one torch.Generator, or a mapping "cuda:0"/"cpu" -> generator.
+    they raise TypeError. generator: one torch.Generator, a mapping "cuda:0"/"cpu" -> generator,
+    or a :class:`SecureGaussian` (secure mode: any device).
     """
     if not (isinstance(sigma, (int, float)) and math.isfinite(sigma) and sigma >= 0):
         raise ValueError(f"sigma must be a finite number >= 0, got {sigma!r}")
@@ -80,7 +141,10 @@ def add_gaussian_noise_(
             raise TypeError(f"cannot add Gaussian noise to a {t.dtype} tensor of shape {tuple(t.shape)}")
     count = 0
     for t in tensors:
-        gen = _generator_for(generator, t.device)
-        t.add_(torch.randn(t.shape, generator=gen, device=t.device, dtype=t.dtype), alpha=float(sigma))
+        if isinstance(generator, SecureGaussian):
+            t.copy_(generator.noisy(t, sigma))
+        else:
+            gen = _generator_for(generator, t.device)
+            t.add_(torch.randn(t.shape, generator=gen, device=t.device, dtype=t.dtype), alpha=float(sigma))
         count += t.numel()
     return count

@@ -1,0 +1,34 @@
+"""What the configured threat model lets a run publish, and what its certificate assumes
+(docs/MATH.md §15; issue 16 item 5)."""
+
+from __future__ import annotations
+
+from fl_dp_flower.config import AppConfig
+from fl_dp_flower.privacy.bounds import smoothness_assumption
+from fl_dp_flower.reporting.console import FINAL_MODEL_ASSUMES
+
+
+def publishes_per_round_models(config: AppConfig) -> bool:
+    """Whether the run publishes model-derived per-round outputs (accuracy, loss, federated evaluation).
+
+    Not under the final-model threat model: its bound covers the released model only, so the run
+    evaluates that model once at the end and publishes nothing derived from the intermediate global
+    models. Every sampled client still receives every global model: the bound assumes that
+    participants do not reveal them.
+    """
+    return config.threat_model != "final-model"
+
+
+def final_model_assumptions(config: AppConfig) -> list[str]:
+    """What a final-model certificate assumes, printed next to it (log, summary.json)."""
+    return [FINAL_MODEL_ASSUMES, smoothness_assumption(config.smoothness)]
+
+
+def node_assumptions(config: AppConfig) -> list[str]:
+    """What every certified number assumes of the nodes and their sampler (printed with it)."""
+    return [
+        "honest nodes: every aggregated client ran the update it echoes and added its own N(0, sigma^2) "
+        f"(replies screened for it at noise-check-alpha = {config.noise_check_alpha:g}; docs/MATH.md §17)",
+        f"an exact Gaussian sampler (noise-mode = {config.noise_mode!r}: truncated at "
+        f"{'8.29' if config.noise_mode == 'secure' else '5.77'} sigma; docs/MATH.md §18)",
+    ]
