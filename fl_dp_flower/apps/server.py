@@ -182,7 +182,7 @@ def _open_ledger(config: AppConfig, run_dir: Path) -> tuple[PrivacyLedger, Priva
                     "(resume-unfinished-round = 'account'); certified epsilon now %.6g",
                     unfinished, contents.open_round_line, report.certified.epsilon)
     ledger.append_event("resume", {"rounds_accounted": accountant.num_releases, "checkpoint_round": ckpt_round,
-                                   "plan": config.resumable_plan()})
+                                   "plan": config.resumable_plan()})  # watch shows the resumed plan
     log.info("resuming %s: %d rounds accounted", path, accountant.num_releases)
     return ledger, accountant, arrays
 
@@ -356,8 +356,7 @@ def _finish(config: AppConfig, run_dir: Path, ledger: PrivacyLedger, accountant:
     plot = None
     if history:
         log.info("\n%s", render_summary(history))
-        plot = str(plot_privacy_curve(history, run_dir / PLOT, delta=config.delta,
-                                      run_config=config.to_run_config()))
+        plot = str(plot_privacy_curve(history, run_dir / PLOT, delta=config.delta, run_config=config.to_run_config()))
     last_metrics = history[-1]["metrics"] if history else {}
     if not publishes_per_round_models(config):  # evaluate only the released model (docs/MATH.md §15)
         last_metrics = dict(make_evaluate_fn(config)(accountant.num_releases, final))
@@ -375,6 +374,7 @@ def _finish(config: AppConfig, run_dir: Path, ledger: PrivacyLedger, accountant:
         "threat_model_assumes": final_model_assumptions(config) if config.threat_model == "final-model" else [],
         "final_accuracy": last_metrics.get("accuracy"),
         "final_loss": last_metrics.get("loss"),
+        "warnings": [w for w in [chance_level_warning(config, last_metrics.get("accuracy"))] if w],  # near chance
         "echo_mismatches": strategy.echo_mismatches,
         "node_assumptions": node_assumptions(config),
         "node_refusals": {str(n): r.to_dict() for n, r in sorted(strategy.refusals.items())},
@@ -385,11 +385,9 @@ def _finish(config: AppConfig, run_dir: Path, ledger: PrivacyLedger, accountant:
         "app_config": config.to_run_config(),
         "accountant_config": accountant.config.to_dict(),
     }
-    chance = chance_level_warning(config, summary["final_accuracy"])
-    summary["warnings"] = [chance] if chance else []
     write_json(run_dir / SUMMARY, summary)
-    if chance:
-        log.warning("%s", chance)
+    for warning in summary["warnings"]:
+        log.warning("%s", warning)
     cert, assumes = summary["final_report"]["certified"], summary["threat_model_assumes"]
     log.info("finished: %d of %d planned rounds accounted, certified epsilon %s (mu %s, %s, replace-one%s) at "
              "delta %g; add/remove-one epsilon %s%s%s", accountant.num_releases, config.num_server_rounds,
