@@ -172,7 +172,11 @@ def _print_plan(result: dict[str, Any], args: argparse.Namespace) -> None:
                         f"sigma = {args.sigma:g})\n{_settings(args)}")
     for col in ("bound", "adversary sees", "mu (GDP)", "epsilon", "status"):
         table.add_column(col)
-    from .reporting.console import FINAL_MODEL_ASSUMES, add_remove_note, conditional_note
+    from .reporting.console import (
+        FINAL_MODEL_ASSUMES,
+        add_remove_note,
+        conditional_note,
+    )
 
     for name, value in result["bounds"].items():
         status = "sound" if value["sound"] else "paper's stated bound - NOT a guarantee"
