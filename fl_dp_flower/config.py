@@ -20,7 +20,7 @@ import re
 from typing import Any, Literal, Mapping, get_args, get_origin
 
 import annotated_types as at
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from .privacy.accountant import Budget
 from .privacy.records import SMOOTHNESS_FIELDS, AccountantConfig, smoothness_problems
@@ -29,8 +29,24 @@ from .vocabulary import (Algorithm, Clipping, CohortNoise, Dataset, NoiseMode, P
                          UnfinishedRoundPolicy, Weighting)
 from .privacy.terms import SCHEDULE_CONSTANTS, default_cyclic_c, default_iterative_z, resolve_constant
 
-__all__ = ["AppConfig", "ConfigError", "default_cyclic_c", "default_iterative_z", "describe_range",
+__all__ = ["AUTO_SIGMA", "AppConfig", "ConfigError", "with_auto_sigma", "default_cyclic_c", "default_iterative_z", "describe_range",
            "unknown_key_message"]
+
+
+#: The ``sigma`` value that asks the package to calibrate sigma for ``target-epsilon``.
+AUTO_SIGMA = "auto"
+
+
+def with_auto_sigma(user_overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """The user's run-config overrides, with ``sigma = "auto"`` when they set 'target-epsilon' > 0
+    and leave sigma to the package (no 'sigma' of their own: a preset's or the pyproject's sigma
+    gives way). What ``fl-dp-flower run`` and the planning commands apply to what the user typed;
+    ``flwr run`` cannot tell the user's keys from the pyproject's, so there sigma = "auto" is explicit."""
+    out = dict(user_overrides)
+    target = out.get("target-epsilon", out.get("target_epsilon"))
+    if "sigma" not in out and isinstance(target, (int, float)) and not isinstance(target, bool) and target > 0:
+        out["sigma"] = AUTO_SIGMA
+    return out
 
 
 class ConfigError(ValueError):
@@ -72,8 +88,9 @@ class AppConfig(BaseModel):
     """"per-batch" (paper, Eq. 2: the mean batch gradient is clipped) or "per-sample" (DP-SGD style)."""
     clip_norm: float = Field(2.0, gt=0)
     """V: L2 clipping norm."""
-    sigma: float = Field(0.05, gt=0)
-    """Per-client noise standard deviation, added to every uploaded value."""
+    sigma: float = Field(0.05, gt=0, description=(
+        "per-client noise standard deviation; \"auto\" (with 'target-epsilon' > 0) calibrates it before the "
+        "run starts so that all 'num-server-rounds' planned rounds certify at most 'target-epsilon'"))
     prox_alpha: float = Field(0.0, ge=0)
     """FedProx alpha (> smoothness, lr <= 1/alpha); ignored for fedavg."""
     smoothness: float = Field(1.0, ge=0)
@@ -137,8 +154,9 @@ class AppConfig(BaseModel):
     test_fraction: float = Field(0.2, gt=0, lt=1)
     """Held-out fraction of the embedded dataset (central evaluation)."""
     # --- privacy budget and reporting
-    target_epsilon: float = Field(0.0, ge=0)
-    """Budget epsilon; 0 = no budget. Training stops before a round that would exceed it."""
+    target_epsilon: float = Field(0.0, ge=0, description=(
+        "0 = no budget; otherwise the run stops before a round would push the certified epsilon past it "
+        "(with sigma = \"auto\": the epsilon sigma is calibrated for)"))
     delta: float = Field(1e-5, gt=0, lt=1)
     """delta of every reported epsilon and of the budget."""
     threat_model: ThreatModel = "all-rounds"
@@ -180,6 +198,8 @@ class AppConfig(BaseModel):
     metrics_linger: float = Field(0.0, ge=0, le=86400)
     """Seconds the metrics endpoint keeps serving the final values after the run ends."""
 
+    _sigma_calibration: Any = PrivateAttr(default=None)
+
     # ------------------------------------------------------------ construction
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any]) -> "AppConfig":
@@ -188,6 +208,38 @@ class AppConfig(BaseModel):
             return cls.model_validate(dict(run_config))
         except ValidationError as exc:
             raise ConfigError(_format_errors(exc)) from None
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _auto_sigma(cls, data: Any, handler: Any) -> "AppConfig":
+        """``sigma = "auto"``: sigma is calibrated for 'target-epsilon' over 'num-server-rounds'
+        planned rounds (:func:`~fl_dp_flower.privacy.planning.calibrate_sigma`, cached)."""
+        if not (isinstance(data, Mapping) and data.get("sigma") == AUTO_SIGMA):
+            return handler(data)
+        target = data.get("target-epsilon", data.get("target_epsilon", 0.0))
+        if not (isinstance(target, (int, float)) and not isinstance(target, bool) and target > 0):
+            raise ValueError(f"'sigma' = {AUTO_SIGMA!r}: needs 'target-epsilon' > 0 (the epsilon sigma is calibrated "
+                             f"for), got 'target-epsilon' = {target!r}")
+        try:
+            provisional = handler({**data, "sigma": 1.0})
+        except ValidationError:
+            return handler({**data, "sigma": 1.0})  # the other keys' errors, as without "auto"
+        from .privacy.planning import calibrate_sigma  # numpy/scipy: only for "auto"
+
+        try:
+            calibration = calibrate_sigma(provisional.accountant_config(), provisional.num_server_rounds,
+                                          float(target))
+        except ValueError as err:
+            raise ValueError(f"'sigma' = {AUTO_SIGMA!r}: {err}") from None
+        model = handler({**data, "sigma": calibration.sigma})
+        model._sigma_calibration = calibration
+        return model
+
+    @property
+    def sigma_calibration(self) -> Any:
+        """The :class:`~fl_dp_flower.privacy.planning.SigmaCalibration` that chose ``sigma`` when
+        the run config said ``sigma = "auto"``; None when sigma was given."""
+        return self._sigma_calibration
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "AppConfig":
@@ -247,6 +299,12 @@ class AppConfig(BaseModel):
     def budget_epsilon(self) -> float | None:
         """The epsilon budget, or None when ``target-epsilon`` is 0 (no budget)."""
         return self.target_epsilon if self.target_epsilon > 0 else None
+
+    def resumable_plan(self) -> dict[str, Any]:
+        """The keys a resume may change that ``watch`` shows, in run-config form: recorded in the
+        ledger's ``resume`` event (the header keeps the first run's config)."""
+        run_config = self.to_run_config()
+        return {key: run_config[key] for key in ("num-server-rounds", "target-epsilon", "clients-per-round")}
 
     def to_run_config(self) -> dict[str, Any]:
         """The configuration in run-config form (dash keys)."""
@@ -310,6 +368,8 @@ def describe_range(field_name: str) -> str:
         if field_name == "run_name":
             text += " of letters, digits, '.', '_' or '-' (no path separators)"
         return text
+    if field_name == "sigma":
+        return f"a finite number > 0, or {AUTO_SIGMA!r} (calibrated for 'target-epsilon' > 0)"
     kind = "an integer" if ann is int else "a finite number"
     bounds = []
     for meta in info.metadata:

@@ -21,6 +21,7 @@ from fl_dp_flower.audit.run import run_audit
 from fl_dp_flower.cli import main
 from fl_dp_flower.privacy.records import AccountantConfig
 
+
 @pytest.fixture(autouse=True, scope="module")
 def _one_torch_thread():
     """The canary's tensors are small: on a loaded 2-core machine two intra-op threads contend and
@@ -36,9 +37,14 @@ def _one_torch_thread():
 # The issue's configuration: m = 20, K = 5, lr = 0.05, sigma = 0.5, V = 1, L = 1, T = 100.
 # colluders=0: the final-model canary attack is an outside observer's (noise sigma/sqrt(m)); the
 # participant's view (c >= 1, docs/MATH.md §14.2a) only makes the printed bounds larger.
-BASE = dict(algorithm="fedavg", lr=0.05, local_steps=5, clip_norm=1.0, clients=20, sigma=0.5,
-            smoothness=1.0, delta=1e-5, colluders=0)
+BASE = {"algorithm": "fedavg", "lr": 0.05, "local_steps": 5, "clip_norm": 1.0, "clients": 20, "sigma": 0.5,
+        "smoothness": 1.0, "delta": 1e-5, "colluders": 0}
 TRIALS = 20_000  # per world; 100,000 takes ~20 s (bench/audit.py)
+
+
+#: an outside observer's bounds (colluders = 0), where the config has the field: the final-model and
+#: all-rounds adversaries are outsiders, and the closed forms below count all m clients' noise
+OUTSIDE = {"colluders": 0}
 
 
 def _config(**kw) -> AccountantConfig:
@@ -82,7 +88,10 @@ def test_clopper_pearson_matches_scipy_exact_interval(k, n):
 def test_mu_lower_bound_is_below_the_truth_and_close_to_it():
     rng = np.random.default_rng(11)
     mu, n = 1.5, 50_000
-    draw = lambda shift: rng.normal(shift, 1.0, size=(n, 1))  # noqa: E731
+
+    def draw(shift: float) -> np.ndarray:
+        return rng.normal(shift, 1.0, size=(n, 1))
+
     result = audit_attack((draw(0.0), draw(mu)), (draw(0.0), draw(mu)), delta=1e-5)
     assert 1.35 < result.mu_lower < mu
     assert result.mu_estimate == pytest.approx(mu, abs=0.05)
@@ -92,7 +101,7 @@ def test_mu_lower_bound_is_below_the_truth_and_close_to_it():
 
 
 def test_constant_schedule_violates_the_paper_bound_and_not_the_sound_ones():
-    report = run_audit(_config(schedule="constant"), 100, trials=TRIALS, seed=0)
+    report = run_audit(_config(schedule="constant", **OUTSIDE), 100, trials=TRIALS, seed=0)
     verdict = {v.bound: v for v in report.verdicts}
     assert verdict["paper"].violated and not verdict["paper"].sound
     for name in ("composition", "final_model", "local_dp", "certified"):
@@ -134,27 +143,12 @@ def test_cli_audit_rejects_bad_input_naming_the_flag(argv, named, capsys):
 
 # ------------------------------------------------------------------ all-rounds, participant, kink (issue 16 item 8)
 
-from dataclasses import fields  # noqa: E402
 
-from fl_dp_flower.privacy import bounds as privacy_bounds  # noqa: E402
-from fl_dp_flower.privacy import terms  # noqa: E402
-from fl_dp_flower.privacy.schedules import step_sizes  # noqa: E402
-
-_CONFIG_FIELDS = {f.name for f in fields(AccountantConfig)}
-#: engineer A's AccountantConfig.colluders and engineer B's AccountantConfig.assume_smooth_losses
-#: (CONTRACTS.md). The tests of the new rules below are marked xfail(strict) until those land.
-HAS_COLLUDERS = "colluders" in _CONFIG_FIELDS
-HAS_SMOOTH_ASSERTION = "assume_smooth_losses" in _CONFIG_FIELDS
-needs_colluders = pytest.mark.xfail(not HAS_COLLUDERS, strict=True,
-                                    reason="new rule: needs AccountantConfig.colluders (issue 16 item 3, engineer A)")
-needs_smooth_assertion = pytest.mark.xfail(not HAS_SMOOTH_ASSERTION, strict=True,
-                                           reason="new rule: needs AccountantConfig.assume_smooth_losses "
-                                                  "(issue 16 items 2 and 4, engineer B)")
+from fl_dp_flower.privacy import bounds as privacy_bounds  # noqa: E402 (the section's own imports)
+from fl_dp_flower.privacy import terms  # noqa: E402 (the section's own imports)
+from fl_dp_flower.privacy.schedules import step_sizes  # noqa: E402 (the section's own imports)
 
 SMALL_TRIALS = 5000
-#: an outside observer's bounds (colluders = 0), where the config has the field: the all-rounds and
-#: final-model adversaries below are outsiders, and their closed forms count all m clients' noise
-OUTSIDE = {"colluders": 0} if HAS_COLLUDERS else {}
 
 
 def _exact_linear_all_rounds_mu(config: AccountantConfig, rounds: int, noise_std: float) -> float:
@@ -222,12 +216,8 @@ def test_participant_attack_flags_the_old_noise_rule_on_two_clients():
     outside = run_audit(config, rounds, adversary="all-rounds", trials=SMALL_TRIALS, seed=2)
     assert outside.attack.mu_lower <= old
     assert outside.attack.mu_estimate == pytest.approx(old, abs=0.12)
-    if not HAS_COLLUDERS:  # the package still counts sigma sqrt(m)/m: a package bug, exit 1
-        assert report.verdict("composition").mu == pytest.approx(old)
-        assert report.verdict("composition").outcome == "VIOLATED" and report.package_bug
 
 
-@needs_colluders
 def test_participant_attack_new_rule_holds_and_colluders_zero_is_flagged():
     rounds = 4
     report = run_audit(_two_clients(colluders=1), rounds, adversary="participant", trials=SMALL_TRIALS, seed=2)
@@ -279,12 +269,8 @@ def test_kink_canary_flags_the_theta_rule_with_configured_l():
     assert report.attack.mu_lower > 15 * old  # flagged by a factor of 15 and more
     clipping_only = 2 * 0.1 * 5 / (0.1 * math.sqrt(10))  # theta = 1
     assert report.attack.mu_lower < clipping_only
-    if not HAS_SMOOTH_ASSERTION:  # the package still uses theta < 1 without any assertion: a bug
-        assert report.verdict("composition").mu == pytest.approx(old)
-        assert report.verdict("composition").outcome == "VIOLATED" and report.package_bug
 
 
-@needs_smooth_assertion
 def test_kink_canary_new_theta_rule_holds_and_asserted_smoothness_is_an_assumption_violation():
     config = AccountantConfig(**KINK, **OUTSIDE, clients=10, sigma=0.1)
     report = run_audit(config, 1, canary="kink", adversary="all-rounds", trials=SMALL_TRIALS, seed=3)
@@ -303,8 +289,8 @@ SMOOTH_FINAL = {"algorithm": "fedavg", "schedule": "stage", "lr": 0.1, "local_st
 
 
 def _final_model_config(**kw) -> AccountantConfig:
-    extra = {"assume_smooth_losses": True} if HAS_SMOOTH_ASSERTION else {}
-    return AccountantConfig(**SMOOTH_FINAL, **OUTSIDE, **extra, **kw)
+    # the final-model threat model needs the operator's assertion of L-smooth losses
+    return AccountantConfig(**SMOOTH_FINAL, **OUTSIDE, assume_smooth_losses=True, **kw)
 
 
 def test_kink_canary_flags_the_final_model_bound_at_small_l():
@@ -320,11 +306,8 @@ def test_kink_canary_flags_the_final_model_bound_at_small_l():
     # control: the linear canary (L-smooth for every L) does not exceed it
     linear = run_audit(config, rounds, canary="linear", trials=SMALL_TRIALS, seed=4)
     assert not linear.verdict("final_model").violated and not linear.package_bug
-    if not HAS_SMOOTH_ASSERTION:  # printed as sound with no condition: a package bug
-        assert final.outcome == "VIOLATED" and kink.package_bug
 
 
-@needs_smooth_assertion
 def test_kink_final_model_violation_is_an_assumption_violation_once_labelled():
     kink = run_audit(_final_model_config(), 30, canary="kink", trials=SMALL_TRIALS, seed=4)
     final = kink.verdict("final_model")
@@ -342,7 +325,13 @@ def test_cli_audit_adversary_and_canary_flags(capsys):
                  "--sigma", "0.1", "--rounds", "1", "--trials", "2000", "--canary", "kink",
                  "--adversary", "all-rounds", "--json"])
     out = json.loads(capsys.readouterr().out)
-    assert out["package_bug"] is (not HAS_SMOOTH_ASSERTION) and code == (0 if HAS_SMOOTH_ASSERTION else 1)
+    assert out["package_bug"] is False and code == 0  # clipping-only composition (theta = 1) holds
+    code = main(["audit", "--per-sample-clipping", "--batch-size", "32", "--lr", "0.1", "--clients", "10",
+                 "--sigma", "0.1", "--rounds", "1", "--trials", "2000", "--canary", "kink",
+                 "--adversary", "all-rounds", "--assume-smooth-losses", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    composition = {v["bound"]: v for v in out["verdicts"]}["composition"]
+    assert code == 0 and composition["outcome"] == "assumption violated" and composition["broken"]
     with pytest.raises(SystemExit) as exc:
         main(["audit", "--sigma", "0.5", "--clients", "1", "--adversary", "participant"])
     assert exc.value.code == 2 and "--clients" in capsys.readouterr().err
@@ -350,11 +339,11 @@ def test_cli_audit_adversary_and_canary_flags(capsys):
 
 # ------------------------------------------------------------------ fl-dp-flower sensitivity
 
-from fl_dp_flower.audit.sensitivity import SensitivitySetup, run_sensitivity  # noqa: E402
+from fl_dp_flower.audit.sensitivity import SensitivitySetup, run_sensitivity  # noqa: E402 (the section's own imports)
 
 # Full-batch local steps (16 images per client, B = 16), so the differing image is in every batch.
-SMALL = dict(clients=10, local_steps=2, batch_size=16, samples_per_client=16, rounds=4, lr=0.1, clip_norm=1.0,
-             sigma=0.01, smoothness=1.0, seed=1)
+SMALL = {"clients": 10, "local_steps": 2, "batch_size": 16, "samples_per_client": 16, "rounds": 4, "lr": 0.1,
+         "clip_norm": 1.0, "sigma": 0.01, "smoothness": 1.0, "seed": 1}
 
 
 @pytest.mark.parametrize("overrides", [

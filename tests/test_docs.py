@@ -14,7 +14,7 @@ import re
 import pytest
 
 from doc_commands import ROOT, DocRunConfig, documented_cli_commands, documented_run_configs, parse_overrides, pyproject_defaults
-from fl_dp_flower.config import AppConfig
+from fl_dp_flower.config import AppConfig, with_auto_sigma
 from fl_dp_flower.presets import PRESETS
 from fl_dp_flower.privacy.accountant import Budget, PrivacyAccountant
 from fl_dp_flower.strategies.budget import check_before_broadcast, check_replies, BudgetExhausted
@@ -47,7 +47,10 @@ def rounds_that_train(config: AppConfig) -> int:
 @pytest.mark.parametrize("doc", CONFIGS, ids=[d.source for d in CONFIGS])
 def test_documented_run_config_trains_every_round(doc: DocRunConfig):
     preset = PRESETS[doc.preset] if doc.command == "main-job" else {}
-    config = AppConfig.from_run_config({**pyproject_defaults(), **preset, **parse_overrides(doc.text)})
+    overrides = parse_overrides(doc.text)
+    if doc.command == "main-job":  # the launcher: a target epsilon without sigma picks sigma
+        overrides = with_auto_sigma(overrides)
+    config = AppConfig.from_run_config({**pyproject_defaults(), **preset, **overrides})
     assert rounds_that_train(config) == config.num_server_rounds, (
         f"{doc.source}: {doc.text!r} stops after {rounds_that_train(config)} of {config.num_server_rounds} rounds")
 

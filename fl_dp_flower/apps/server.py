@@ -62,6 +62,7 @@ from flwr.serverapp.strategy import Result
 from fl_dp_flower.apps.recovery import RunFailed, logged_failures, restore_exclusions
 from fl_dp_flower.apps.threat import final_model_assumptions, node_assumptions, publishes_per_round_models
 from fl_dp_flower.config import AppConfig, ConfigError
+from fl_dp_flower.preflight import chance_level_warning, log_preflight
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.reporting import PrivacyLedger, PrivacyMetricsExporter, plot_privacy_curve, render_summary
 from fl_dp_flower.reporting.console import conditional_note
@@ -180,7 +181,8 @@ def _open_ledger(config: AppConfig, run_dir: Path) -> tuple[PrivacyLedger, Priva
                     "(its uploads may have reached the server; its aggregate was never saved or broadcast) "
                     "(resume-unfinished-round = 'account'); certified epsilon now %.6g",
                     unfinished, contents.open_round_line, report.certified.epsilon)
-    ledger.append_event("resume", {"rounds_accounted": accountant.num_releases, "checkpoint_round": ckpt_round})
+    ledger.append_event("resume", {"rounds_accounted": accountant.num_releases, "checkpoint_round": ckpt_round,
+                                   "plan": config.resumable_plan()})  # watch shows the resumed plan
     log.info("resuming %s: %d rounds accounted", path, accountant.num_releases)
     return ledger, accountant, arrays
 
@@ -263,6 +265,7 @@ def _run_server(grid: Grid, config: AppConfig, fraction_evaluate: float,
     if config.seed >= 0:  # node sampling (random.sample) and model init become reproducible
         random.seed(config.seed)
         torch.manual_seed(config.seed)
+    log_preflight(config, log)  # calibrated sigma, early budget stop, noise; ConfigError: no round fits
     run_dir = (Path(config.output_dir).expanduser() / config.run_name).resolve()
     if config.resume:
         _require_ledger(run_dir / LEDGER)  # before any folder is made
@@ -347,7 +350,7 @@ def _finish(config: AppConfig, run_dir: Path, ledger: PrivacyLedger, accountant:
     plot = None
     if history:
         log.info("\n%s", render_summary(history))
-        plot = str(plot_privacy_curve(history, run_dir / PLOT, delta=config.delta))
+        plot = str(plot_privacy_curve(history, run_dir / PLOT, delta=config.delta, run_config=config.to_run_config()))
     last_metrics = history[-1]["metrics"] if history else {}
     if not publishes_per_round_models(config):  # evaluate only the released model (docs/MATH.md §15)
         last_metrics = dict(make_evaluate_fn(config)(accountant.num_releases, final))
@@ -365,6 +368,7 @@ def _finish(config: AppConfig, run_dir: Path, ledger: PrivacyLedger, accountant:
         "threat_model_assumes": final_model_assumptions(config) if config.threat_model == "final-model" else [],
         "final_accuracy": last_metrics.get("accuracy"),
         "final_loss": last_metrics.get("loss"),
+        "warnings": [w for w in [chance_level_warning(config, last_metrics.get("accuracy"))] if w],  # near chance
         "echo_mismatches": strategy.echo_mismatches,
         "node_assumptions": node_assumptions(config),
         "node_refusals": {str(n): r.to_dict() for n, r in sorted(strategy.refusals.items())},
@@ -376,6 +380,8 @@ def _finish(config: AppConfig, run_dir: Path, ledger: PrivacyLedger, accountant:
         "accountant_config": accountant.config.to_dict(),
     }
     write_json(run_dir / SUMMARY, summary)
+    for warning in summary["warnings"]:
+        log.warning("%s", warning)
     cert, assumes = summary["final_report"]["certified"], summary["threat_model_assumes"]
     log.info("finished: %d of %d planned rounds accounted, certified epsilon %s (mu %s, %s, replace-one%s) at "
              "delta %g; add/remove-one epsilon %s%s%s", accountant.num_releases, config.num_server_rounds,

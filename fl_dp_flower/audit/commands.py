@@ -135,10 +135,10 @@ def sensitivity_setups(args: argparse.Namespace) -> list:
     """One SensitivitySetup per FedAvg schedule and per FedProx alpha."""
     from .sensitivity import SensitivitySetup
 
-    common = dict(lr=args.lr, local_steps=args.local_steps, clip_norm=args.clip_norm, clients=args.clients,
-                  sigma=args.sigma, batch_size=args.batch_size, rounds=args.rounds, smoothness=args.smoothness,
-                  seed=args.seed, dataset=args.dataset, data_dir=args.data_dir,
-                  samples_per_client=args.samples_per_client)
+    common = {"lr": args.lr, "local_steps": args.local_steps, "clip_norm": args.clip_norm, "clients": args.clients,
+              "sigma": args.sigma, "batch_size": args.batch_size, "rounds": args.rounds,
+              "smoothness": args.smoothness, "seed": args.seed, "dataset": args.dataset, "data_dir": args.data_dir,
+              "samples_per_client": args.samples_per_client}
     setups = [SensitivitySetup(algorithm="fedavg", schedule=s, **common) for s in args.schedules]
     if not args.no_fedprox:
         setups += [SensitivitySetup(algorithm="fedprox", schedule=args.prox_schedule, prox_alpha=a, **common)

@@ -106,7 +106,7 @@ class AuditReport:
         }
 
 
-def broken_assumptions(assumes: tuple[str, ...], canary: str, adversary: str, colluders: int | None) -> tuple[str, ...]:
+def broken_assumptions(assumes: tuple[str, ...], canary: str, adversary: str, colluders: int) -> tuple[str, ...]:
     """The assumptions in ``assumes`` (and the implicit outside-observer one of colluders = 0) that
     the instance breaks: L-smoothness for a canary whose losses are not smooth; no participating
     adversary when the participant attacks a bound computed for colluders = 0."""
@@ -117,7 +117,7 @@ def broken_assumptions(assumes: tuple[str, ...], canary: str, adversary: str, co
 
 
 def _verdict(name: str, mu: float, epsilon: float, sound: bool, assumes: tuple[str, ...], applies: bool,
-             attack: AttackResult, canary: str, adversary: str, colluders: int | None) -> Verdict:
+             attack: AttackResult, canary: str, adversary: str, colluders: int) -> Verdict:
     exceeded = applies and (attack.mu_lower > mu or attack.epsilon_lower > epsilon)
     broken = broken_assumptions(assumes, canary, adversary, colluders) if applies else ()
     if not applies:
@@ -157,13 +157,13 @@ def run_audit(config: AccountantConfig, rounds: int, *, canary: str = "linear", 
         assert scores is not None  # clients >= 2 was checked
         (s0, _), (e0, e1) = run.split(scores)
         attack = threshold_attack(s0, e0, e1, delta=config.delta, fprs=fprs, confidence=confidence)
-    colluders = getattr(config, "colluders", None)  # None: a config without the field (every participant covered)
+    colluders = config.colluders
     verdicts = []
     for name, value in planned.bounds.items():
-        verdicts.append(_verdict(name, value.mu, value.epsilon, value.sound, tuple(getattr(value, "assumes", ())),
+        verdicts.append(_verdict(name, value.mu, value.epsilon, value.sound, value.assumes,
                                  name in COVERS[adversary], attack, canary, adversary, colluders))
     cert = planned.certified
-    verdicts.append(_verdict("certified", cert.mu, cert.epsilon, True, tuple(getattr(cert, "assumes", ())),
+    verdicts.append(_verdict("certified", cert.mu, cert.epsilon, True, cert.assumes,
                              planned.certified_bound in COVERS[adversary], attack, canary, adversary, colluders))
     return AuditReport(config=config, rounds=rounds, trials=trials, seed=seed, canary=canary, adversary=adversary,
                        plan=planned, attack=attack, verdicts=tuple(verdicts), seconds=run.seconds)

@@ -44,7 +44,7 @@ from fl_dp_flower.training.cohort import Member, cohort_update
 from fl_dp_flower.training.data import load_partition
 from fl_dp_flower.training.local_update import evaluate_model
 from fl_dp_flower.training.models import build_model
-from fl_dp_flower.vocabulary import ALGORITHMS, SCHEDULES
+from fl_dp_flower.vocabulary import ALGORITHMS, SCHEDULES, Algorithm, Schedule
 
 
 @dataclass(frozen=True)
@@ -53,8 +53,8 @@ class SensitivitySetup:
     noise std per value, smoothness L of the loss (for the smooth bound only). samples_per_client
     keeps each client's first n training images (None: all; the differing image is always kept)."""
 
-    algorithm: str = "fedavg"
-    schedule: str = "stage"
+    algorithm: Algorithm = "fedavg"
+    schedule: Schedule = "stage"
     lr: float = 0.05
     local_steps: int = 5
     clip_norm: float = 10.0
@@ -160,7 +160,7 @@ def run_sensitivity(setup: SensitivitySetup, device: str | torch.device = "cpu")
     models = [start] + ([build_model(setup.dataset).to(device)] if setup.neighbour else [])
     for model in models[1:]:
         model.load_state_dict(start.state_dict())
-    alpha = float(setup.prox_alpha) if setup.algorithm == "fedprox" else 0.0
+    alpha = float(setup.prox_alpha) if setup.algorithm == "fedprox" and setup.prox_alpha is not None else 0.0
     measured, smooth, clip_only = [], [], []
     d_smooth, d_clip, clipped, notes = 0.0, 0.0, 0.0, []
     smooth_ok = True
