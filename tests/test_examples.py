@@ -30,7 +30,7 @@ DOCUMENTED = {"fl_dp_flower", "fl_dp_flower.vocabulary", "fl_dp_flower.privacy",
               "fl_dp_flower.client", "fl_dp_flower.reporting", "fl_dp_flower.strategies", "fl_dp_flower.apps",
               "fl_dp_flower.audit", "fl_dp_flower.launcher", "fl_dp_flower.presets", "fl_dp_flower.app_project",
               "fl_dp_flower.interop", "fl_dp_flower.testing", "fl_dp_flower.run_plan", "fl_dp_flower.local_flower",
-              "fl_dp_flower.run_output", "fl_dp_flower.config_docs"}
+              "fl_dp_flower.run_output", "fl_dp_flower.config_docs", "fl_dp_flower.preflight", "fl_dp_flower.plan_flags"}
 
 
 def _imports(path: Path) -> list[tuple[str, str]]:
