@@ -1,28 +1,14 @@
 """Noisy-FedAvg / Noisy-FedProx on ``flwr.serverapp.strategy`` with a per-round accountant.
 
-Per round (``Strategy.start`` drives it):
+Per round (``Strategy.start`` drives it; docs/ARCHITECTURE.md has the data flow):
+``configure_train`` (budget pre-check, sampling, the ``dp.*`` instruction), ``aggregate_train``
+(screening: :mod:`.replies`, :mod:`.screening`, :mod:`.guard`; the record of what arrived; the
+exact budget check; ``accountant.step``; aggregation), then, before any client-evaluation
+broadcast, central evaluation and the sinks (``on_round``; events go to their ``on_event``).
 
-1. ``configure_train``: budget pre-check (:mod:`.budget`; may raise :class:`BudgetExhausted`
-   before anything is sent), sample exactly ``clients-per-round`` eligible nodes, add the
-   ``dp.*`` keys (and FedProx's ``proximal-mu``) to the train ConfigRecord.
-2. ``aggregate_train``: screen replies (errors and malformed replies are dropped and logged
-   with the real node id; echoes outside the plan, uploads too far from the broadcast model or
-   with too little noise, duplicate partition ids and echoes the accountant cannot account are
-   dropped as refusals: :mod:`.screening`, :mod:`.guard`, docs/MATH.md §17), track node refusals, build the :class:`RoundRecord` of what
-   *arrived* (node ids, weights, least private of planned vs echoed settings), the exact
-   budget check on that record (threat models that see only global models), then aggregate
-   with uniform weights (or by ``num-examples``), ``accountant.step(record)``, and merge
-   ``dp-*`` numbers into the metrics.
-3. before any client-evaluation broadcast (``configure_evaluate``), after central evaluation:
-   hand each sink the closed round (``on_round(RoundOutcome)``, in order: the ServerApp wires
-   ledger -> checkpoint -> log line -> Prometheus), then the next round is broadcast. Ledger
-   events (``round-open`` write-ahead, ``round-void``, ``node-excluded``) go to the same sinks'
-   ``on_event``.
-
-Construction (library use): ``NoisyFedAvg(DPSettings(...), accountant, federation=...,
-budget=..., sinks=[...])`` with any initial ``ArrayRecord`` in any ServerApp; the accountant's
-plan must match the settings (checked, naming the differing field). The reference app builds the
-same objects from its run config (:func:`make_strategy`).
+Library use: ``NoisyFedAvg(DPSettings(...), accountant, federation=..., budget=..., sinks=[...])``
+with any initial ``ArrayRecord``; the accountant's plan must match the settings (checked, naming the
+field). The reference app builds the same objects from its run config (:func:`make_strategy`).
 
 Round numbering: the schedule index t (``dp.round-index``, 0-based) is the number of rounds
 accounted so far, so after a resume it continues from the ledger; the record's ``round`` is
@@ -36,17 +22,13 @@ final-model bound leaves the round out (adding a noisy round would lower it alth
 never reached the released model, docs/MATH.md §14.3a).
 
 A non-finite aggregate (which screening makes impossible short of a bug) is not used: the round
-stays accounted and recorded, then :class:`ModelNotFinite` fails the run.
-
-
-Sampling and refusing nodes: :mod:`.sampling`.
+stays accounted and recorded, then :class:`ModelNotFinite` fails the run. Sampling and refusing nodes: :mod:`.sampling`.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -56,13 +38,14 @@ from flwr.serverapp.strategy import FedAvg, FedProx, Result
 
 from fl_dp_flower import protocol
 from fl_dp_flower.config import AppConfig
-from fl_dp_flower.privacy.accountant import Budget, PrivacyAccountant, PrivacyReport, PrivacySpent
+from fl_dp_flower.privacy.accountant import Budget, PrivacyAccountant, PrivacySpent
 from fl_dp_flower.privacy.records import RoundRecord
 from fl_dp_flower.reporting.rounds import PrivacySink, RoundOutcome, dp_metrics
 from fl_dp_flower.settings import DPSettings, FederationSettings
 
 from .budget import BudgetExhausted, check_before_broadcast, check_replies
 from .guard import ReplyGuard, all_finite
+from .pending import ModelNotFinite, PendingRound
 from .sampling import NodeRefusals, NodeSampling
 from .replies import (Applied, average_arrays, average_metrics, member_id, mismatches, reconcile, screen,
                       weights_for)
@@ -71,24 +54,6 @@ from .screening import ScreeningRules, rules_for
 log = logging.getLogger("flwr").getChild(__name__)  # Flower's handlers: shows in `flwr log`
 
 EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
-
-
-@dataclass
-class PendingRound:
-    """The round in flight: what was sent, then what was accounted (rounds never overlap)."""
-
-    server_round: int
-    planned: Applied  # the settings sent (schedule index t = planned.round_index)
-    sent: list[Message]  # instructions; the Grid sets their message ids when pushing
-    reference: ArrayRecord  # the broadcast global model
-    slots: dict[int, tuple[int, ...]] | None = None  # cohort mode: node -> sampled member slots
-    record: RoundRecord | None = None  # set once accounted
-    report: PrivacyReport | None = None
-    metrics: dict[str, Any] | None = None
-
-
-class ModelNotFinite(RuntimeError):
-    """The aggregated global model has non-finite values: the run cannot continue."""
 
 
 class NoisyStrategyMixin(NodeSampling):
