@@ -265,7 +265,11 @@ def _run_server(grid: Grid, config: AppConfig, fraction_evaluate: float,
     if config.seed >= 0:  # node sampling (random.sample) and model init become reproducible
         random.seed(config.seed)
         torch.manual_seed(config.seed)
-    log_preflight(config, log)  # calibrated sigma, early budget stop, noise; ConfigError: no round fits
+    try:
+        log_preflight(config, log)  # calibrated sigma, early budget stop, noise
+    except ConfigError as err:  # the budget fits no round: said in the log that `flwr log` shows
+        log.error("%s", err)
+        raise
     run_dir = (Path(config.output_dir).expanduser() / config.run_name).resolve()
     if config.resume:
         _require_ledger(run_dir / LEDGER)  # before any folder is made
