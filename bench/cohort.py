@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -38,7 +37,6 @@ from fl_dp_flower.training.cohort import Member, cohort_update
 from fl_dp_flower.training.data import load_partition
 from fl_dp_flower.training.models import LeNet5
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 
 def _cohort_seconds(members: int, k: int, summed: bool) -> float:
@@ -77,7 +75,7 @@ def _plain_seconds(epochs: int) -> tuple[float, int]:
 def _round_split(members: int, **overrides) -> dict[str, float]:
     from fl_dp_flower.privacy.accountant import PrivacyAccountant
     from fl_dp_flower.reporting import read_ledger
-    from local_grid import run_local, tiny_config
+    from fl_dp_flower.testing import run_local, tiny_config
 
     spent = {"accountant": 0.0}
     step = PrivacyAccountant.step

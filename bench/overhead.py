@@ -12,7 +12,7 @@
 2. One round with 20 clients of the real NoisyFedAvg ``Strategy.start()`` (run through
    ``run_server``: strategy, accountant, central evaluation, ledger, checkpoint), split into client
    training time vs everything else, steady-state rounds only (round 1 is a warm-up):
-   (a) the in-process ``LocalGrid`` of tests/local_grid.py (no Ray): the ClientApp is wrapped and
+   (a) the in-process ``LocalGrid`` of fl_dp_flower.testing (no Ray): the ClientApp is wrapped and
        timed; training = the ``train-seconds`` each client reports (local update + noise);
    (b) Flower's simulation engine (``flwr.simulation.run_simulation``, Ray, 20 SuperNodes, 2 CPUs,
        1 CPU per ClientApp, so two clients train at once): the ServerApp runs in a thread of this
@@ -46,7 +46,6 @@ from flwr.app import Message, MessageType
 from flwr.serverapp import Grid
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))  # the in-process Grid used by the test-suite
 
 from fl_dp_flower.apps import server as server_module  # noqa: E402
 from fl_dp_flower.privacy.accountant import PrivacyAccountant  # noqa: E402
@@ -263,7 +262,7 @@ def in_process_rounds(rounds: int) -> dict[str, float]:
 
     from fl_dp_flower.apps.client import app as client_app
     from fl_dp_flower.config import AppConfig
-    from local_grid import LocalGrid
+    from fl_dp_flower.testing import LocalGrid
 
     names = ("_run_id", "_node_id", "_task_id")
     saved = {k: getattr(TaskIdentity, k) for k in names}

@@ -10,6 +10,81 @@ Layers (docs/ARCHITECTURE.md has the data flow):
 - ``fl_dp_flower.strategies``  the Flower strategies (flwr)
 - ``fl_dp_flower.apps``        the ClientApp and the ServerApp
 - ``fl_dp_flower.launcher``    ``fl-dp-flower run``: the main job in Flower's simulation engine
+
+The public API (below, ``__all__``) is what your own Flower app uses: settings, the strategies,
+the client side (``dp_train``), the accountant and planning, the sinks, and an adapter for
+Flower's own DP wrappers. Names are imported lazily, so ``import fl_dp_flower`` stays cheap
+(no torch, no flwr until a name that needs them is used).
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
+
+#: public name -> module that defines it
+_PUBLIC = {
+    "DPSettings": "fl_dp_flower.settings",
+    "FederationSettings": "fl_dp_flower.settings",
+    "NoisyFedAvg": "fl_dp_flower.strategies.noisy",
+    "NoisyFedProx": "fl_dp_flower.strategies.noisy",
+    "dp_train": "fl_dp_flower.client",
+    "TrainInstruction": "fl_dp_flower.protocol",
+    "PrivacyAccountant": "fl_dp_flower.privacy.accountant",
+    "Budget": "fl_dp_flower.privacy.accountant",
+    "plan": "fl_dp_flower.privacy.planning",
+    "calibrate": "fl_dp_flower.privacy.planning",
+    "PrivacySink": "fl_dp_flower.reporting.rounds",
+    "RoundOutcome": "fl_dp_flower.reporting.rounds",
+    "LedgerSink": "fl_dp_flower.reporting.rounds",
+    "ConsoleSink": "fl_dp_flower.reporting.rounds",
+    "PrometheusSink": "fl_dp_flower.reporting.rounds",
+    "open_ledger": "fl_dp_flower.reporting.rounds",
+    "FlowerGDPAccountant": "fl_dp_flower.interop",
+}
+
+__all__ = [
+    "Budget",
+    "ConsoleSink",
+    "DPSettings",
+    "FederationSettings",
+    "FlowerGDPAccountant",
+    "LedgerSink",
+    "NoisyFedAvg",
+    "NoisyFedProx",
+    "PrivacyAccountant",
+    "PrivacySink",
+    "PrometheusSink",
+    "RoundOutcome",
+    "TrainInstruction",
+    "calibrate",
+    "dp_train",
+    "open_ledger",
+    "plan",
+]
+
+if TYPE_CHECKING:
+    from fl_dp_flower.client import dp_train
+    from fl_dp_flower.interop import FlowerGDPAccountant
+    from fl_dp_flower.privacy.accountant import Budget, PrivacyAccountant
+    from fl_dp_flower.privacy.planning import calibrate, plan
+    from fl_dp_flower.protocol import TrainInstruction
+    from fl_dp_flower.reporting.rounds import (ConsoleSink, LedgerSink, PrivacySink, PrometheusSink, RoundOutcome,
+                                               open_ledger)
+    from fl_dp_flower.settings import DPSettings, FederationSettings
+    from fl_dp_flower.strategies.noisy import NoisyFedAvg, NoisyFedProx
+
+
+def __getattr__(name: str) -> Any:
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fl_dp_flower' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,8 +1,11 @@
 """Command line: ``fl-dp-flower run | verify | watch | privacy | audit | sensitivity | calibrate``.
 
 ``run`` runs the main job in Flower's simulation engine (:mod:`fl_dp_flower.launcher`);
-``privacy`` prints every bound for a planned run of T identical rounds;
-``calibrate`` finds the sigma that meets a target epsilon under a chosen bound;
+``privacy`` prints every bound of a planned run and its per-round certified epsilon;
+``calibrate`` finds the sigma that meets a target epsilon under a chosen bound.
+The planning commands (and ``audit``) take the run config's own keys as flags, with the run's
+defaults, and can read the app's pyproject.toml, a ``--preset`` and ``--run-config`` overrides
+(:mod:`fl_dp_flower.plan_flags`): planning and running agree by construction;
 ``audit`` attacks a canary run and checks every bound (docs/audit.md);
 ``sensitivity`` measures the real trainer's sensitivity against its bounds.
 Output is a table (rich) or JSON (``--json``). Bad input exits with status 2 and
@@ -15,34 +18,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import sys
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .privacy.records import AccountantConfig
 
-from .vocabulary import ALGORITHMS, BOUND_CHOICES, SCHEDULES, THREAT_MODELS
-
-# AccountantConfig field -> CLI flag, for translating validation messages.
-_FIELD_FLAGS = {
-    "algorithm": "--algorithm",
-    "schedule": "--schedule",
-    "lr": "--lr",
-    "local_steps": "--local-steps",
-    "clip_norm": "--clip-norm",
-    "clients": "--clients",
-    "sigma": "--sigma",
-    "smoothness": "--smoothness",
-    "prox_alpha": "--prox-alpha",
-    "delta": "--delta",
-    "threat_model": "--threat-model",
-    "batch_size": "--batch-size",
-    "cyclic_c": "--cyclic-c",
-    "iterative_z": "--iterative-z",
-    "assume_smooth_losses": "--assume-smooth-losses",
-    "colluders": "--colluding-clients",
-}
+from .vocabulary import BOUND_CHOICES
 
 
 def _number(kind: Callable[[str], Any], lo: float, lo_open: bool, hi: float | None = None,
@@ -74,29 +57,11 @@ _PROBABILITY = _number(float, 0.0, True, 1.0, True)
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--algorithm", choices=ALGORITHMS, default="fedavg")
-    parser.add_argument("--schedule", choices=SCHEDULES, default="constant")
-    parser.add_argument("--lr", type=_POSITIVE, default=0.1, help="learning-rate constant (> 0)")
-    parser.add_argument("--local-steps", type=_COUNT, default=5, help="K, local steps per round (>= 1)")
-    parser.add_argument("--clip-norm", type=_POSITIVE, default=1.0, help="V, clipping norm (> 0)")
-    parser.add_argument("--clients", type=_COUNT, default=10, help="m, clients aggregated per round (>= 1)")
-    parser.add_argument("--rounds", type=_COUNT, default=100, help="T, communication rounds (>= 1)")
-    parser.add_argument("--smoothness", type=_NONNEGATIVE, default=1.0, help="L, smoothness constant (>= 0)")
-    parser.add_argument("--prox-alpha", type=_POSITIVE, default=None, help="FedProx alpha (> L, lr <= 1/alpha)")
-    parser.add_argument("--delta", type=_PROBABILITY, default=1e-5, help="delta in (0, 1)")
-    parser.add_argument("--cyclic-c", type=_POSITIVE, default=None, help="cyclic c (>= c_K; default c_K)")
-    parser.add_argument("--iterative-z", type=_POSITIVE, default=None, help="iterative z (>= z_K; default z_K)")
-    parser.add_argument("--batch-size", type=_COUNT, default=None, help="B, mini-batch size (>= 1)")
-    parser.add_argument("--per-sample-clipping", action="store_true", help="clip each sample's gradient (needs --batch-size)")
-    parser.add_argument("--threat-model", choices=THREAT_MODELS, default="all-rounds")
-    parser.add_argument("--assume-smooth-losses", action="store_true",
-                        help="assert every (per-sample) loss is L-smooth with L = --smoothness (not true of "
-                             "ReLU/max-pool models); without it no L-dependent bound certifies; needed by "
-                             "--threat-model final-model")
-    parser.add_argument("--colluding-clients", type=_number(int, 0, False), default=1,
-                        help="c, participants colluding with the adversary (0 = outside observer, 1 = any "
-                             "participant, who knows its own upload; docs/MATH.md §14.2a)")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    """The planning flags (``privacy``, ``calibrate``, ``audit``): the run config's own keys, generated
+    from AppConfig (:mod:`fl_dp_flower.plan_flags`)."""
+    from .plan_flags import add_plan_arguments
+
+    add_plan_arguments(parser)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -126,11 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     watch.add_argument("--once", action="store_true", help="print one view and exit (no live display)")
     privacy = commands.add_parser("privacy", help="all privacy bounds of a planned run", formatter_class=formatter)
     _add_common(privacy)
-    privacy.add_argument("--sigma", type=_POSITIVE, required=True, help="per-client noise std (> 0)")
     audit = commands.add_parser("audit", help="attack a canary (linear or kink) and check every printed bound",
                                 formatter_class=formatter)
     _add_common(audit)
-    audit.add_argument("--sigma", type=_POSITIVE, required=True, help="per-client noise std (> 0)")
     audit.add_argument("--trials", type=_number(int, 10, False), default=100_000,
                        help="evaluation trials per world (>= 10; as many shadow trials fit the test)")
     audit.add_argument("--seed", type=_number(int, 0, False), default=0, help="seed of the trials (>= 0)")
@@ -146,41 +109,30 @@ def build_parser() -> argparse.ArgumentParser:
     add_sensitivity_arguments(sens, _POSITIVE, _COUNT, _NONNEGATIVE)
     calib = commands.add_parser("calibrate", help="the sigma that meets a target epsilon", formatter_class=formatter)
     _add_common(calib)
-    calib.add_argument("--target-epsilon", type=_POSITIVE, required=True, help="target epsilon (> 0)")
     calib.add_argument("--bound", choices=BOUND_CHOICES, default="certified")
     return parser
 
 
-def _config(args: argparse.Namespace, parser: argparse.ArgumentParser, sigma: float) -> "AccountantConfig":
-    from .privacy.records import AccountantConfig, smoothness_problems
+def _config(args: argparse.Namespace, parser: argparse.ArgumentParser, sigma: float | None = None) -> AccountantConfig:
+    """The planned run as the accountant sees it (the resolved run config, at ``sigma`` when given)."""
+    import dataclasses
 
-    if args.per_sample_clipping and args.batch_size is None:
-        parser.error("--per-sample-clipping needs --batch-size (an integer >= 1)")
-    assume_smooth = bool(getattr(args, "assume_smooth_losses", False))
-    problems = smoothness_problems(args.threat_model, "per-sample" if args.per_sample_clipping else "per-batch",
-                                   args.local_steps, args.smoothness, assume_smooth)
-    if problems:
-        parser.error(_flagged("; ".join(problems)))
+    from .plan_flags import resolve
+
+    config = args.config if getattr(args, "config", None) is not None else resolve(args, parser)
     try:
-        return AccountantConfig(
-            algorithm=args.algorithm, schedule=args.schedule, lr=args.lr, local_steps=args.local_steps,
-            clip_norm=args.clip_norm, clients=args.clients, sigma=sigma, smoothness=args.smoothness,
-            prox_alpha=args.prox_alpha, delta=args.delta, threat_model=args.threat_model,
-            clipping="per-sample" if args.per_sample_clipping else "per-batch",
-            batch_size=args.batch_size, cyclic_c=args.cyclic_c, iterative_z=args.iterative_z,
-            assume_smooth_losses=assume_smooth,
-            colluders=args.colluding_clients,
-        )
+        acct = config.accountant_config()
+        return acct if sigma is None or sigma == acct.sigma else dataclasses.replace(acct, sigma=sigma)
     except ValueError as exc:
         parser.error(_flagged(str(exc)))
     raise AssertionError("unreachable")
 
 
 def _flagged(message: str) -> str:
-    """Rewrite AccountantConfig field names in a validation message as CLI flags."""
-    for field_name, flag in sorted(_FIELD_FLAGS.items(), key=lambda kv: -len(kv[0])):
-        message = re.sub(rf"\b{field_name}\b", flag, message)
-    return message
+    """Name the flag beside each run-config key or accountant field a validation message cites."""
+    from .plan_flags import flagged
+
+    return flagged(message)
 
 
 _ADVERSARY = {
@@ -196,12 +148,13 @@ def _fmt(x: float) -> str:
 
 
 def _settings(args: argparse.Namespace) -> str:
-    """The planned run in one line, defaults included (what ``privacy --sigma 1`` really means)."""
-    extra = f", alpha {args.prox_alpha:g}" if args.prox_alpha is not None else ""
-    return (f"{args.algorithm}{extra}, {args.schedule} schedule, lr {args.lr:g}, K {args.local_steps}, "
-            f"V {args.clip_norm:g}, m {args.clients} clients/round, T {args.rounds} rounds, L {args.smoothness:g}, "
-            f"{'per-sample (B ' + str(args.batch_size) + ')' if args.per_sample_clipping else 'per-batch'} clipping, "
-            f"{args.colluding_clients} colluding client(s)")
+    """The planned run in one line, defaults included (what ``privacy`` with no flag really means)."""
+    c = args.config
+    extra = f", alpha {c.prox_alpha:g}" if c.algorithm == "fedprox" else ""
+    clipping = f"per-sample (B {c.batch_size})" if c.clipping == "per-sample" else f"per-batch (B {c.batch_size})"
+    return (f"{c.algorithm}{extra}, {c.schedule} schedule, lr {c.lr:g}, K {c.local_steps}, V {c.clip_norm:g}, "
+            f"m {c.clients_per_round} clients/round, T {c.num_server_rounds} rounds, L {c.smoothness:g}, "
+            f"{clipping} clipping, {c.colluding_clients} colluding client(s)\nrun config: {args.config_source}")
 
 
 _THREAT_RULE = {
@@ -219,7 +172,11 @@ def _print_plan(result: dict[str, Any], args: argparse.Namespace) -> None:
                         f"sigma = {args.sigma:g})\n{_settings(args)}")
     for col in ("bound", "adversary sees", "mu (GDP)", "epsilon", "status"):
         table.add_column(col)
-    from .reporting.console import FINAL_MODEL_ASSUMES, add_remove_note, conditional_note
+    from .reporting.console import (
+        FINAL_MODEL_ASSUMES,
+        add_remove_note,
+        conditional_note,
+    )
 
     for name, value in result["bounds"].items():
         status = "sound" if value["sound"] else "paper's stated bound - NOT a guarantee"
@@ -228,11 +185,20 @@ def _print_plan(result: dict[str, Any], args: argparse.Namespace) -> None:
     cert = result["certified"]
     console = Console(width=None if sys.stdout.isatty() else 160)  # no wrapping when piped
     console.print(table)
-    assumes = conditional_note(cert) + (f", if {FINAL_MODEL_ASSUMES}" if args.threat_model == "final-model" else "")
-    console.print(f"certified ({cert['bound']}, chosen by threat model {args.threat_model}: "
-                  f"{_THREAT_RULE[args.threat_model]}{assumes}): mu = {_fmt(cert['mu'])}, "
+    threat = args.config.threat_model
+    assumes = conditional_note(cert) + (f", if {FINAL_MODEL_ASSUMES}" if threat == "final-model" else "")
+    console.print(f"certified ({cert['bound']}, chosen by threat model {threat}: "
+                  f"{_THREAT_RULE[threat]}{assumes}): mu = {_fmt(cert['mu'])}, "
                   f"epsilon = {_fmt(cert['epsilon'])} for {result['relation']} neighbours; "
                   f"{add_remove_note(result)}")
+    per_round = result["per_round"]
+    shown = per_round if len(per_round) <= 12 else per_round[:6] + per_round[-6:]
+    if shown:
+        console.print("certified epsilon per round (the run's accountant on the planned rounds): " + ", ".join(
+            f"{r['round']}: {_fmt(r['epsilon'])}" for r in shown)
+            + ("" if shown is per_round else " (every round: --json)"), highlight=False)
+    for note in result["notes"]:
+        console.print(note, highlight=False)
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -288,40 +254,92 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "watch":
         from .reporting.watch import main as watch_main
         return watch_main(args)
+    if args.command in ("audit", "privacy", "calibrate"):
+        from .plan_flags import resolve
+        resolve(args, parser)
     if args.command == "audit":
         from .audit.commands import audit_command
         return audit_command(args, parser)
     if args.command == "sensitivity":
         from .audit.commands import sensitivity_command
         return sensitivity_command(args, parser)
-    from .privacy.planning import calibrate, plan  # numpy/scipy: only now
+    if args.command == "privacy":
+        return _privacy(args, parser)
+    return _calibrate(args, parser)
+
+
+#: Above this many rounds ``privacy`` prints the closed forms only (the replay costs about 1 ms a round).
+PER_ROUND_LIMIT = 20_000
+
+
+def _notes(args: argparse.Namespace) -> list[str]:
+    """What the run would say before it starts (calibrated sigma, budget stop, noise), or its refusal."""
+    from .config import ConfigError
+    from .preflight import preflight
+
+    try:
+        return preflight(args.config)
+    except ConfigError as err:
+        return ["the run would be refused: " + str(err).removeprefix("invalid run config:\n  - ")]
+
+
+def _privacy(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Every bound after the planned rounds, the run's per-round certified epsilon, and the notes."""
+    from .privacy.planning import plan, planned_run  # numpy/scipy: only now
     from .reporting.durable import json_safe
 
-    if args.command == "privacy":
-        config = _config(args, parser, args.sigma)
-        try:
-            result = plan(config, args.rounds).to_dict()
-        except ValueError as exc:
-            parser.error(_flagged(str(exc)))
-        if args.json:
-            print(json.dumps(json_safe(result), indent=2, allow_nan=False))
-        else:
-            _print_plan(result, args)
-        return 0
-    config = _config(args, parser, 1.0)
+    config = _config(args, parser)
+    replay = args.rounds <= PER_ROUND_LIMIT
     try:
-        result = calibrate(config, args.rounds, args.target_epsilon, args.bound).to_dict()
+        result = plan(config, args.rounds).to_dict()
+        run = planned_run(config, args.rounds, args.config.budget_epsilon) if replay else None
     except ValueError as exc:
         parser.error(_flagged(str(exc)))
+    result["sigma"] = config.sigma
+    result["per_round"] = [{"round": r.round, "bound": r.certified_bound, "mu": r.certified.mu,
+                            "epsilon": r.certified.epsilon} for r in (run.reports if run else ())]
+    result["stopped_by_budget"] = run.stopped_by_budget if run else None
+    skipped = f"more than {PER_ROUND_LIMIT:,} rounds: no per-round replay (about 1 ms a round); the table is the closed form"
+    result["notes"] = _notes(args) if replay else [skipped]
+    result["run_config"] = {"source": args.config_source, "values": args.config.to_run_config()}
+    if args.json:
+        print(json.dumps(json_safe(result), indent=2, allow_nan=False))
+    else:
+        _print_plan(result, args)
+    return 0
+
+
+def _calibrate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """The exact sigma of a bound at 'target-epsilon', and what ``sigma = "auto"`` picks for the run."""
+    from .privacy.planning import calibrate, calibrate_sigma  # numpy/scipy: only now
+    from .reporting.durable import json_safe
+
+    target = args.config.target_epsilon
+    if not target > 0:
+        parser.error("--target-epsilon: calibrate needs a target epsilon > 0 (flag, --run-config or the app's "
+                     "'target-epsilon')")
+    config = _config(args, parser, 1.0)
+    try:
+        result = calibrate(config, args.rounds, target, args.bound).to_dict()
+        auto = calibrate_sigma(config, args.rounds, target) if args.rounds <= PER_ROUND_LIMIT else None
+    except ValueError as exc:
+        parser.error(_flagged(str(exc)))
+    result["run"] = None if auto is None else {
+        "sigma": auto.sigma, "bound": auto.report.certified_bound, "epsilon": auto.report.certified.epsilon,
+        "mu": auto.report.certified.mu}
     if args.json:
         print(json.dumps(json_safe(result), indent=2, allow_nan=False))
     else:
         from .reporting.console import conditional_note
 
         status = ("" if result["sound"] else "  (paper's stated bound - NOT a guarantee)") + conditional_note(result)
-        print(f"{_settings(args)}, threat model {args.threat_model}")
+        print(f"{_settings(args)}\nthreat model {args.config.threat_model}")
         print(f"sigma = {result['sigma']:.6g} gives {result['bound']}: mu = {_fmt(result['mu'])}, "
-              f"epsilon = {_fmt(result['epsilon'])} at delta = {args.delta:g}{status}")
+              f"epsilon = {_fmt(result['epsilon'])} at delta {args.config.delta:g}{status}")
+        if auto is not None:
+            print(f"sigma = 'auto' in this run config picks sigma = {auto.sigma:g} (rounded up): certified "
+                  f"epsilon {_fmt(auto.report.certified.epsilon)} ({auto.report.certified_bound}) after "
+                  f"{args.rounds} rounds")
     return 0
 
 

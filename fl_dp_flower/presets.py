@@ -7,7 +7,7 @@ from typing import Any
 #: Named run configs of ``--preset``: laid over the pyproject defaults, under the user's overrides.
 #: ``main``: 4,000 clients of one image each, all sampled every round (10 simulated SuperNodes x 400
 #: virtual clients), one local step of lr 2 on its clipped (V = 1) gradient, sigma calibrated so that
-#: 60 rounds certify epsilon 3.83 at delta 1e-5 under all-rounds composition (README, Results).
+#: 60 rounds certify epsilon 3.83 at delta 1e-5 under all-rounds composition (docs/results.md).
 #: ``quick``: the pyproject defaults with 10 clients per round (10 simulated SuperNodes) for 10
 #: rounds (about 40 s; epsilon in the thousands). The pyproject's own 2 clients per round fit
 #: Flower's default federation of 2 SuperNodes, what a plain ``flwr run .`` finds.

@@ -18,9 +18,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from .app_project import app_project
 from .presets import PRESETS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = app_project()  # the Flower app project `flwr run` submits (checkout root, or the wheel's)
 #: Flower's own split of a ``--run-config`` string into pairs (flwr/common/config.py).
 _PAIR = re.compile(r"(\S+?)=('[^']*'|\"[^\"]*\"|\S+)")
 
@@ -87,13 +88,18 @@ class Plan:
 
 def make_plan(args: argparse.Namespace, *, app_dir: Path = ROOT, now: datetime | None = None) -> Plan:
     """Validate flags + overrides against AppConfig (raises UsageError with the message to print)."""
-    from .config import AppConfig, ConfigError  # pydantic: imported only when a run is planned
+    from .config import (  # pydantic: imported only when a run is planned
+        AppConfig,
+        ConfigError,
+        with_auto_sigma,
+    )
+    from .preflight import preflight
 
     overrides = parse_overrides(" ".join(args.overrides))
     for key, flag in (("run-name", "--run-name"), ("output-dir", "--output-dir"), ("resume", "--resume")):
         if key in overrides and getattr(args, flag[2:].replace("-", "_")) not in (None, False):
             raise UsageError(f"'{key}' is set both as {flag} and in the overrides: keep one")
-    overrides = {**PRESETS[args.preset], **overrides}
+    overrides = {**PRESETS[args.preset], **with_auto_sigma(overrides)}  # target-epsilon alone picks sigma
     stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
     overrides.setdefault("run-name", args.run_name or f"main-{stamp}")
     out_dir = Path(str(overrides.get("output-dir") or args.output_dir or "outputs")).expanduser()
@@ -102,6 +108,7 @@ def make_plan(args: argparse.Namespace, *, app_dir: Path = ROOT, now: datetime |
         overrides["resume"] = True
     try:
         config = AppConfig.from_run_config({**pyproject_run_config(app_dir), **overrides})
+        preflight(config)  # a budget that fits no round is refused now, not after the run starts
     except ConfigError as err:
         raise UsageError(str(err)) from None
     run_dir = Path(config.output_dir) / config.run_name

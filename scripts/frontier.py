@@ -1,7 +1,7 @@
 """Privacy-utility frontier: held-out accuracy against certified epsilon, one curve per clients/round.
 
 Each point is a real run of the ServerApp and ClientApp code (``run_server`` on the in-process
-grid of tests/local_grid.py, 10 nodes; cohort mode when m > 10): LeNet-5 on the embedded MNIST
+grid of fl_dp_flower.testing, 10 nodes; cohort mode when m > 10): LeNet-5 on the embedded MNIST
 subset with the main job's recipe - the 4,000 training images split evenly over the m clients, one
 local step (K = 1) on each client's whole data (B = 4000/m), V = 1, lr 2, constant schedule - for
 a fixed number of rounds. For each target epsilon, sigma is calibrated (privacy.planning.calibrate)
@@ -15,13 +15,11 @@ Run: .venv/bin/python scripts/frontier.py [--rounds 30] [--clients 10 100 1000 4
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
 
 EPSILONS = (1.0, 2.0, 4.0, 8.0, 16.0)
 RECIPE = {"local-steps": 1, "lr": 2.0, "clip-norm": 1.0, "schedule": "constant", "num-partitions": 10,
@@ -39,7 +37,7 @@ def calibrated_sigma(m: int, rounds: int, epsilon: float) -> float:
 
 
 def point(m: int, epsilon: float, rounds: int) -> dict:
-    from local_grid import run_local, tiny_config
+    from fl_dp_flower.testing import run_local, tiny_config
 
     sigma = calibrated_sigma(m, rounds, epsilon)
     with tempfile.TemporaryDirectory() as out:

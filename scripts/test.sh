@@ -1,17 +1,31 @@
 #!/usr/bin/env bash
 # Set up (if needed) and run the whole test suite. Exits non-zero when a test fails
 # and also when no test ran (pytest exit code 5).
+#
+# System packages are never installed unless asked: FL_DP_INSTALL_SYSTEM_PACKAGES=1 (as root, with
+# apt-get) installs Debian's prometheus package for tests/test_prometheus.py (promtool and a real
+# Prometheus; without it those tests skip and say why). Its service is not started: a policy-rc.d
+# denies service starts during the install. .ci/run opts in.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh || exit 1
-# Prometheus's promtool and server for tests/test_prometheus.py (Debian's package; best effort: the
-# tests say why they skip when it cannot be installed)
-if ! command -v promtool >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-  echo "test.sh: installing Debian's prometheus package (promtool) ..."
-  { DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -q --no-install-recommends prometheus \
-    || { timeout 300 apt-get update -q && DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -q \
-         --no-install-recommends prometheus; }; } > /tmp/fl-dp-flower-apt.log 2>&1 \
-    || echo "test.sh: could not install prometheus (log: /tmp/fl-dp-flower-apt.log); its tests will skip"
+if ! command -v promtool >/dev/null 2>&1; then
+  if [ "${FL_DP_INSTALL_SYSTEM_PACKAGES:-0}" = 1 ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    echo "test.sh: installing Debian's prometheus package (promtool; FL_DP_INSTALL_SYSTEM_PACKAGES=1) ..."
+    policy=/usr/sbin/policy-rc.d
+    made_policy=0
+    if [ ! -e "$policy" ]; then
+      printf '#!/bin/sh\nexit 101\n' > "$policy" && chmod 755 "$policy" && made_policy=1
+    fi
+    { DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -q --no-install-recommends prometheus \
+      || { timeout 300 apt-get update -q && DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -q \
+           --no-install-recommends prometheus; }; } > /tmp/fl-dp-flower-apt.log 2>&1 \
+      || echo "test.sh: could not install prometheus (log: /tmp/fl-dp-flower-apt.log); its tests will skip"
+    [ "$made_policy" = 1 ] && rm -f "$policy"
+  else
+    echo "test.sh: promtool not found: tests/test_prometheus.py's Prometheus checks will skip." \
+         "FL_DP_INSTALL_SYSTEM_PACKAGES=1 bash scripts/test.sh installs Debian's prometheus package (root)."
+  fi
 fi
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
 export PATH="$PWD/.venv/bin:$PATH"

@@ -1,8 +1,8 @@
-"""Shared pytest fixtures (shared helpers: local_grid.py, deploy_harness.py, doc_commands.py)."""
+"""Shared pytest fixtures (shared helpers: fl_dp_flower.testing, deploy_harness.py, doc_commands.py)."""
 
 import pytest
 
-from local_grid import task_identity
+from fl_dp_flower.testing import task_identity
 
 
 @pytest.fixture(autouse=True)

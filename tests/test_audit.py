@@ -88,7 +88,10 @@ def test_clopper_pearson_matches_scipy_exact_interval(k, n):
 def test_mu_lower_bound_is_below_the_truth_and_close_to_it():
     rng = np.random.default_rng(11)
     mu, n = 1.5, 50_000
-    draw = lambda shift: rng.normal(shift, 1.0, size=(n, 1))
+
+    def draw(shift: float) -> np.ndarray:
+        return rng.normal(shift, 1.0, size=(n, 1))
+
     result = audit_attack((draw(0.0), draw(mu)), (draw(0.0), draw(mu)), delta=1e-5)
     assert 1.35 < result.mu_lower < mu
     assert result.mu_estimate == pytest.approx(mu, abs=0.05)
@@ -141,9 +144,9 @@ def test_cli_audit_rejects_bad_input_naming_the_flag(argv, named, capsys):
 # ------------------------------------------------------------------ all-rounds, participant, kink (issue 16 item 8)
 
 
-from fl_dp_flower.privacy import bounds as privacy_bounds
-from fl_dp_flower.privacy import terms
-from fl_dp_flower.privacy.schedules import step_sizes
+from fl_dp_flower.privacy import bounds as privacy_bounds  # noqa: E402 (the section's own imports)
+from fl_dp_flower.privacy import terms  # noqa: E402 (the section's own imports)
+from fl_dp_flower.privacy.schedules import step_sizes  # noqa: E402 (the section's own imports)
 
 SMALL_TRIALS = 5000
 
@@ -336,7 +339,7 @@ def test_cli_audit_adversary_and_canary_flags(capsys):
 
 # ------------------------------------------------------------------ fl-dp-flower sensitivity
 
-from fl_dp_flower.audit.sensitivity import SensitivitySetup, run_sensitivity
+from fl_dp_flower.audit.sensitivity import SensitivitySetup, run_sensitivity  # noqa: E402 (the section's own imports)
 
 # Full-batch local steps (16 images per client, B = 16), so the differing image is in every batch.
 SMALL = {"clients": 10, "local_steps": 2, "batch_size": 16, "samples_per_client": 16, "rounds": 4, "lr": 0.1,

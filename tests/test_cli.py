@@ -92,7 +92,10 @@ def test_per_sample_clipping_scales_by_theta_only_under_the_smoothness_assertion
         (["--sigma", "1", "--delta", "1.5"], "--delta"),
         (["--sigma", "1", "--algorithm", "fedprox", "--prox-alpha", "0.5"], "--prox-alpha"),
         (["--sigma", "1", "--algorithm", "fedprox", "--prox-alpha", "20"], "--lr"),
-        (["--sigma", "1", "--per-sample-clipping"], "--batch-size"),
+        (["--sigma", "1", "--per-sample-clipping", "--batch-size", "0"], "--batch-size"),
+        (["--sigma", "auto"], "--target-epsilon"),
+        (["--run-config", "sigma=-1"], "--sigma"),
+        (["--run-config", "lr2=0.1"], "lr"),
     ],
 )
 def test_bad_input_names_the_flag(argv, flag, capsys):
@@ -105,19 +108,21 @@ def test_bad_input_names_the_flag(argv, flag, capsys):
 
 def test_console_script_is_installed():
     exe = shutil.which("fl-dp-flower") or str(__import__("pathlib").Path(sys.executable).with_name("fl-dp-flower"))
-    proc = subprocess.run([exe, "privacy", *BASE, "--sigma", "1", "--rounds", "10"],
+    proc = subprocess.run([exe, "privacy", *BASE, "--sigma", "1", "--rounds", "10"], check=False,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "composition" in proc.stdout and "NOT a guarantee" in proc.stdout
-    bad = subprocess.run([exe, "calibrate", *BASE, "--rounds", "10", "--target-epsilon", "-1"],
+    bad = subprocess.run([exe, "calibrate", *BASE, "--rounds", "10", "--target-epsilon", "-1"], check=False,
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "--target-epsilon" in bad.stderr
 
 
 def test_table_states_the_defaults_and_which_threat_model_chose_the_bound(capsys):
+    # issue 21.3: the defaults are the run config's (pyproject: K 10, V 2, m 2, T 10), not the CLI's own
     assert main(["privacy", "--sigma", "1"]) == 0
     out = capsys.readouterr().out
-    assert "m 10 clients/round, T 100 rounds" in out and "constant schedule, lr 0.1, K 5, V 1" in out
+    assert "m 2 clients/round, T 10 rounds" in out and "constant schedule, lr 0.1, K 10, V 2" in out
+    assert "run config: " in out and "pyproject.toml + flags" in out
     assert "certified (composition, chosen by threat model all-rounds" in out
     assert main(["privacy", "--sigma", "1", "--threat-model", "curious-server"]) == 0
     assert "certified (local_dp, chosen by threat model curious-server" in capsys.readouterr().out
@@ -127,13 +132,50 @@ def test_help_shows_defaults_and_cites_no_document_a_user_cannot_open(capsys):
     with pytest.raises(SystemExit):
         main(["privacy", "--help"])
     text = capsys.readouterr().out
-    assert "(default: 100)" in text and "(default: 10)" in text
+    assert "--num-server-rounds X, --rounds X" in text and "package default 10" in text
     with pytest.raises(SystemExit):
         main(["privacy", "--sigma", "1", "--algorithm", "fedprox", "--prox-alpha", "100"])
     err = capsys.readouterr().err
     assert "--prox-alpha" in err
     cited = re.findall(r"[\w./-]+\.md", err)  # a document the message cites is one the user has
     assert all((Path(__file__).resolve().parents[1] / doc).is_file() for doc in cited), cited
+
+
+def test_every_run_config_key_a_plan_depends_on_is_a_flag(capsys):
+    # issue 21.3: the flags are generated from AppConfig, so a key added to the run config is a flag
+    from fl_dp_flower.config import AppConfig
+    from fl_dp_flower.plan_flags import RUN_ONLY
+
+    with pytest.raises(SystemExit):
+        main(["privacy", "--help"])
+    text = capsys.readouterr().out
+    keys = [n.replace("_", "-") for n in AppConfig.model_fields if n not in RUN_ONLY]
+    assert len(keys) >= 25 and all(f"--{key}" in text for key in keys)
+    assert RUN_ONLY < set(AppConfig.model_fields)  # no stale exclusion
+
+
+def test_flags_override_run_config_overrides_which_override_the_preset(capsys):
+    out = _json(capsys, ["privacy", "--preset", "main", "--run-config", "sigma=0.9 num-server-rounds=3",
+                         "--num-server-rounds", "2", "--json"])
+    values = out["run_config"]["values"]
+    assert values["clients-per-round"] == 4000 and values["sigma"] == 0.9 and values["num-server-rounds"] == 2
+    assert out["rounds"] == 2 and len(out["per_round"]) == 2
+    assert out["run_config"]["source"].endswith('+ preset main + --run-config "sigma=0.9 num-server-rounds=3" + flags')
+
+
+def test_a_very_long_plan_skips_the_per_round_replay(capsys):
+    out = _json(capsys, ["privacy", "--sigma", "1", "--rounds", "30000", "--json"])
+    assert out["per_round"] == [] and out["stopped_by_budget"] is None and "30000" not in out["notes"][0]
+    assert out["bounds"]["composition"]["mu"] > 0
+
+
+def test_app_reads_another_projects_run_config(tmp_path, capsys):
+    (tmp_path / "pyproject.toml").write_text('[tool.flwr.app.config]\n"local-steps" = 3\nsigma = 0.7\n')
+    out = _json(capsys, ["privacy", "--app", str(tmp_path), "--json"])
+    assert out["run_config"]["values"]["local-steps"] == 3 and out["sigma"] == 0.7
+    with pytest.raises(SystemExit):
+        main(["privacy", "--app", str(tmp_path / "nowhere")])
+    assert "--app" in capsys.readouterr().err
 
 
 def test_colluding_clients_default_counts_only_the_other_participants(capsys):

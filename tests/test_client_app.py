@@ -16,6 +16,7 @@ from fl_dp_flower.privacy.schedules import step_sizes
 from fl_dp_flower.training import LeNet5, evaluate_model, load_partition
 
 client_mod = importlib.import_module("fl_dp_flower.apps.client")
+update_mod = importlib.import_module("fl_dp_flower.client")  # the local update runs in the library's client side
 torch.set_num_threads(1)
 
 CONTRACT_METRICS = {"num-examples", "dp.partition-id", "dp.sigma", "dp.clip-norm", "dp.local-steps", "dp.lr",
@@ -116,7 +117,7 @@ def test_noise_seeding_per_client_and_round():
 def test_fixed_noise_seed_refused_unless_the_node_allows_it(monkeypatch):
     """A seed chosen by the server would let it regenerate and subtract the noise."""
     monkeypatch.delenv(client_mod.ALLOW_FIXED_SEED_ENV, raising=False)
-    monkeypatch.setattr(client_mod, "local_update", lambda *a, **k: pytest.fail("must not train"))
+    monkeypatch.setattr(update_mod, "local_update", lambda *a, **k: pytest.fail("must not train"))
     for node in ({}, {"allow-fixed-seed": False}):
         reply = send(train_config(seed=0), context(**node))
         assert reply.has_error() and reply.error.code == client_mod.REFUSED
@@ -138,13 +139,13 @@ def test_fixed_noise_seed_allowed_by_node_config_or_node_environment(monkeypatch
 def test_client_uses_schedule_of_dp_round_index(monkeypatch):
     """eta_{k,t} come from privacy.schedules with t = dp.round-index (not server-round - 1)."""
     calls = []
-    real = client_mod.local_update
+    real = update_mod.local_update
 
     def spy(*args, **kw):
         calls.append(kw)
         return real(*args, **kw)
 
-    monkeypatch.setattr(client_mod, "local_update", spy)
+    monkeypatch.setattr(update_mod, "local_update", spy)
     for schedule in ("constant", "cyclic", "stage", "iterative"):
         reply = send(train_config(schedule=schedule, lr=0.08, local_steps=4, round_index=5, server_round=2),
                      context())
@@ -155,8 +156,8 @@ def test_client_uses_schedule_of_dp_round_index(monkeypatch):
 
 def test_fedprox_alpha_only_for_fedprox(monkeypatch):
     seen = []
-    real = client_mod.local_update
-    monkeypatch.setattr(client_mod, "local_update", lambda *a, **k: seen.append(k) or real(*a, **k))
+    real = update_mod.local_update
+    monkeypatch.setattr(update_mod, "local_update", lambda *a, **k: seen.append(k) or real(*a, **k))
     r1 = send(train_config(algorithm="fedprox", prox_alpha=2.0, clipping="per-sample"), context())
     r2 = send(train_config(algorithm="fedavg", prox_alpha=2.0), context())
     assert seen[0]["prox_alpha"] == 2.0 and seen[0]["clipping"] == "per-sample"
@@ -204,7 +205,7 @@ def test_replies_aggregate_with_flower_fedavg():
     ({}, {"clipping": "per-sample", "batch_size": 401}, ("dp.batch-size", "400")),
 ])
 def test_node_refuses_less_private_or_malformed_instructions(monkeypatch, node, over, words):
-    monkeypatch.setattr(client_mod, "local_update", lambda *a, **k: pytest.fail("must not train"))
+    monkeypatch.setattr(update_mod, "local_update", lambda *a, **k: pytest.fail("must not train"))
     reply = send(train_config(**over), context(**node))
     assert reply.has_error() and reply.error.code == client_mod.REFUSED
     for w in words:

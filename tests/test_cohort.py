@@ -23,7 +23,7 @@ from fl_dp_flower.training.data import load_partition
 from fl_dp_flower.training.local_update import local_update
 from fl_dp_flower.training.models import LeNet5
 from fl_dp_flower.training.noise import add_gaussian_noise_
-from local_grid import run_local, tiny_config
+from fl_dp_flower.testing import run_local, tiny_config
 
 torch.set_num_threads(1)
 

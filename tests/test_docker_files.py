@@ -292,8 +292,11 @@ def _snapshot(folder: Path) -> dict[str, bytes]:
 @pytest.mark.skipif(not (shutil.which("openssl") and shutil.which("ssh-keygen")), reason="needs openssl, ssh-keygen")
 def test_gen_certs(tmp_path):
     out = tmp_path / "certs"
-    run = lambda *a: subprocess.run(["bash", str(DOCKER / "gen-certs.sh"), str(out), *a], capture_output=True,
-                                    text=True, timeout=120)
+
+    def run(*a: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", str(DOCKER / "gen-certs.sh"), str(out), *a], capture_output=True,
+                              text=True, timeout=120)
+
     r = run("--supernodes", "2", "--san", "IP:10.77.0.1", "--san", "DNS:flower.example.org")
     assert r.returncode == 0, r.stderr
     first = _snapshot(out)

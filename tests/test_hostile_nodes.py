@@ -23,7 +23,7 @@ from fl_dp_flower.strategies import noisy
 from fl_dp_flower.strategies.screening import residual_threshold
 from fl_dp_flower.training.data import DEFAULT_DATA_SEED, load_partition
 
-from local_grid import TINY_NODES, run_local, tiny_config
+from fl_dp_flower.testing import TINY_NODES, run_local, tiny_config
 
 NODES = TINY_NODES
 HOSTILE = 2

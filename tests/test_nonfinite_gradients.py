@@ -14,7 +14,7 @@ from fl_dp_flower.apps import client as client_module
 from fl_dp_flower.training import local_update
 from fl_dp_flower.training.cohort import Member, cohort_update
 
-from local_grid import run_local, tiny_config
+from fl_dp_flower.testing import run_local, tiny_config
 
 torch.set_num_threads(1)
 F64 = torch.float64

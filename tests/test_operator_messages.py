@@ -16,11 +16,13 @@ import logging
 
 import pytest
 
+from fl_dp_flower.config import ConfigError
+
 from fl_dp_flower.apps import server as server_module
 from fl_dp_flower.apps.server import LEDGER, SUMMARY, RunFailed
 from fl_dp_flower.reporting import PrivacyLedger, read_ledger
 from fl_dp_flower.reporting.verify import verify_ledger
-from local_grid import TINY_NODES, run_local, tiny_config
+from fl_dp_flower.testing import TINY_NODES, run_local, tiny_config
 
 SERVER_LOGGER = "flwr.fl_dp_flower"
 
@@ -101,10 +103,11 @@ def test_an_existing_ledger_is_logged(tmp_path, caplog):
 
 def test_a_budget_too_small_for_any_round_is_logged(tmp_path, caplog):
     caplog.set_level(logging.INFO)
-    with pytest.raises(RunFailed):
+    """Refused before anything starts (the preflight: no round fits), and said at ERROR."""
+    with pytest.raises(ConfigError):
         run_local(tiny_config(tmp_path, **{"target-epsilon": 1e-3}))
-    assert any(e.startswith("the run accounted no round, so nothing was trained: privacy budget")
-               for e in _errors(caplog)), _errors(caplog)
+    assert any("target-epsilon" in e for e in _errors(caplog)), _errors(caplog)
+    assert not (tmp_path / "run").exists()
 
 
 def test_excluded_nodes_stay_excluded_after_a_resume(tmp_path, caplog):

@@ -336,6 +336,29 @@ def test_plot_writes_png(tmp_path, eps):
     assert path.read_bytes() != data
 
 
+def test_plot_names_the_settings_and_draws_the_budget_and_local_dp(tmp_path):
+    # issue 21.5: sigma, clients, rounds, threat model in the title; budget line; local-DP curve
+    from fl_dp_flower.reporting.plot import privacy_figure
+
+    run_config = {"sigma": 0.8, "clients-per-round": 10, "num-server-rounds": 5, "threat-model": "all-rounds",
+                  "target-epsilon": 4.0}
+    hist = history([0.5, 1.0, 2.0])
+    for entry, local in zip(hist, (3.0, 6.0, 9.0)):
+        entry["report"]["bounds"]["local_dp"] = {"mu": local / 4, "epsilon": local, "sound": True}
+    ax = privacy_figure(hist, delta=1e-5, run_config=run_config).axes[0]
+    assert "σ 0.8 · 10 clients/round · 3 of 5 rounds · threat model all-rounds" in ax.get_title()
+    labels = [line.get_label() for line in ax.get_lines()]
+    assert "budget ε = 4" in labels
+    local = [line for line in ax.get_lines() if line.get_label().startswith("local DP")]
+    assert len(local) == 1 and list(local[0].get_ydata()) == [3.0, 6.0, 9.0]
+    budget = next(line for line in ax.get_lines() if line.get_label() == "budget ε = 4")
+    assert set(budget.get_ydata()) == {4.0}
+    assert "budget" not in " ".join(line.get_label() for line in privacy_figure(
+        hist, delta=1e-5, run_config={**run_config, "target-epsilon": 0.0}).axes[0].get_lines())
+    path = plot_privacy_curve(hist, tmp_path / "p.png", delta=1e-5, run_config=run_config)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_plot_rejects_empty_history(tmp_path):
     with pytest.raises(ValueError):
         plot_privacy_curve([], tmp_path / "x.png", delta=1e-5)

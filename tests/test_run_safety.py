@@ -30,7 +30,7 @@ from fl_dp_flower.apps.server import CHECKPOINT, LEDGER, SUMMARY, RunFailed
 from fl_dp_flower.config import AppConfig
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.reporting import PrivacyLedger, PrivacyMetricsExporter, read_ledger
-from local_grid import TINY_NODES, run_local, tiny_config
+from fl_dp_flower.testing import TINY_NODES, run_local, tiny_config
 
 NODES = TINY_NODES
 
@@ -234,7 +234,7 @@ def test_a_rounds_line_is_durable_before_its_aggregate_is_saved_or_broadcast(tmp
     import fl_dp_flower.apps.server as server
     from fl_dp_flower.apps.client import app as client_app
     from fl_dp_flower.strategies.noisy import NoisyStrategyMixin
-    from local_grid import LocalGrid, task_identity
+    from fl_dp_flower.testing import LocalGrid, task_identity
 
     cfg = _config(tmp_path, **{"num-server-rounds": 3})
     path = tmp_path / "run" / LEDGER
@@ -321,7 +321,7 @@ def test_under_quorum_rounds_do_not_lower_the_certified_final_model_epsilon(tmp_
     from fl_dp_flower.apps.client import app as client_app
     from fl_dp_flower.privacy import gdp
     from fl_dp_flower.privacy.terms import round_terms
-    from local_grid import LocalGrid, task_identity
+    from fl_dp_flower.testing import LocalGrid, task_identity
 
     class SilentFromRound3(LocalGrid):
         def send_and_receive(self, messages, *, timeout=None):

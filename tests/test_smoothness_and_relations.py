@@ -175,7 +175,7 @@ def test_final_model_run_publishes_no_per_round_model_outputs(tmp_path):
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from local_grid import run_local, tiny_config
+    from fl_dp_flower.testing import run_local, tiny_config
 
     final_cfg = tiny_config(tmp_path / "final", **{"threat-model": "final-model", "assume-smooth-losses": True,
                                                  "schedule": "stage"})

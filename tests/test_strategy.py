@@ -14,14 +14,14 @@ from flwr.app import Message
 
 from fl_dp_flower.apps.client import app as client_app
 from fl_dp_flower.apps.server import CHECKPOINT, FINAL_MODEL, LEDGER, PLOT, SUMMARY, RunFailed, run_server
-from fl_dp_flower.config import AppConfig
+from fl_dp_flower.config import AppConfig, ConfigError
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.privacy.schedules import step_sizes
 from fl_dp_flower.reporting import read_ledger
 from fl_dp_flower.training.data import DEFAULT_DATA_SEED, load_partition
 from fl_dp_flower.training.models import build_model
 
-from local_grid import TINY_NODES, LocalGrid, run_local, tiny_config
+from fl_dp_flower.testing import TINY_NODES, LocalGrid, run_local, tiny_config
 
 NODES = TINY_NODES
 
@@ -186,15 +186,13 @@ def test_budget_stop_before_exceeding_round(tmp_path):
     assert (out.run_dir / FINAL_MODEL).exists() and (out.run_dir / PLOT).exists()
 
 
-def test_budget_too_small_for_one_round_fails_the_run(tmp_path):
+def test_budget_too_small_for_one_round_is_refused_before_anything_is_written(tmp_path):
+    # issue 21.2: refused at the start (naming the sigma that fits), not after a run that trains nothing
     cfg = _config(tmp_path, **{"target-epsilon": 1e-6})
     grid = LocalGrid(client_app, NODES, cfg.to_run_config())
-    with pytest.raises(RunFailed, match="accounted no round.*privacy budget: round 1"):
+    with pytest.raises(ConfigError, match="'target-epsilon' = 1e-06: no round fits the budget.*sigma = 'auto'"):
         run_server(grid, cfg)
-    assert grid.sent == []
-    summary = json.loads((tmp_path / "run" / SUMMARY).read_text())
-    assert summary["stopped_by_budget"] and summary["rounds_accounted"] == 0
-    assert read_ledger(tmp_path / "run" / LEDGER).events[-1]["data"]["rounds_this_run"] == 0
+    assert grid.sent == [] and not (tmp_path / "run").exists()
 
 
 def _planned_epsilons(cfg: AppConfig, clients: list[int]) -> list[float]:

@@ -13,7 +13,7 @@ import pytest
 
 from fl_dp_flower.reporting.ledger import line_hash
 from fl_dp_flower.reporting.verify import verify_ledger
-from local_grid import run_local, tiny_config
+from fl_dp_flower.testing import run_local, tiny_config
 
 VERIFY = [sys.executable, "-m", "fl_dp_flower.cli", "verify"]
 
@@ -201,8 +201,8 @@ def test_watch_follows_a_real_run_in_tmux_and_exits_on_ctrl_c(tmp_path):
 
     try:
         wait_until(lambda: "waiting for a ledger" in screen(), 60, "the watch to start")
-        script = ("import sys; sys.path.insert(0, 'tests'); from pathlib import Path; "
-                  "from local_grid import run_local, tiny_config; "
+        script = ("from pathlib import Path; "
+                  "from fl_dp_flower.testing import run_local, tiny_config; "
                   f"run_local(tiny_config(Path({str(tmp_path)!r}), **{{'num-server-rounds': 8, 'target-epsilon': 1000.0}}))")
         run = subprocess.Popen([sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[1],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -32,168 +32,36 @@ run config), dataset settings from the run config (``data-dir`` in the node conf
 from __future__ import annotations
 
 import logging
-import math
-import os
 import secrets
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 
-import numpy as np
 import torch
-from flwr.app import ArrayRecord, Context, Error, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from fl_dp_flower import protocol
+from fl_dp_flower.client import derived_seed, log_nonfinite, noisy_local_update, shared_statistics, train_reply
 from fl_dp_flower.config import AppConfig, ConfigError
+from fl_dp_flower.node import (ALLOW_FIXED_SEED, ALLOW_FIXED_SEED_ENV, NODE_LIMITS, SHARE_METRICS,  # noqa: F401
+                               SHARE_METRICS_ENV, check_node_limits, check_node_policy, fixed_seed_allowed,
+                               metrics_shared, node_flag)
 from fl_dp_flower.privacy.schedules import step_sizes
-from fl_dp_flower.protocol import REFUSAL_CODE, REFUSAL_PREFIX
-from fl_dp_flower.training.data import DEFAULT_DATA_SEED, Partition, load_partition
+from fl_dp_flower.protocol import REFUSAL_CODE, Refused, TrainInstruction, refusal
 from fl_dp_flower.training.cohort import Member, cohort_update
-from fl_dp_flower.training.local_update import evaluate_model, local_update
-from fl_dp_flower.vocabulary import ALGORITHMS, CLIPPING_MODES, SCHEDULES
+from fl_dp_flower.training.data import DEFAULT_DATA_SEED, Partition, load_partition
+from fl_dp_flower.training.local_update import evaluate_model
 from fl_dp_flower.training.models import build_model
-from fl_dp_flower.training.noise import add_gaussian_noise_, make_noise_source
+from fl_dp_flower.training.noise import make_noise_source
 
 log = logging.getLogger(__name__)
 
 REFUSED = REFUSAL_CODE  # Error code of a refused train instruction
-NODE_LIMITS = {  # node-config key -> (setting, comparison that must hold)
-    "min-sigma": ("dp.sigma", ">="),
-    "max-clip-norm": ("dp.clip-norm", "<="),
-    "max-local-steps": ("dp.local-steps", "<="),
-    "max-lr": ("dp.lr", "<="),
-}
-ALLOW_FIXED_SEED = "allow-fixed-seed"  # node-config key (bool)
-ALLOW_FIXED_SEED_ENV = "FL_DP_ALLOW_FIXED_SEED"  # node environment: "1" allows, like the key
-SHARE_METRICS = "share-metrics"  # node-config key (bool): send un-noised train/eval statistics
-SHARE_METRICS_ENV = "FL_DP_SHARE_METRICS"  # node environment: "1" shares them, like the key
+TrainSettings = TrainInstruction  # the dp.* keys of a train instruction (fl_dp_flower.protocol)
+parse_train_config = TrainInstruction.from_config
+_derived_seed = derived_seed
 
 app = ClientApp()
-
-
-class Refused(ValueError):
-    """The node will not run this train instruction (reason in the message)."""
-
-
-@dataclass(frozen=True)
-class TrainSettings:
-    """The dp.* keys of a train instruction, type-checked (units: those of the weights)."""
-
-    round_index: int
-    algorithm: str
-    schedule: str
-    lr: float
-    local_steps: int
-    clip_norm: float
-    sigma: float
-    clipping: str
-    batch_size: int
-    prox_alpha: float
-    seed: int
-
-
-def _get(cfg: Mapping, key: str, kind: type):
-    if key not in cfg:
-        raise Refused(f"train config is missing {key!r}")
-    value = cfg[key]
-    if kind is str:
-        if not isinstance(value, str):
-            raise Refused(f"{key} must be a string, got {value!r}")
-        return value
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise Refused(f"{key} must be a number, got {value!r}")
-    if kind is int:
-        if isinstance(value, float) and not value.is_integer():
-            raise Refused(f"{key} must be an integer, got {value!r}")
-        return int(value)
-    if not math.isfinite(value):
-        raise Refused(f"{key} must be finite, got {value!r}")
-    return float(value)
-
-
-def parse_train_config(cfg: Mapping) -> TrainSettings:
-    """Validate the server's dp.* train config; raise Refused naming the bad key."""
-    s = TrainSettings(
-        round_index=_get(cfg, "dp.round-index", int),
-        algorithm=_get(cfg, "dp.algorithm", str),
-        schedule=_get(cfg, "dp.schedule", str),
-        lr=_get(cfg, "dp.lr", float),
-        local_steps=_get(cfg, "dp.local-steps", int),
-        clip_norm=_get(cfg, "dp.clip-norm", float),
-        sigma=_get(cfg, "dp.sigma", float),
-        clipping=_get(cfg, "dp.clipping", str),
-        batch_size=_get(cfg, "dp.batch-size", int),
-        prox_alpha=_get(cfg, "dp.prox-alpha", float),
-        seed=_get(cfg, "dp.seed", int),
-    )
-    checks = [
-        (s.algorithm in ALGORITHMS, f"dp.algorithm must be one of {ALGORITHMS}, got {s.algorithm!r}"),
-        (s.schedule in SCHEDULES, f"dp.schedule must be one of {SCHEDULES}, got {s.schedule!r}"),
-        (s.clipping in CLIPPING_MODES, f"dp.clipping must be one of {CLIPPING_MODES}, got {s.clipping!r}"),
-        (s.sigma > 0, f"dp.sigma must be > 0 (noise is mandatory), got {s.sigma!r}"),
-        (s.clip_norm > 0, f"dp.clip-norm must be > 0, got {s.clip_norm!r}"),
-        (s.lr > 0, f"dp.lr must be > 0, got {s.lr!r}"),
-        (s.local_steps >= 1, f"dp.local-steps must be >= 1, got {s.local_steps!r}"),
-        (s.batch_size >= 1, f"dp.batch-size must be >= 1, got {s.batch_size!r}"),
-        (s.round_index >= 0, f"dp.round-index must be >= 0, got {s.round_index!r}"),
-        (s.prox_alpha >= 0, f"dp.prox-alpha must be >= 0, got {s.prox_alpha!r}"),
-        (s.seed >= -1, f"dp.seed must be -1 (OS entropy) or >= 0, got {s.seed!r}"),
-    ]
-    for ok, reason in checks:
-        if not ok:
-            raise Refused(reason)
-    if s.algorithm == "fedprox" and s.lr * s.prox_alpha > 1:
-        # docs/MATH.md §3: the FedProx sensitivity terms need eta_k * alpha <= 1 (eta_0 = lr is the largest)
-        raise Refused(f"dp.lr * dp.prox-alpha must be <= 1 for fedprox, got {s.lr * s.prox_alpha!r}")
-    return s
-
-
-def check_node_limits(s: TrainSettings, node_config: Mapping) -> None:
-    """Raise Refused if ``s`` violates a min-sigma / max-clip-norm / max-local-steps / max-lr limit."""
-    applied = {"dp.sigma": s.sigma, "dp.clip-norm": s.clip_norm, "dp.local-steps": s.local_steps, "dp.lr": s.lr}
-    for key, (setting, op) in NODE_LIMITS.items():
-        if key not in node_config:
-            continue
-        try:
-            limit = float(node_config[key])
-        except (TypeError, ValueError):
-            raise Refused(f"node config {key}={node_config[key]!r} is not a number") from None
-        if not math.isfinite(limit):
-            raise Refused(f"node config {key}={limit!r} is not finite")
-        value = applied[setting]
-        if not (value >= limit if op == ">=" else value <= limit):
-            raise Refused(f"{setting}={value!r} violates this node's limit {key}={limit!r}")
-
-
-def node_flag(node_config: Mapping, key: str) -> bool:
-    """A boolean node-config switch (absent = false); anything but true/false is refused."""
-    value = node_config.get(key, False)
-    if not isinstance(value, bool):
-        raise Refused(f"node config {key}={value!r} must be true or false")
-    return value
-
-
-def fixed_seed_allowed(node_config: Mapping, environ: Mapping[str, str] | None = None) -> bool:
-    """Whether this node accepts reproducible (seeded) noise: node config or node environment."""
-    env = os.environ if environ is None else environ
-    return node_flag(node_config, ALLOW_FIXED_SEED) or env.get(ALLOW_FIXED_SEED_ENV, "") == "1"
-
-
-def metrics_shared(node_config: Mapping, environ: Mapping[str, str] | None = None) -> bool:
-    """Whether this node sends un-noised statistics: node config or node environment (the only
-    way in Flower's simulation engine, as for allow-fixed-seed)."""
-    env = os.environ if environ is None else environ
-    return node_flag(node_config, SHARE_METRICS) or env.get(SHARE_METRICS_ENV, "") == "1"
-
-
-def check_node_policy(s: TrainSettings, node_config: Mapping, environ: Mapping[str, str] | None = None) -> None:
-    """Raise Refused if ``s`` asks for a fixed noise seed this node has not allowed."""
-    if s.seed >= 0 and not fixed_seed_allowed(node_config, environ):
-        raise Refused(
-            f"dp.seed={s.seed} asks for reproducible noise, which whoever knows the seed can subtract; "
-            f"this node allows it only with node config {ALLOW_FIXED_SEED}=true or "
-            f"{ALLOW_FIXED_SEED_ENV}=1 in its environment"
-        )
 
 
 def _device() -> torch.device:
@@ -227,37 +95,20 @@ def _global_model(msg: Message, config: AppConfig, device: torch.device) -> torc
     return model.to(device)
 
 
-def _derived_seed(seed: int, *parts: int) -> int:
-    """A 63-bit seed for (seed, partition, round, stream): distinct noise per client and round."""
-    return int(np.random.SeedSequence([seed, *parts]).generate_state(1, np.uint64)[0] >> np.uint64(1))
-
-
-def shared_statistics(**values: float | int) -> dict[str, float | int]:
-    """The un-noised statistics of local training (sent only with ``share-metrics=true``), in
-    reply-key form: train-seconds, train-loss, clipped-fraction, nonfinite-gradients."""
-    return {key.replace("_", "-"): value for key, value in values.items()}
-
-
-def _log_nonfinite(count: int, unit: str) -> None:
-    if count:
-        log.warning("%d non-finite %s gradient(s) this round were replaced by zero before clipping "
-                    "(NaN/Inf loss or data); the upload stays finite and within the clipping bound", count, unit)
-
-
 def _refuse(msg: Message, err: Refused) -> Message:
     log.warning("Refusing train instruction: %s", err)
-    return Message(Error(code=REFUSED, reason=f"{REFUSAL_PREFIX}{err}"), reply_to=msg)
+    return refusal(msg, err)
 
 
 def _cohort_slots(cfg: Mapping, config: AppConfig) -> list[int] | None:
     """The virtual-client slots a cohort instruction asks this node to train (None: one client)."""
-    if "dp.members" not in cfg:
+    if protocol.MEMBERS not in cfg:
         return None
-    slots = cfg["dp.members"]
+    slots = cfg[protocol.MEMBERS]
     cpn = config.clients_per_node
     if (not isinstance(slots, list) or not slots or len(set(slots)) != len(slots)
             or not all(isinstance(j, int) and not isinstance(j, bool) and 0 <= j < cpn for j in slots)):
-        raise Refused(f"dp.members must be distinct slots in [0, {cpn - 1}] ('clients-per-node' = {cpn}), "
+        raise Refused(f"{protocol.MEMBERS} must be distinct slots in [0, {cpn - 1}] ('clients-per-node' = {cpn}), "
                       f"got {slots!r}")
     return sorted(slots)
 
@@ -295,15 +146,14 @@ def _train_cohort(msg: Message, context: Context, s: TrainSettings, config: AppC
     started = time.perf_counter()
     result = cohort_update(model, members, step_sizes=etas, clip_norm=s.clip_norm, batch_size=s.batch_size,
                            sigma=s.sigma, prox_alpha=alpha, summed_noise=summed)
-    _log_nonfinite(result.nonfinite_gradients, "(member, step)")
+    log_nonfinite(result.nonfinite_gradients, "(member, step)")
     metrics = MetricRecord({
         "num-examples": sum(len(m.y) for m in members),
         **(shared_statistics(train_seconds=time.perf_counter() - started, clipped_fraction=result.clipped_fraction,
                              nonfinite_gradients=result.nonfinite_gradients) if share else {}),
-        "dp.members": slots,
-        "dp.partition-id": pid,
-        "dp.sigma": s.sigma, "dp.clip-norm": s.clip_norm, "dp.local-steps": len(etas), "dp.lr": s.lr,
-        "dp.round-index": s.round_index, "dp.batch-size": min(result.batch_sizes), "dp.prox-alpha": alpha,
+        protocol.MEMBERS: slots,
+        protocol.PARTITION_ID: pid,
+        **protocol.echo(s, local_steps=len(etas), batch_size=min(result.batch_sizes)),
     })
     arrays = ArrayRecord({k: v.detach().cpu() for k, v in result.total.items()})
     return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
@@ -314,7 +164,7 @@ def train(msg: Message, context: Context) -> Message:
     """Local update on this node's partition (or its cohort's), then noise on every uploaded value."""
     torch.set_num_threads(1)
     try:
-        s = parse_train_config(msg.content["config"])
+        s = TrainInstruction.from_config(msg.content["config"])
         check_node_limits(s, context.node_config)
         check_node_policy(s, context.node_config)
         share = metrics_shared(context.node_config)
@@ -331,43 +181,16 @@ def train(msg: Message, context: Context) -> Message:
                 f"dp.batch-size={s.batch_size} exceeds the {len(part.y_train)} local samples; "
                 "per-sample clipping would then use a smaller B than accounted"
             )
-        etas = step_sizes(s.schedule, s.lr, s.round_index, s.local_steps)
     except Refused as err:
         return _refuse(msg, err)
 
-    device = _device()
-    model = _global_model(msg, config, device)
-    pid = int(context.node_config["partition-id"])
-    batch_gen = torch.Generator(device="cpu")
-    batch_gen.manual_seed(_derived_seed(s.seed, pid, s.round_index, 1) if s.seed >= 0 else secrets.randbits(63))
-    alpha = s.prox_alpha if s.algorithm == "fedprox" else 0.0
+    model = _global_model(msg, config, _device())
     started = time.perf_counter()
-    stats = local_update(
-        model, part.x_train, part.y_train,
-        step_sizes=etas, clip_norm=s.clip_norm, clipping=s.clipping,
-        batch_size=s.batch_size, prox_alpha=alpha, generator=batch_gen,
-    )
-    noise_seed = -1 if s.seed == -1 else _derived_seed(s.seed, pid, s.round_index, 0)
-    add_gaussian_noise_(model, s.sigma, make_noise_source(config.noise_mode, device, noise_seed))
-    train_seconds = time.perf_counter() - started
-    _log_nonfinite(stats.nonfinite_gradients, "per-sample" if s.clipping == "per-sample" else "step")
-
-    metrics = MetricRecord({
-        "num-examples": len(part.y_train),  # public under replace-one adjacency (docs/deployment.md)
-        **(shared_statistics(train_seconds=train_seconds, train_loss=stats.loss,
-                             clipped_fraction=stats.clipped_fraction,
-                             nonfinite_gradients=stats.nonfinite_gradients) if share else {}),
-        "dp.partition-id": pid,  # the server detects two nodes given one partition
-        "dp.sigma": s.sigma,
-        "dp.clip-norm": s.clip_norm,
-        "dp.local-steps": stats.steps,
-        "dp.lr": s.lr,
-        "dp.round-index": s.round_index,
-        "dp.batch-size": stats.batch_size,
-        "dp.prox-alpha": alpha,
-    })
-    arrays = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
-    return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
+    pid = int(context.node_config["partition-id"])
+    stats = noisy_local_update(model, part.x_train, part.y_train, s, client=pid, noise_mode=config.noise_mode)
+    return train_reply(msg, s, model, stats, num_examples=len(part.y_train),  # public under replace-one
+                       share_metrics=share, train_seconds=time.perf_counter() - started,
+                       extra_metrics={protocol.PARTITION_ID: pid})  # the server detects two nodes given one partition
 
 
 @app.evaluate()

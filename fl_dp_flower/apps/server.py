@@ -62,6 +62,7 @@ from flwr.serverapp.strategy import Result
 from fl_dp_flower.apps.recovery import RunFailed, logged_failures, restore_exclusions
 from fl_dp_flower.apps.threat import final_model_assumptions, node_assumptions, publishes_per_round_models
 from fl_dp_flower.config import AppConfig, ConfigError
+from fl_dp_flower.preflight import chance_level_warning, log_preflight
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.reporting import PrivacyLedger, PrivacyMetricsExporter, plot_privacy_curve, render_summary
 from fl_dp_flower.reporting.console import conditional_note
@@ -180,7 +181,8 @@ def _open_ledger(config: AppConfig, run_dir: Path) -> tuple[PrivacyLedger, Priva
                     "(its uploads may have reached the server; its aggregate was never saved or broadcast) "
                     "(resume-unfinished-round = 'account'); certified epsilon now %.6g",
                     unfinished, contents.open_round_line, report.certified.epsilon)
-    ledger.append_event("resume", {"rounds_accounted": accountant.num_releases, "checkpoint_round": ckpt_round})
+    ledger.append_event("resume", {"rounds_accounted": accountant.num_releases, "checkpoint_round": ckpt_round,
+                                   "plan": config.resumable_plan()})  # watch shows the resumed plan
     log.info("resuming %s: %d rounds accounted", path, accountant.num_releases)
     return ledger, accountant, arrays
 
@@ -263,6 +265,11 @@ def _run_server(grid: Grid, config: AppConfig, fraction_evaluate: float,
     if config.seed >= 0:  # node sampling (random.sample) and model init become reproducible
         random.seed(config.seed)
         torch.manual_seed(config.seed)
+    try:
+        log_preflight(config, log)  # calibrated sigma, early budget stop, noise
+    except ConfigError as err:  # the budget fits no round: said in the log that `flwr log` shows
+        log.error("%s", err)
+        raise
     run_dir = (Path(config.output_dir).expanduser() / config.run_name).resolve()
     if config.resume:
         _require_ledger(run_dir / LEDGER)  # before any folder is made
@@ -285,9 +292,8 @@ def _run_server(grid: Grid, config: AppConfig, fraction_evaluate: float,
         per_round_eval = publishes_per_round_models(config)
         if not per_round_eval:  # docs/MATH.md §15
             log.info("final-model: no per-round evaluation is published; the released model is evaluated at the end")
-        strategy = make_strategy(config, accountant, reporters=[sink],
+        strategy = make_strategy(config, accountant, sinks=[sink],
                                  fraction_evaluate=fraction_evaluate if per_round_eval else 0.0)
-        strategy.on_event = ledger.append_event
         if config.resume:
             restore_exclusions(strategy, read_ledger(run_dir / LEDGER).events)
         remaining = max(config.num_server_rounds - accountant.num_releases, 0)
@@ -302,14 +308,9 @@ def _run_server(grid: Grid, config: AppConfig, fraction_evaluate: float,
             _finish(config, run_dir, ledger, accountant, strategy, strategy.partial_result(), time.time() - t0,
                     failure=str(exc))
             raise RunFailed(str(exc), logged=True) from None
-        if strategy.stop_reason is not None:
-            if exporter is not None:
-                exporter.mark_budget_exhausted()
-            ledger.append_event("budget-stop", {"reason": strategy.stop_reason,
-                                                "rounds_accounted": accountant.num_releases})
-        trained = accountant.num_releases - accounted_before
-        ledger.append_event("end", {"rounds_accounted": accountant.num_releases, "rounds_this_run": trained,
-                                    "stopped_by_budget": strategy.stop_reason is not None})
+        if strategy.stop_reason is not None and exporter is not None:
+            exporter.mark_budget_exhausted()
+        trained = accountant.num_releases - accounted_before  # the strategy wrote budget-stop and end events
         if exporter is not None:
             exporter.set_ledger_head(ledger.head_line_hash)
         summary = _finish(config, run_dir, ledger, accountant, strategy, result, time.time() - t0)
@@ -353,7 +354,7 @@ def _finish(config: AppConfig, run_dir: Path, ledger: PrivacyLedger, accountant:
     plot = None
     if history:
         log.info("\n%s", render_summary(history))
-        plot = str(plot_privacy_curve(history, run_dir / PLOT, delta=config.delta))
+        plot = str(plot_privacy_curve(history, run_dir / PLOT, delta=config.delta, run_config=config.to_run_config()))
     last_metrics = history[-1]["metrics"] if history else {}
     if not publishes_per_round_models(config):  # evaluate only the released model (docs/MATH.md §15)
         last_metrics = dict(make_evaluate_fn(config)(accountant.num_releases, final))
@@ -371,6 +372,7 @@ def _finish(config: AppConfig, run_dir: Path, ledger: PrivacyLedger, accountant:
         "threat_model_assumes": final_model_assumptions(config) if config.threat_model == "final-model" else [],
         "final_accuracy": last_metrics.get("accuracy"),
         "final_loss": last_metrics.get("loss"),
+        "warnings": [w for w in [chance_level_warning(config, last_metrics.get("accuracy"))] if w],  # near chance
         "echo_mismatches": strategy.echo_mismatches,
         "node_assumptions": node_assumptions(config),
         "node_refusals": {str(n): r.to_dict() for n, r in sorted(strategy.refusals.items())},
@@ -382,6 +384,8 @@ def _finish(config: AppConfig, run_dir: Path, ledger: PrivacyLedger, accountant:
         "accountant_config": accountant.config.to_dict(),
     }
     write_json(run_dir / SUMMARY, summary)
+    for warning in summary["warnings"]:
+        log.warning("%s", warning)
     cert, assumes = summary["final_report"]["certified"], summary["threat_model_assumes"]
     log.info("finished: %d of %d planned rounds accounted, certified epsilon %s (mu %s, %s, replace-one%s) at "
              "delta %g; add/remove-one epsilon %s%s%s", accountant.num_releases, config.num_server_rounds,

@@ -11,7 +11,7 @@ from fl_dp_flower.vocabulary import BOUND_NAMES, SCHEDULES
 
 from .accountant import Budget, PrivacyAccountant, PrivacyReport, PrivacySpent
 from .bounds import BoundValue, certified_bound
-from .planning import Calibration, Plan, calibrate, plan
+from .planning import Calibration, Plan, PlannedRun, SigmaCalibration, calibrate, calibrate_sigma, plan, planned_run
 from .records import AccountantConfig, RoundRecord
 from .schedules import step_size, step_sizes
 
@@ -23,13 +23,17 @@ __all__ = [
     "Budget",
     "Calibration",
     "Plan",
+    "PlannedRun",
     "PrivacyAccountant",
     "PrivacyReport",
     "PrivacySpent",
     "RoundRecord",
+    "SigmaCalibration",
     "calibrate",
+    "calibrate_sigma",
     "certified_bound",
     "plan",
+    "planned_run",
     "step_size",
     "step_sizes",
 ]

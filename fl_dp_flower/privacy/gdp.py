@@ -19,7 +19,7 @@ Only math, numpy and scipy are used. Invalid inputs raise ValueError naming the 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -51,7 +51,7 @@ _BRENT = {"xtol": 1e-300, "rtol": 8.9e-16, "maxiter": 500}
 # ----------------------------------------------------------------------------- validation
 
 
-def _number(name: str, value: Any, allowed: str, ok) -> float:
+def _number(name: str, value: Any, allowed: str, ok: Callable[[float], bool]) -> float:
     """Convert ``value`` to float and check ``ok(x)``; raise ValueError naming ``name``."""
     try:
         if isinstance(value, (bool, np.bool_)):
@@ -190,7 +190,7 @@ def mu_for(epsilon: float, delta: float) -> float:
 # ----------------------------------------------------------------------------- other conversions
 
 
-def tradeoff(mu: float, alpha):
+def tradeoff(mu: float, alpha: Any) -> Any:
     """Trade-off curve T_G(mu)(alpha) = Phi(-Phi^{-1}(alpha) - mu) (Definition 4, docs/MATH.md §9.3).
 
     The smallest type-II error of a test with type-I error alpha. Evaluated without forming

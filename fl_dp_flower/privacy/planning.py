@@ -7,16 +7,24 @@ local DP) use the exact per-round terms the accountant computes for those rounds
 planned; the paper's closed form keeps its Table 2 terms (docs/MATH.md §4, §13). Every bound here is proportional to 1/sigma, so calibration
 is exact: sigma = sigma_0 * mu(sigma_0) / mu*, with mu* the largest mu meeting the
 target (docs/MATH.md §9.2).
+
+:func:`planned_run` replays the planned rounds through the run's own accountant
+(:class:`~.accountant.PrivacyAccountant`, fed ``AccountantConfig.planned_round``) with the
+budget rule the strategy applies when every sampled client replies, so its per-round curve is
+the run's by construction. :func:`calibrate_sigma` picks sigma for ``target-epsilon``
+(``sigma = "auto"`` in the run config; the Opacus user's ``make_private_with_epsilon``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
 
 from . import gdp
+from .accountant import Budget, PrivacyAccountant, PrivacyReport
 from .bounds import (
     RELATION,
     BoundValue,
@@ -115,3 +123,117 @@ def calibrate(config: AccountantConfig, rounds: int, target_epsilon: float,
     value = calibrated.bounds[name]
     return Calibration(sigma=sigma, bound=name, mu=value.mu, epsilon=value.epsilon, sound=value.sound,
                        assumes=value.assumes)
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """The planned rounds as the run's accountant accounts them, one report per round.
+
+    ``reports[t - 1]`` is the report after round t (certified epsilon at the config's delta);
+    only the rounds that train are listed: with a budget, the run stops before the first round
+    that would push the certified epsilon past ``target_epsilon`` (``stopped_by_budget``).
+    """
+
+    rounds_planned: int
+    target_epsilon: float | None
+    reports: tuple[PrivacyReport, ...]
+
+    @property
+    def rounds_trained(self) -> int:
+        return len(self.reports)
+
+    @property
+    def stopped_by_budget(self) -> bool:
+        return self.rounds_trained < self.rounds_planned
+
+    def certified_epsilons(self) -> list[float]:
+        """Certified epsilon after each round that trains (dimensionless, at the config's delta)."""
+        return [r.certified.epsilon for r in self.reports]
+
+
+def planned_run(config: AccountantConfig, rounds: int, target_epsilon: float | None = None) -> PlannedRun:
+    """Replay ``rounds`` planned rounds (all ``clients`` replying, uniform weights) through the
+    accountant, stopping as the strategy's budget rule does (docs/MATH.md §15). O(rounds)."""
+    int_at_least("rounds", rounds, 1)
+    budget = Budget(target_epsilon, config.delta) if target_epsilon else None
+    accountant = PrivacyAccountant(config)
+    reports = []
+    for t in range(1, rounds + 1):
+        record = config.planned_round(t)
+        if budget is None:
+            reports.append(accountant.step(record))
+            continue
+        after = accountant.peek(record)  # what would_exceed checks, and bit for bit what step returns
+        if after.certified.epsilon > budget.epsilon:
+            break
+        accountant.extend([record])
+        reports.append(after)
+    return PlannedRun(rounds_planned=rounds, target_epsilon=target_epsilon, reports=tuple(reports))
+
+
+#: Significant digits of a calibrated sigma (rounded up: the planned epsilon stays <= the target).
+SIGMA_DIGITS = 4
+
+
+def _round_up(x: float, digits: int = SIGMA_DIGITS) -> float:
+    """The smallest number of ``digits`` significant digits that is >= x (x > 0, finite)."""
+    scale = 10.0 ** (digits - 1 - math.floor(math.log10(x)))
+    up = math.ceil(x * scale * (1 - 1e-15)) / scale
+    return up if up >= x else math.nextafter(up, math.inf)
+
+
+@dataclass(frozen=True)
+class SigmaCalibration:
+    """The sigma chosen for a target epsilon and the planned run at that sigma.
+
+    ``sigma``: per-client noise standard deviation (same units as the model's values),
+    rounded up to :data:`SIGMA_DIGITS` significant digits; ``run``: the planned run at that
+    sigma (every one of ``rounds`` rounds trains; its last report is the planned guarantee).
+    """
+
+    sigma: float
+    target_epsilon: float
+    run: PlannedRun
+
+    @property
+    def report(self) -> PrivacyReport:
+        """The accountant's report after the last planned round."""
+        return self.run.reports[-1]
+
+    def to_dict(self) -> dict:
+        return {"sigma": self.sigma, "target_epsilon": self.target_epsilon, "rounds": self.run.rounds_planned,
+                "report": self.report.to_dict()}
+
+
+@functools.lru_cache(maxsize=32)
+def calibrate_sigma(config: AccountantConfig, rounds: int, target_epsilon: float) -> SigmaCalibration:
+    """The sigma at which all ``rounds`` planned rounds fit ``target_epsilon`` at ``config.delta``
+    under the certified bound of ``config.threat_model`` (``config.sigma`` is ignored).
+
+    Every bound is proportional to 1/sigma, so sigma = max_t mu_t(sigma = 1) / mu* is exact, with
+    mu_t the certified mu after round t of the accountant's replay of the planned rounds
+    (:func:`planned_run`; the budget is checked after every round) and mu* the largest mu meeting
+    the target (docs/MATH.md §9.2); it is then rounded up to :data:`SIGMA_DIGITS` digits and
+    checked with the run's budget rule.
+    Raises ValueError naming the limit when no sigma can meet the target. Cached: every
+    validation of the same run config (server, each client message) computes it once.
+    """
+    int_at_least("rounds", rounds, 1)
+    if not (isinstance(target_epsilon, (int, float)) and math.isfinite(target_epsilon) and target_epsilon > 0):
+        raise ValueError(f"target_epsilon must be a finite number > 0, got {target_epsilon!r}")
+    mu_star = gdp.mu_for(target_epsilon, config.delta)
+    # The budget is checked after every round, and the final-model bound can shrink as rounds are
+    # added: sigma must fit the largest certified mu over the rounds, not only the last one's.
+    unit = planned_run(dataclasses.replace(config, sigma=1.0), rounds)
+    sigma = max(r.certified.mu for r in unit.reports) / mu_star
+    for _ in range(3):  # normally once: rounding up keeps the replay within the target
+        if not (math.isfinite(sigma) and sigma > 0):
+            break
+        sigma = _round_up(sigma)
+        run = planned_run(dataclasses.replace(config, sigma=sigma), rounds, target_epsilon)
+        if not run.stopped_by_budget:
+            return SigmaCalibration(sigma=sigma, target_epsilon=float(target_epsilon), run=run)
+        sigma = math.nextafter(sigma * (1 + 10.0 ** -SIGMA_DIGITS), math.inf)
+    raise ValueError(
+        f"target_epsilon {target_epsilon!r} at delta {config.delta!r} cannot be met in {rounds} rounds by any "
+        f"finite sigma (calibration gave {sigma!r}); lower the rounds or raise the target")

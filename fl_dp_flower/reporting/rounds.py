@@ -1,18 +1,29 @@
-"""What a finished round hands to its reporters, and the reporters themselves (no torch, no flwr).
+"""Sinks: what the strategy tells the outside world, through one protocol (no torch, no flwr).
 
-The strategy closes a round into one :class:`RoundOutcome` (the accounted record, the privacy
-report, the merged metrics and the new global model) and passes it to each reporter in order.
-:class:`RoundSink` is the ServerApp's reporter: ledger line (fsync) -> checkpoint -> log line ->
-Prometheus. It receives everything it reports; the model is saved through a callable the
-ServerApp provides, so this module needs neither torch nor flwr.
+The strategy hands every sink, in order, two kinds of news (:class:`PrivacySink`):
+
+- ``on_event(kind, data)``: ledger events (``round-open`` before a broadcast, write-ahead;
+  ``round-void``, ``node-excluded``, ...);
+- ``on_round(outcome)``: one closed, accounted round as a :class:`RoundOutcome` (the accounted
+  record, the privacy report, the merged metrics and the new global model).
+
+Sinks shipped here: :class:`LedgerSink` (the fsynced privacy ledger), :class:`ConsoleSink` (the
+round log line), :class:`PrometheusSink` (the metrics endpoint), :class:`CheckpointSink` (saves the
+model through a callable). The ServerApp's :class:`RoundSink` runs them in the order the ledger's
+guarantees need: ledger line (fsync) -> checkpoint -> log line -> Prometheus. A user's own sink is
+any object with these two methods.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
+
+from fl_dp_flower.privacy.accountant import PrivacyAccountant
+from fl_dp_flower.privacy.records import AccountantConfig, RoundRecord
 
 from .console import format_round_line
 from .ledger import PrivacyLedger
@@ -56,25 +67,130 @@ def dp_metrics(report: Any) -> dict[str, float | int]:
     }
 
 
+@runtime_checkable
+class PrivacySink(Protocol):
+    """Receives the strategy's ledger events and closed rounds (both in strategy order)."""
+
+    def on_event(self, kind: str, data: dict[str, Any]) -> None:
+        """A ledger event (``round-open`` is write-ahead: it must be durable when this returns)."""
+
+    def on_round(self, outcome: RoundOutcome) -> None:
+        """One accounted round, after central evaluation."""
+
+
+class LedgerSink:
+    """Events and round lines into a :class:`PrivacyLedger` (each line fsynced). :func:`open_ledger`
+    makes one with its accountant; ``close()`` (or ``with``) when the run ends."""
+
+    def __init__(self, ledger: PrivacyLedger) -> None:
+        self.ledger = ledger
+
+    def close(self) -> None:
+        self.ledger.close()
+
+    def __enter__(self) -> "LedgerSink":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def on_event(self, kind: str, data: dict[str, Any]) -> None:
+        self.ledger.append_event(kind, data)
+
+    def on_round(self, outcome: RoundOutcome) -> None:
+        kept = {k: v for k, v in outcome.metrics.items() if not k.startswith("dp-") or k in LEDGER_DP_KEYS}
+        self.ledger.append_round(round=outcome.round, record=outcome.record.to_dict(),
+                                 report=outcome.report.to_dict(), metrics=kept)
+
+
+def open_ledger(path: str | os.PathLike[str], config: AccountantConfig, *, resume: bool = False,
+                run_config: dict[str, Any] | None = None) -> tuple[LedgerSink, PrivacyAccountant]:
+    """A ledger sink and its accountant.
+
+    New run (``resume=False``): creates the ledger (refuses an existing file: a ledger is never
+    overwritten) with ``config`` and ``run_config`` (your settings, for the record) in its header.
+    Resume: checks the header's accountant config against ``config``, rebuilds the accountant
+    from the round records and appends from there. A round that was broadcast but never recorded
+    may have been spent, so such a ledger is refused here (the reference app's
+    ``resume-unfinished-round = "account"`` accounts it).
+    """
+    if not resume:
+        ledger = PrivacyLedger.create(path, accountant_config=config.to_dict(), app_config=dict(run_config or {}))
+        return LedgerSink(ledger), PrivacyAccountant(config)
+    contents = PrivacyLedger.check_resumable(path, accountant_config=config.to_dict())
+    if contents.open_round is not None:
+        raise ValueError(f"cannot resume {path}: round {contents.open_round} was broadcast but has no round line "
+                         "(its privacy may be spent); nothing was written")
+    records = [RoundRecord.from_dict(entry["record"]) for entry in contents.rounds]
+    ledger = PrivacyLedger.resume(path, accountant_config=config.to_dict())
+    return LedgerSink(ledger), PrivacyAccountant.from_records(config, records)
+
+
+class CheckpointSink:
+    """Calls ``save(round, arrays)`` after each round (the ServerApp saves ``model-latest.pt``)."""
+
+    def __init__(self, save: Callable[[int, Any], None]) -> None:
+        self.save = save
+
+    def on_event(self, kind: str, data: dict[str, Any]) -> None:
+        return None
+
+    def on_round(self, outcome: RoundOutcome) -> None:
+        self.save(outcome.round, outcome.arrays)
+
+
+class ConsoleSink:
+    """The one-line round summary (certified epsilon, bounds, accuracy) on a logger."""
+
+    def __init__(self, log: logging.Logger | None = None) -> None:
+        self.log = log or logging.getLogger("flwr").getChild("fl_dp_flower")
+
+    def on_event(self, kind: str, data: dict[str, Any]) -> None:
+        return None
+
+    def on_round(self, outcome: RoundOutcome) -> None:
+        self.log.info(format_round_line(outcome.report.to_dict(), accuracy=outcome.metrics.get("accuracy"),
+                                        clients=outcome.record.clients))
+
+
+class PrometheusSink:
+    """Round reports into a :class:`PrivacyMetricsExporter` (``budget_epsilon``: the target, if any;
+    ``ledger``: its head hash is exported after each round)."""
+
+    def __init__(self, exporter: PrivacyMetricsExporter, budget_epsilon: float | None = None,
+                 ledger: PrivacyLedger | None = None) -> None:
+        self.exporter, self.budget_epsilon, self.ledger = exporter, budget_epsilon, ledger
+
+    def on_event(self, kind: str, data: dict[str, Any]) -> None:
+        return None
+
+    def on_round(self, outcome: RoundOutcome) -> None:
+        self.exporter.update(outcome.report.to_dict(), clients=outcome.record.clients,
+                             accuracy=outcome.metrics.get("accuracy"), budget_epsilon=self.budget_epsilon,
+                             epsilon_increase=outcome.metrics.get("dp-epsilon-increase"),
+                             expected_increase=outcome.metrics.get("dp-expected-epsilon-increase"))
+        if self.ledger is not None:
+            self.exporter.set_ledger_head(self.ledger.head_line_hash)
+
+
 class RoundSink:
-    """The ServerApp's reporter: ledger line, checkpoint, log line, Prometheus (in this order)."""
+    """The ServerApp's sink: ledger (events, round line) -> checkpoint -> log line -> Prometheus."""
 
     def __init__(self, ledger: PrivacyLedger, save_checkpoint: Callable[[int, Any], None],
                  log: logging.Logger, exporter: PrivacyMetricsExporter | None = None,
                  budget_epsilon: float | None = None) -> None:
-        self.ledger, self.save_checkpoint, self.log = ledger, save_checkpoint, log
-        self.exporter, self.budget_epsilon = exporter, budget_epsilon
+        self.ledger = ledger
+        self.sinks: list[PrivacySink] = [LedgerSink(ledger), CheckpointSink(save_checkpoint), ConsoleSink(log)]
+        if exporter is not None:
+            self.sinks.append(PrometheusSink(exporter, budget_epsilon, ledger))
+
+    def on_event(self, kind: str, data: dict[str, Any]) -> None:
+        for sink in self.sinks:
+            sink.on_event(kind, data)
+
+    def on_round(self, outcome: RoundOutcome) -> None:
+        self(outcome)
 
     def __call__(self, outcome: RoundOutcome) -> None:
-        report_d = outcome.report.to_dict()
-        kept = {k: v for k, v in outcome.metrics.items() if not k.startswith("dp-") or k in LEDGER_DP_KEYS}
-        self.ledger.append_round(round=outcome.round, record=outcome.record.to_dict(), report=report_d, metrics=kept)
-        self.save_checkpoint(outcome.round, outcome.arrays)
-        accuracy = outcome.metrics.get("accuracy")
-        self.log.info(format_round_line(report_d, accuracy=accuracy, clients=outcome.record.clients))
-        if self.exporter is not None:
-            self.exporter.update(report_d, clients=outcome.record.clients, accuracy=accuracy,
-                                 budget_epsilon=self.budget_epsilon,
-                                 epsilon_increase=outcome.metrics.get("dp-epsilon-increase"),
-                                 expected_increase=outcome.metrics.get("dp-expected-epsilon-increase"))
-            self.exporter.set_ledger_head(self.ledger.head_line_hash)
+        for sink in self.sinks:
+            sink.on_round(outcome)

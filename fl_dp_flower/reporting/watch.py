@@ -85,6 +85,7 @@ class RunView:
     events: list[tuple[str, str]] = field(default_factory=list)
     ended: bool = False
     last_time: str | None = None
+    resumed_plan: dict[str, Any] = field(default_factory=dict)  # the latest resume event's "plan"
 
     def add(self, entry: dict[str, Any]) -> None:
         self.last_time = entry.get("time", self.last_time)
@@ -99,6 +100,8 @@ class RunView:
             name, data = entry.get("event", ""), entry.get("data") or {}
             if name == "round-open":
                 return
+            if name == "resume" and isinstance(data.get("plan"), dict):
+                self.resumed_plan = dict(data["plan"])  # a resume may plan fewer or more rounds
             self.ended = name in ("end", "failed") or (self.ended and name not in ("resume",))
             text = _EVENT_TEXT.get(name, lambda d: f"{name} {d}")(data)
             self.events.append((str(entry.get("time", ""))[11:19], text))
@@ -106,7 +109,8 @@ class RunView:
     # ------------------------------------------------------------------ numbers
     @property
     def app(self) -> dict[str, Any]:
-        return (self.header or {}).get("app_config") or {}
+        """The run config in force: the header's, with the latest resume's plan over it."""
+        return {**((self.header or {}).get("app_config") or {}), **self.resumed_plan}
 
     def next_round_epsilon(self) -> float | None:
         """Certified epsilon after the next round, if it runs as planned (None when done)."""

@@ -3,7 +3,8 @@
 from .budget import BudgetExhausted, check_before_broadcast, check_replies, pre_broadcast_record
 from fl_dp_flower.reporting.rounds import RoundOutcome, dp_metrics
 
-from .noisy import ModelNotFinite, NodeRefusals, NoisyFedAvg, NoisyFedProx, NoisyStrategyMixin, NotEnoughNodes, PendingRound, make_strategy
+from .noisy import ModelNotFinite, NoisyFedAvg, NoisyFedProx, NoisyStrategyMixin, PendingRound, make_strategy
+from .sampling import NodeRefusals, NotEnoughNodes
 
 __all__ = [
     "BudgetExhausted",

@@ -1,22 +1,14 @@
 """Noisy-FedAvg / Noisy-FedProx on ``flwr.serverapp.strategy`` with a per-round accountant.
 
-Per round (``Strategy.start`` drives it):
+Per round (``Strategy.start`` drives it; docs/ARCHITECTURE.md has the data flow):
+``configure_train`` (budget pre-check, sampling, the ``dp.*`` instruction), ``aggregate_train``
+(screening: :mod:`.replies`, :mod:`.screening`, :mod:`.guard`; the record of what arrived; the
+exact budget check; ``accountant.step``; aggregation), then, before any client-evaluation
+broadcast, central evaluation and the sinks (``on_round``; events go to their ``on_event``).
 
-1. ``configure_train``: budget pre-check (:mod:`.budget`; may raise :class:`BudgetExhausted`
-   before anything is sent), sample exactly ``clients-per-round`` eligible nodes, add the
-   ``dp.*`` keys (and FedProx's ``proximal-mu``) to the train ConfigRecord.
-2. ``aggregate_train``: screen replies (errors and malformed replies are dropped and logged
-   with the real node id; echoes outside the plan, uploads too far from the broadcast model or
-   with too little noise, duplicate partition ids and echoes the accountant cannot account are
-   dropped as refusals: :mod:`.screening`, :mod:`.guard`, docs/MATH.md §17), track node refusals, build the :class:`RoundRecord` of what
-   *arrived* (node ids, weights, least private of planned vs echoed settings), the exact
-   budget check on that record (threat models that see only global models), then aggregate
-   with uniform weights (or by ``num-examples``), ``accountant.step(record)``, and merge
-   ``dp-*`` numbers into the metrics.
-3. before any client-evaluation broadcast (``configure_evaluate``), after central evaluation:
-   call the reporters
-   ``on_round(round, record, report, metrics)`` in order (the ServerApp wires ledger ->
-   checkpoint -> log line -> Prometheus), then the next round is broadcast.
+Library use: ``NoisyFedAvg(DPSettings(...), accountant, federation=..., budget=..., sinks=[...])``
+with any initial ``ArrayRecord``; the accountant's plan must match the settings (checked, naming the
+field). The reference app builds the same objects from its run config (:func:`make_strategy`).
 
 Round numbering: the schedule index t (``dp.round-index``, 0-based) is the number of rounds
 accounted so far, so after a resume it continues from the ledger; the record's ``round`` is
@@ -30,85 +22,41 @@ final-model bound leaves the round out (adding a noisy round would lower it alth
 never reached the released model, docs/MATH.md §14.3a).
 
 A non-finite aggregate (which screening makes impossible short of a bug) is not used: the round
-stays accounted and recorded, then :class:`ModelNotFinite` fails the run.
-
-Refusing nodes: a node that refuses (``Error`` reply from its guardrails or policy)
-``max-node-refusals`` rounds in a row is no longer sampled (logged at ERROR, reported in
-the summary and as a ``node-excluded`` ledger event). When fewer eligible nodes than
-``clients-per-round`` remain, every eligible node is sampled; when fewer than
-``min-replies`` remain, the run fails with :class:`NotEnoughNodes`.
+stays accounted and recorded, then :class:`ModelNotFinite` fails the run. Sampling and refusing nodes: :mod:`.sampling`.
 """
 
 from __future__ import annotations
 
 import logging
-import random
 import time
-from dataclasses import dataclass
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, FedProx, Result
-from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
+from fl_dp_flower import protocol
 from fl_dp_flower.config import AppConfig
-from fl_dp_flower.privacy.accountant import Budget, PrivacyAccountant, PrivacyReport
+from fl_dp_flower.privacy.accountant import Budget, PrivacyAccountant, PrivacySpent
 from fl_dp_flower.privacy.records import RoundRecord
-
-from fl_dp_flower.reporting.rounds import RoundOutcome, dp_metrics
+from fl_dp_flower.reporting.rounds import PrivacySink, RoundOutcome, dp_metrics
+from fl_dp_flower.settings import DPSettings, FederationSettings
 
 from .budget import BudgetExhausted, check_before_broadcast, check_replies
 from .guard import ReplyGuard, all_finite
-from .nodes import warn_until_enough_nodes
+from .pending import ModelNotFinite, PendingRound
+from .sampling import NodeRefusals, NodeSampling
 from .replies import (Applied, average_arrays, average_metrics, member_id, mismatches, reconcile, screen,
                       weights_for)
-from .screening import rules_for
+from .screening import ScreeningRules, rules_for
 
 log = logging.getLogger("flwr").getChild(__name__)  # Flower's handlers: shows in `flwr log`
 
-Reporter = Callable[[RoundOutcome], None]
 EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
 
 
-@dataclass
-class PendingRound:
-    """The round in flight: what was sent, then what was accounted (rounds never overlap)."""
-
-    server_round: int
-    planned: Applied  # the settings sent (schedule index t = planned.round_index)
-    sent: list[Message]  # instructions; the Grid sets their message ids when pushing
-    reference: ArrayRecord  # the broadcast global model
-    slots: dict[int, tuple[int, ...]] | None = None  # cohort mode: node -> sampled member slots
-    record: RoundRecord | None = None  # set once accounted
-    report: PrivacyReport | None = None
-    metrics: dict[str, Any] | None = None
-
-
-class ModelNotFinite(RuntimeError):
-    """The aggregated global model has non-finite values: the run cannot continue."""
-
-
-class NotEnoughNodes(RuntimeError):
-    """Fewer eligible nodes than ``min-replies`` remain after excluding refusing nodes."""
-
-
-@dataclass
-class NodeRefusals:
-    """Refusals of one node: ``consecutive`` since its last usable reply, ``total`` overall."""
-
-    consecutive: int = 0
-    total: int = 0
-    last_reason: str = ""
-    excluded_at_round: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"consecutive": self.consecutive, "total": self.total, "last_reason": self.last_reason,
-                "excluded_at_round": self.excluded_at_round}
-
-
-class NoisyStrategyMixin:
+class NoisyStrategyMixin(NodeSampling):
     """Shared per-round logic; must precede FedAvg/FedProx in the MRO."""
 
     # attributes provided by FedAvg
@@ -116,19 +64,31 @@ class NoisyStrategyMixin:
     configrecord_key: str
     min_available_nodes: int
 
-    def _init_dp(self, config: AppConfig, accountant: PrivacyAccountant, reporters: Sequence[Any]) -> None:
-        if accountant.config != config.accountant_config():
-            raise ValueError("the accountant's configuration does not match the app config")
-        self.dp_config = config
+    def _init_dp(self, settings: DPSettings, accountant: PrivacyAccountant, federation: FederationSettings,
+                 budget: Budget | None, sinks: Sequence[PrivacySink], app_config: AppConfig | None) -> None:
+        if not isinstance(settings, DPSettings):
+            raise TypeError(f"settings must be a DPSettings, got {type(settings).__name__}")
+        if not isinstance(federation, FederationSettings):
+            raise TypeError(f"federation must be a FederationSettings, got {type(federation).__name__}")
+        if not isinstance(accountant, PrivacyAccountant):
+            raise TypeError(f"accountant must be a fl_dp_flower PrivacyAccountant, got {type(accountant).__name__}")
+        settings.check_accountant(accountant.config, federation.clients_per_round)
+        if budget is not None and not isinstance(budget, Budget):
+            raise TypeError(f"budget must be a Budget or None, got {type(budget).__name__}")
+        for sink in sinks:
+            if not isinstance(sink, PrivacySink):
+                raise TypeError(f"sink {sink!r} lacks on_event(kind, data) / on_round(outcome) (PrivacySink)")
+        self.settings = settings
+        self.federation = federation
+        self.dp_config = app_config  # the reference app's run config (None in library use)
         self.accountant = accountant
-        self.reporters: list[Reporter] = list(reporters)
-        self.budget = Budget(config.target_epsilon, config.delta) if config.target_epsilon > 0 else None
+        self.sinks: list[PrivacySink] = list(sinks)
+        self.budget = budget
         self.global_arrays: ArrayRecord | None = None
         self.stop_reason: str | None = None
         self.echo_mismatches = 0
         self._last_mismatch = 0
         self.refusals: dict[int, NodeRefusals] = {}
-        self.on_event: Callable[[str, dict[str, Any]], None] | None = None  # ledger events (ServerApp)
         self._round: PendingRound | None = None
         self._user_evaluate_fn: EvaluateFn | None = None
         self._closed: tuple[int, MetricRecord | None] | None = None  # round closed before its evaluation
@@ -144,29 +104,29 @@ class NoisyStrategyMixin:
         """0-based schedule index t of the next round (= rounds accounted so far)."""
         return self.accountant.num_releases
 
+    def privacy_spent(self, delta: float | None = None) -> PrivacySpent:
+        """Cumulative certified spend (like Flower's DP wrappers' ``privacy_spent()``)."""
+        return self.accountant.get_privacy_spent(delta)
+
     def planned(self, t: int) -> Applied:
-        c = self.dp_config
+        c = self.settings
         return Applied(
             sigma=c.sigma, clip_norm=c.clip_norm, local_steps=c.local_steps, lr=c.lr, round_index=t,
-            batch_size=c.batch_size, prox_alpha=c.prox_alpha if c.algorithm == "fedprox" else None,
+            batch_size=c.batch_size, prox_alpha=c.fedprox_alpha,
+        )
+
+    def instruction(self, t: int) -> protocol.TrainInstruction:
+        """The train instruction of schedule index ``t``."""
+        c = self.settings
+        return protocol.TrainInstruction(
+            round_index=t, algorithm=c.algorithm, schedule=c.schedule, lr=c.lr, local_steps=c.local_steps,
+            clip_norm=c.clip_norm, sigma=c.sigma, clipping=c.clipping, batch_size=c.batch_size,
+            prox_alpha=c.prox_alpha if c.algorithm == "fedprox" else 0.0, seed=c.seed,
         )
 
     def train_settings(self, t: int) -> dict[str, Any]:
         """The contract's ``dp.*`` train keys for schedule index ``t``."""
-        c = self.dp_config
-        return {
-            "dp.round-index": t,
-            "dp.algorithm": c.algorithm,
-            "dp.schedule": c.schedule,
-            "dp.lr": float(c.lr),
-            "dp.local-steps": int(c.local_steps),
-            "dp.clip-norm": float(c.clip_norm),
-            "dp.sigma": float(c.sigma),
-            "dp.clipping": c.clipping,
-            "dp.batch-size": int(c.batch_size),
-            "dp.prox-alpha": float(c.prox_alpha) if c.algorithm == "fedprox" else 0.0,
-            "dp.seed": int(c.seed),
-        }
+        return self.instruction(t).to_config()
 
     # ------------------------------------------------------------------ training
     def configure_train(
@@ -176,9 +136,8 @@ class NoisyStrategyMixin:
         if self.budget is not None:
             check_before_broadcast(self.accountant, self.budget)
         t = self.round_index
-        c = self.dp_config
         slots, available = self._sample(grid, t)
-        members = sorted(member_id(n, j, c.clients_per_node) for n, js in slots.items() for j in js) \
+        members = sorted(member_id(n, j, self.federation.clients_per_node) for n, js in slots.items() for j in js) \
             if self.cohort else sorted(slots)
         log.info("round %d (t=%d): sampled %d clients on %d of %d nodes", server_round, t, len(members),
                  len(slots), len(available))
@@ -194,7 +153,7 @@ class NoisyStrategyMixin:
             node_config = base
             if self.cohort:  # each node trains the virtual clients sampled on it
                 node_config = ConfigRecord(dict(base))
-                node_config["dp.members"] = list(js)
+                node_config[protocol.MEMBERS] = list(js)
             record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: node_config})
             messages.append(Message(content=record, dst_node_id=node, message_type=MessageType.TRAIN))
         # the Grid sets each message's id when it pushes it: kept to name the node of an error reply
@@ -205,68 +164,11 @@ class NoisyStrategyMixin:
     @property
     def cohort(self) -> bool:
         """Cohort mode: every node stands for ``clients-per-node`` virtual clients."""
-        return self.dp_config.clients_per_node > 1
-
-    @property
-    def excluded_nodes(self) -> dict[int, str]:
-        """Nodes no longer sampled, with their last refusal reason."""
-        return {n: r.last_reason for n, r in self.refusals.items() if r.excluded_at_round is not None}
-
-    def _sample(self, grid: Grid, t: int) -> tuple[dict[int, tuple[int, ...]], list[int]]:
-        """``clients-per-round`` distinct clients of eligible nodes, grouped by node: node -> its
-        sampled member slots (``(0,)`` outside cohort mode). Waits until enough nodes are connected.
-
-        Eligible: connected and not excluded for refusing. In cohort mode every eligible node
-        offers ``clients-per-node`` slots and the clients are sampled uniformly among all slots.
-        With ``seed`` >= 0 the sample is a function of (seed, t, exclusions) only, so a resumed
-        run samples like an uninterrupted one; otherwise it uses OS entropy.
-        """
-        c = self.dp_config
-        cpn = c.clients_per_node
-        warn_until_enough_nodes(grid, self.min_available_nodes, c)
-        _, available = sample_nodes(grid, self.min_available_nodes, self.min_available_nodes)  # waits
-        excluded = self.excluded_nodes
-        eligible = sorted(n for n in available if n not in excluded)
-        if len(eligible) * cpn < c.min_replies:
-            raise NotEnoughNodes(
-                f"only {len(eligible)} eligible node(s) left, fewer than min-replies = {c.min_replies}: "
-                f"{len(excluded)} node(s) excluded after {c.max_node_refusals} consecutive refusals ("
-                + "; ".join(f"node {n}: {why}" for n, why in sorted(excluded.items())) + ")"
-            )
-        population = [(n, j) for n in eligible for j in range(cpn)]
-        k = min(c.clients_per_round, len(population))
-        if k < c.clients_per_round:
-            log.warning("round t=%d: only %d eligible clients (%d nodes excluded for refusing): sampling all of them",
-                        t, len(population), len(excluded))
-        rng = random.Random(f"{c.seed}:{t}") if c.seed >= 0 else random.SystemRandom()
-        slots: dict[int, list[int]] = {}
-        for node, j in sorted(rng.sample(population, k)):
-            slots.setdefault(node, []).append(j)
-        return {n: tuple(js) for n, js in slots.items()}, available
+        return self.federation.clients_per_node > 1
 
     def _event(self, kind: str, data: dict[str, Any]) -> None:
-        if self.on_event is not None:
-            self.on_event(kind, data)
-
-    def _track_refusals(self, server_round: int, usable: list, dropped: list[tuple[int, str, bool]]) -> None:
-        """Count consecutive refusals per node; exclude a node after ``max-node-refusals``."""
-        for u in usable:
-            if u.node_id in self.refusals:
-                self.refusals[u.node_id].consecutive = 0
-        limit = self.dp_config.max_node_refusals
-        for node, reason, refused in dropped:
-            if not refused:
-                continue
-            state = self.refusals.setdefault(node, NodeRefusals())
-            state.consecutive += 1
-            state.total += 1
-            state.last_reason = reason
-            if state.excluded_at_round is None and state.consecutive >= limit:
-                state.excluded_at_round = server_round
-                log.error("round %d: node %d refused %d rounds in a row; it is no longer sampled "
-                          "(last refusal: %s)", server_round, node, state.consecutive, reason)
-                self._event("node-excluded", {"node_id": node, "round": server_round,
-                                              "consecutive_refusals": state.consecutive, "reason": reason})
+        for sink in self.sinks:
+            sink.on_event(kind, data)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -279,8 +181,8 @@ class NoisyStrategyMixin:
         asked = {m.metadata.dst_node_id: m.metadata.message_id for m in pending.sent}
         usable, dropped = screen(
             list(replies), asked=asked, reference=reference, arrays_key=self.arrayrecord_key,
-            fedprox=self.dp_config.algorithm == "fedprox", slots=pending.slots,
-            clients_per_node=self.dp_config.clients_per_node, rules=rules_for(self.dp_config, planned),
+            fedprox=self.settings.algorithm == "fedprox", slots=pending.slots,
+            clients_per_node=self.federation.clients_per_node, rules=self._screening_rules(planned),
         )
         usable = self.guard.check_partitions(usable, dropped)
         usable = self.guard.accountable(usable, dropped, planned, lambda us: self._record(
@@ -300,7 +202,7 @@ class NoisyStrategyMixin:
 
         weights = self._weights(usable)
         arrived = sum(len(u.members) for u in usable)
-        aggregated = arrived >= self.dp_config.min_replies
+        aggregated = arrived >= self.federation.min_replies
         arrays = average_arrays(usable, weights, reference) if aggregated else None
         if arrays is not None and not all_finite(arrays):  # not applied; accounted; then the run fails
             self.diverged = f"round {server_round}: the aggregated global model has non-finite values"
@@ -320,7 +222,7 @@ class NoisyStrategyMixin:
             log.warning(
                 "round %d: %d usable clients < min-replies %d: global model kept; round accounted "
                 "with the %d clients that replied, as not applied (it stays out of the final-model bound)",
-                server_round, arrived, self.dp_config.min_replies, arrived,
+                server_round, arrived, self.federation.min_replies, arrived,
             )
         metrics = {**average_metrics(usable, weights), **dp_metrics(report), "dp-aggregated": int(aggregated),
                    "dp-dropped": len(dropped), "dp-echo-mismatch": self._last_mismatch,
@@ -332,12 +234,23 @@ class NoisyStrategyMixin:
         return arrays, MetricRecord(metrics)
 
     def _weights(self, usable: list) -> tuple[float, ...]:
-        return weights_for(usable, self.dp_config.weighting, self.dp_config.examples_cap_ratio)
+        cap = (self.dp_config.examples_cap_ratio if self.dp_config is not None
+               else AppConfig.model_fields["examples_cap_ratio"].default)
+        return weights_for(usable, self.federation.weighting, cap)
+
+    def _screening_rules(self, planned: Applied) -> ScreeningRules:
+        """The reply checks: the run config's knobs, or ScreeningRules' defaults in library use."""
+        if self.dp_config is not None:
+            return rules_for(self.dp_config, planned)
+        return ScreeningRules(planned=planned, schedule=self.settings.schedule,
+                              fedprox=self.settings.algorithm == "fedprox",
+                              smoothness=self.accountant.config.smoothness,
+                              per_sample=self.settings.clipping == "per-sample")
 
     def _record(self, server_round: int, planned: Applied, usable: list, weights: tuple[float, ...], *,
                 applied: bool, quiet: bool = False) -> RoundRecord:
         """The least private record of the replies; ``quiet``: a trial (ReplyGuard), nothing logged."""
-        c = self.dp_config
+        c = self.settings
         if not quiet:
             self._last_mismatch = 0
             for u in usable:
@@ -382,8 +295,8 @@ class NoisyStrategyMixin:
         merged = {**pending.metrics, **(dict(result) if result is not None else {})}
         self.global_arrays = arrays
         outcome = RoundOutcome(pending.record.round, pending.record, pending.report, merged, arrays)
-        for reporter in self.reporters:
-            reporter(outcome)
+        for sink in self.sinks:
+            sink.on_round(outcome)
         if self.diverged is not None:  # the round is recorded; the model it produced is not used
             raise ModelNotFinite(self.diverged)
         return result
@@ -403,22 +316,29 @@ class NoisyStrategyMixin:
         ``num_rounds`` defaults to ``num-server-rounds`` minus the rounds already accounted
         (resume), ``timeout`` to ``round-timeout``. On :class:`BudgetExhausted` the partial
         :class:`Result` (last global model, metrics so far) is returned and ``stop_reason`` set.
+        The sinks get ``budget-stop`` (if so) and ``end`` events when it returns.
         """
         if num_rounds is None:
-            num_rounds = max(self.dp_config.num_server_rounds - self.accountant.num_releases, 0)
-        timeout = self.dp_config.round_timeout if timeout is None else timeout
+            num_rounds = max(self.federation.num_server_rounds - self.accountant.num_releases, 0)
+        timeout = self.federation.round_timeout if timeout is None else timeout
         self.global_arrays = initial_arrays
         self._user_evaluate_fn, self._closed = evaluate_fn, None
         t0 = time.time()
+        accounted_before = self.accountant.num_releases
         try:
-            return super().start(  # type: ignore[misc]
+            result: Result = super().start(  # type: ignore[misc]
                 grid=grid, initial_arrays=initial_arrays, num_rounds=num_rounds, timeout=timeout,
                 train_config=train_config, evaluate_config=evaluate_config, evaluate_fn=self._evaluate,
             )
         except BudgetExhausted as exc:
             self.stop_reason = exc.reason
             log.warning("%s (after %.1fs)", exc.reason, time.time() - t0)
-            return self.partial_result()
+            self._event("budget-stop", {"reason": exc.reason, "rounds_accounted": self.accountant.num_releases})
+            result = self.partial_result()
+        self._event("end", {"rounds_accounted": self.accountant.num_releases,
+                            "rounds_this_run": self.accountant.num_releases - accounted_before,
+                            "stopped_by_budget": self.stop_reason is not None})
+        return result
 
     def partial_result(self) -> Result:
         """The :class:`Result` so far (last global model, metrics of the rounds that ran)."""
@@ -430,33 +350,51 @@ class NoisyStrategyMixin:
 
 def nodes_needed(config: AppConfig) -> int:
     """Connected nodes a round waits for: enough to offer ``clients-per-round`` clients."""
-    return -(-config.clients_per_round // config.clients_per_node)
+    return config.federation_settings().nodes_needed
 
 
 class NoisyFedAvg(NoisyStrategyMixin, FedAvg):
-    """FedAvg whose clients upload K clipped GD steps + N(0, sigma^2 I) (Noisy-FedAvg)."""
+    """FedAvg whose clients upload K clipped GD steps + N(0, sigma^2 I) (Noisy-FedAvg).
 
-    def __init__(self, config: AppConfig, accountant: PrivacyAccountant, *, reporters: Sequence[Any] = (),
-                 fraction_evaluate: float = 0.0, **fedavg_kwargs: Any) -> None:
-        m = nodes_needed(config)
+    settings: what every client does; accountant: a :class:`PrivacyAccountant` whose plan matches
+    them (``settings.accountant_config(clients=...)``); federation: sampling and quorum (default
+    :class:`FederationSettings`); budget: stop before the certified epsilon would exceed it;
+    sinks: :class:`PrivacySink` s (ledger, console, Prometheus, your own).
+    """
+
+    def __init__(self, settings: DPSettings, accountant: PrivacyAccountant, *,
+                 federation: FederationSettings | None = None, budget: Budget | None = None,
+                 sinks: Sequence[PrivacySink] = (), fraction_evaluate: float = 0.0,
+                 app_config: AppConfig | None = None, **fedavg_kwargs: Any) -> None:
+        federation = federation or FederationSettings()
+        m = federation.nodes_needed
         super().__init__(fraction_train=1.0, fraction_evaluate=fraction_evaluate, min_train_nodes=m,
                          min_evaluate_nodes=m if fraction_evaluate > 0 else 0, min_available_nodes=m, **fedavg_kwargs)
-        self._init_dp(config, accountant, reporters)
+        self._init_dp(settings, accountant, federation, budget, sinks, app_config)
 
 
 class NoisyFedProx(NoisyStrategyMixin, FedProx):
-    """FedProx (sends ``proximal-mu`` = alpha) with noisy uploads (Noisy-FedProx)."""
+    """FedProx (sends ``proximal-mu`` = alpha) with noisy uploads (Noisy-FedProx); arguments as
+    :class:`NoisyFedAvg` (``settings.algorithm`` must be ``"fedprox"``)."""
 
-    def __init__(self, config: AppConfig, accountant: PrivacyAccountant, *, reporters: Sequence[Any] = (),
-                 fraction_evaluate: float = 0.0, **fedprox_kwargs: Any) -> None:
-        m = nodes_needed(config)
+    def __init__(self, settings: DPSettings, accountant: PrivacyAccountant, *,
+                 federation: FederationSettings | None = None, budget: Budget | None = None,
+                 sinks: Sequence[PrivacySink] = (), fraction_evaluate: float = 0.0,
+                 app_config: AppConfig | None = None, **fedprox_kwargs: Any) -> None:
+        if settings.algorithm != "fedprox":
+            raise ValueError(f"NoisyFedProx needs settings.algorithm = 'fedprox', got {settings.algorithm!r}")
+        federation = federation or FederationSettings()
+        m = federation.nodes_needed
         super().__init__(fraction_train=1.0, fraction_evaluate=fraction_evaluate, min_train_nodes=m,
                          min_evaluate_nodes=m if fraction_evaluate > 0 else 0, min_available_nodes=m,
-                         proximal_mu=config.prox_alpha, **fedprox_kwargs)
-        self._init_dp(config, accountant, reporters)
+                         proximal_mu=settings.prox_alpha, **fedprox_kwargs)
+        self._init_dp(settings, accountant, federation, budget, sinks, app_config)
 
 
-def make_strategy(config: AppConfig, accountant: PrivacyAccountant, **kwargs: Any) -> NoisyStrategyMixin:
-    """NoisyFedAvg or NoisyFedProx according to ``algorithm``."""
+def make_strategy(config: AppConfig, accountant: PrivacyAccountant, *, sinks: Sequence[PrivacySink] = (),
+                  **kwargs: Any) -> NoisyStrategyMixin:
+    """The reference app's strategy: NoisyFedAvg or NoisyFedProx according to ``algorithm``, with
+    the settings, federation and budget of its run config."""
     cls = NoisyFedProx if config.algorithm == "fedprox" else NoisyFedAvg
-    return cls(config, accountant, **kwargs)
+    return cls(config.dp_settings(), accountant, federation=config.federation_settings(), budget=config.budget(),
+               sinks=sinks, app_config=config, **kwargs)

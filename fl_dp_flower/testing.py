@@ -1,4 +1,4 @@
-"""An in-process Flower Grid for tests: runs the real ClientApp directly (no Ray, no SuperLink).
+"""An in-process Flower Grid for tests, benchmarks and your own checks: runs the real ClientApp directly (no Ray, no SuperLink).
 
 ``LocalGrid(client_app, num_nodes, run_config)`` gives node ids 1..N, each with a persistent
 Context whose node config is ``{"partition-id": i, "num-partitions": N}`` (like the

