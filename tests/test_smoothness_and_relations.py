@@ -90,7 +90,8 @@ def test_cli_privacy_per_sample_certifies_clipping_only_unless_asserted(capsys):
     # --smoothness 0 asserted with per-sample clipping and K >= 2 is refused, naming the flags
     with pytest.raises(SystemExit):
         main([*argv[:-3], "--smoothness", "0", "--assume-smooth-losses", "--json"])
-    assert "--smoothness = 0 with --assume-smooth-losses" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "'smoothness' (--smoothness) = 0 with 'assume-smooth-losses' (--assume-smooth-losses)" in err, err
 
 
 def test_k1_per_sample_divides_by_b_without_any_assertion():
