@@ -23,7 +23,7 @@ import annotated_types as at
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from .privacy.accountant import Budget
-from .privacy.records import SMOOTHNESS_FIELDS, AccountantConfig, smoothness_problems
+from .privacy.records import SMOOTHNESS_FIELDS, AccountantConfig, colluder_problems, smoothness_problems
 from .settings import DPSettings, FederationSettings
 from .vocabulary import (Algorithm, Clipping, CohortNoise, Dataset, NoiseMode, Partitioning, Schedule, ThreatModel,
                          UnfinishedRoundPolicy, Weighting)
@@ -270,6 +270,8 @@ class AppConfig(BaseModel):
                                            self.assume_smooth_losses):
             problems.append(re.sub(rf"\b({'|'.join(SMOOTHNESS_FIELDS)})\b", lambda m: f"'{_dash(m.group(1))}'",
                                    problem))
+        for problem in colluder_problems(self.threat_model, self.colluding_clients):
+            problems.append(problem.replace("threat_model", "'threat-model'").replace("colluders", "'colluding-clients'"))
         if self.min_replies > self.clients_per_round:
             problems.append(
                 f"'min-replies' = {self.min_replies}: must be an integer in [1, 'clients-per-round' = "

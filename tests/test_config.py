@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from flwr.app import Context, RecordDict
 
 from fl_dp_flower.config import AppConfig, ConfigError, default_cyclic_c, default_iterative_z
+from fl_dp_flower.privacy import AccountantConfig
 
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 
@@ -179,7 +180,7 @@ def test_min_replies_at_most_clients_per_round():
 
 def test_accountant_config_mirrors_app_config():
     cfg = AppConfig.from_run_config({"clipping": "per-sample", "batch-size": 8, "clients-per-round": 4,
-                                     "sigma": 0.7, "delta": 1e-6, "threat-model": "final-model",
+                                     "sigma": 0.7, "delta": 1e-6, "threat-model": "final-model", "colluding-clients": 0,
                                      "assume-smooth-losses": True, "schedule": "stage", "lr": 0.02, "local-steps": 3, "smoothness": 2.0})
     ac = cfg.accountant_config()
     assert (ac.clipping, ac.batch_size, ac.clients, ac.sigma, ac.delta, ac.threat_model) == (
@@ -210,3 +211,15 @@ def test_server_main_fails_at_start_naming_the_key(tmp_path):
     with pytest.raises(ConfigError, match="'sigma' = -1.0: must be a finite number > 0"):
         main(None, ctx)  # type: ignore[arg-type]
     assert not any(tmp_path.iterdir())  # nothing was created
+
+
+def test_final_model_refuses_colluders():
+    """Review of issue 16: a colluding participant sees every global model it receives (the all-rounds
+    view), so the final-model threat model requires colluding-clients = 0, here and in the accountant."""
+    with pytest.raises(ConfigError, match="'threat-model' 'final-model' requires 'colluding-clients' = 0, got 1"):
+        AppConfig.from_run_config({"threat-model": "final-model", "assume-smooth-losses": True})
+    cfg = AppConfig.from_run_config({"threat-model": "final-model", "assume-smooth-losses": True,
+                                     "colluding-clients": 0})
+    assert cfg.accountant_config().colluders == 0
+    with pytest.raises(ValueError, match="final-model' requires colluders = 0"):
+        AccountantConfig(threat_model="final-model", assume_smooth_losses=True, colluders=2)

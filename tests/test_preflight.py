@@ -56,7 +56,7 @@ def test_calibrate_sigma_fits_every_round_when_the_bound_is_not_monotone():
     # final-model threat model, iterative schedule: the certified bound can shrink as rounds are
     # added; the run's budget is checked after every round, so sigma must fit the largest one
     acct = dataclasses.replace(_config(schedule="iterative", **{"local-steps": 5, "clip-norm": 1.0})
-                               .accountant_config(), threat_model="final-model", clients=20)
+                               .accountant_config(), threat_model="final-model", clients=20, colluders=0)
     cal = calibrate_sigma(acct, 1000, 1.0)
     run = planned_run(dataclasses.replace(acct, sigma=cal.sigma), 1000, 1.0)
     assert not run.stopped_by_budget and max(run.certified_epsilons()) <= 1.0

@@ -115,6 +115,21 @@ def test_torn_line_with_up_to_date_checkpoint_names_the_torn_line(tmp_path):
     assert ledger.read_bytes() == torn
 
 
+def test_an_open_round_already_in_the_checkpoint_is_not_charged_as_not_applied(tmp_path):
+    """Review of issue 16: the checkpoint is from round 3 and round 3's line is cut. Its aggregate is in
+    the model, so charging it as not applied would leave it out of the final-model bound (which is
+    not conservative): the 'account' resume is refused, naming the cause, and writes nothing."""
+    _run(_config(tmp_path, **{"num-server-rounds": 3}))
+    ledger = tmp_path / "run" / LEDGER
+    lines = ledger.read_bytes().split(b"\n")
+    idx = max(i for i, line in enumerate(lines) if line.startswith(b'{"kind":"round"'))
+    torn = b"\n".join(lines[:idx]) + b"\n" + lines[idx][: len(lines[idx]) // 3]
+    ledger.write_bytes(torn)
+    with pytest.raises(RunFailed, match="holds open round 3's aggregate"):
+        _run(_config(tmp_path, **{"num-server-rounds": 4, "resume": True, "resume-unfinished-round": "account"}))
+    assert ledger.read_bytes() == torn
+
+
 def test_unfinished_round_charged_as_planned_and_not_applied_on_request(tmp_path, monkeypatch, caplog):
     """Issue 16 item 9: the open round is charged as the planned round (its uploads may have reached
     the server; its aggregate reached no one), not as one client at weight 1, and is not applied."""
@@ -222,7 +237,7 @@ def test_metrics_endpoint_with_tls_and_basic_auth(tmp_path):
 def _final_model_overrides() -> dict:
     """Run-config keys of a final-model run (with the L-smoothness assertion where it exists)."""
     extra = {"assume-smooth-losses": True} if "assume_smooth_losses" in AppConfig.model_fields else {}
-    return {"threat-model": "final-model", **extra}
+    return {"threat-model": "final-model", "colluding-clients": 0, **extra}  # final-model: no colluder
 
 
 @pytest.mark.parametrize("fraction_evaluate", [0.0, 1.0], ids=["no-client-eval", "client-eval"])

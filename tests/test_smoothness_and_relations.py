@@ -153,7 +153,7 @@ def test_planner_equals_accountant_on_planned_rounds(schedule, clipping, asserte
         cfg = AccountantConfig(algorithm=algorithm, prox_alpha=prox, schedule=schedule, lr=0.1, local_steps=5,
                                clip_norm=1.0, clients=20, sigma=1.0, smoothness=1.0, clipping=clipping,
                                batch_size=8, threat_model="final-model" if asserted else "all-rounds",
-                               assume_smooth_losses=asserted)
+                               colluders=0 if asserted else 1, assume_smooth_losses=asserted)
         T = 300
         acct = PrivacyAccountant.from_records(cfg, (cfg.planned_round(t) for t in range(1, T + 1)))
         got, want = plan(cfg, T).to_dict(), acct.report().to_dict()
@@ -178,7 +178,7 @@ def test_final_model_run_publishes_no_per_round_model_outputs(tmp_path):
     sys.path.insert(0, str(Path(__file__).parent))
     from fl_dp_flower.testing import run_local, tiny_config
 
-    final_cfg = tiny_config(tmp_path / "final", **{"threat-model": "final-model", "assume-smooth-losses": True,
+    final_cfg = tiny_config(tmp_path / "final", **{"threat-model": "final-model", "assume-smooth-losses": True, "colluding-clients": 0,
                                                  "schedule": "stage"})
     outcome, _ = run_local(final_cfg)
     rounds = [json.loads(line) for line in (outcome.run_dir / "ledger.jsonl").read_text().splitlines()

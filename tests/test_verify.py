@@ -22,7 +22,7 @@ VERIFY = [sys.executable, "-m", "fl_dp_flower.cli", "verify"]
 def real_ledger(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("verify")
     cfg = tiny_config(out, **{"num-server-rounds": 3, "schedule": "stage", "threat-model": "final-model",
-                              "assume-smooth-losses": True})
+                              "assume-smooth-losses": True, "colluding-clients": 0})
     outcome, _ = run_local(cfg)
     return outcome.run_dir / "ledger.jsonl"
 
@@ -258,9 +258,10 @@ def test_a_ledger_written_before_colluders_is_recomputed_as_written(real_ledger,
     result = verify_ledger(legacy)
     assert result.ok and result.rounds_verified == 3, result.failure
     assert any("predates 'colluders'" in note and "c = 0" in note for note in result.notes)
-    header = json.loads(_lines(real_ledger)[0])["accountant_config"]
+    header = json.loads(_lines(real_ledger)[0])["accountant_config"]  # final-model, so c = 0 already
+    today = AccountantConfig(**{**header, "threat_model": "all-rounds", "colluders": 1}).to_dict()
     with pytest.raises(ValueError, match=r"colluders.*colluding-clients = 0"):
-        PrivacyLedger.check_resumable(legacy, accountant_config=header)
+        PrivacyLedger.check_resumable(legacy, accountant_config=today)
     as_written = AccountantConfig(**{**header, "colluders": 0}).to_dict()
     assert PrivacyLedger.check_resumable(legacy, accountant_config=as_written).last_round == 3
     # the same ledger with today's header (c = 1) does not match its numbers

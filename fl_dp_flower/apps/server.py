@@ -244,9 +244,10 @@ def _unfinished_round(config: AppConfig, path: Path, contents: LedgerContents, c
         log.error("%s", message)
         raise RunFailed(message, logged=True)
     log.warning("round %d was broadcast but %s%s", open_round, how, where)
-    if ckpt_round > open_round:
-        raise RunFailed(f"cannot resume {path}: checkpoint round {ckpt_round} is ahead of the open round "
-                        f"{open_round}")
+    if ckpt_round >= open_round:  # the model holds the round's aggregate: not applied would under-count
+        raise RunFailed(f"cannot resume {path}: the checkpoint is from round {ckpt_round}, so it holds open round "
+                        f"{open_round}'s aggregate, which the ledger never recorded; it cannot be charged as not "
+                        "applied (docs/MATH.md §14.3a). Nothing was written.")
     return open_round
 
 

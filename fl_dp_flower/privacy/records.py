@@ -32,7 +32,7 @@ from .schedules import step_sizes
 from .validate import choice, int_at_least, nonnegative, positive
 
 __all__ = ["ALGORITHMS", "BOUND_CHOICES", "BOUND_NAMES", "CLIPPING_MODES", "SCHEDULES", "SMOOTHNESS_FIELDS",
-           "THREAT_MODELS", "AccountantConfig", "smoothness_problems", "Algorithm", "BoundChoice", "BoundName", "Clipping", "RoundRecord", "Schedule",
+           "THREAT_MODELS", "AccountantConfig", "colluder_problems", "smoothness_problems", "Algorithm", "BoundChoice", "BoundName", "Clipping", "RoundRecord", "Schedule",
            "ThreatModel"]
 
 
@@ -93,6 +93,23 @@ def smoothness_problems(threat_model: str, clipping: str, local_steps: int, smoo
                         "asserts linear per-sample losses (sensitivity divided by the batch size): give the "
                         "losses' real smoothness > 0, or drop assume_smooth_losses (theta = 1 from clipping alone)")
     return problems
+
+
+def colluder_problems(threat_model: str, colluders: int) -> list[str]:
+    """What the final-model threat model asks of the coalition (docs/MATH.md §14.2a, §15).
+
+    The final-model bound describes an adversary who sees only the released model. A colluding
+    participant knows every global model it received (its upload is w_t + update + noise), which
+    is the all-rounds view, where only composition holds. So the final-model threat model
+    requires colluders = 0: the operator asserts that participants do not reveal the models they
+    receive; with any colluder, use the all-rounds threat model.
+    """
+    if threat_model == "final-model" and colluders != 0:
+        return [f"threat_model 'final-model' requires colluders = 0, got {colluders!r}: a colluding participant "
+                "sees every global model it receives (the all-rounds view, where only composition holds); set "
+                "colluders = 0 to assert that participants do not reveal the models they receive, or use "
+                "threat_model 'all-rounds'"]
+    return []
 
 
 @dataclass(frozen=True)
@@ -166,6 +183,8 @@ class AccountantConfig:
         if self.iterative_z is not None:
             positive("iterative_z", self.iterative_z)
         check_prox(self.algorithm, self.prox_alpha, self.smoothness, self.lr)
+        for problem in colluder_problems(self.threat_model, self.colluders):
+            raise ValueError(problem)
 
     def planned_round(self, round_index: int, clients: int | None = None, *, applied: bool = True) -> "RoundRecord":
         """The record of round ``round_index`` (1-based) if it runs exactly as planned
