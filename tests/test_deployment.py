@@ -116,7 +116,8 @@ def ledger_rounds(path: Path) -> list[dict]:
 # --------------------------------------------------------------------------- a
 def readme_deployment_config(**local) -> dict:
     """The README's deployment ``--run-config``, with host-specific values replaced by ``local``."""
-    docs = [d for d in documented_run_configs() if d.source.startswith("README") and d.command == "flwr run"]
+    docs = [d for d in documented_run_configs()
+            if d.source.startswith("README") and d.command == "flwr run" and "metrics-certfile" in d.text]
     assert len(docs) == 1, docs
     cfg = parse_overrides(docs[0].text)
     assert set(local) - {"num-server-rounds"} <= set(cfg), sorted(set(local) - set(cfg))

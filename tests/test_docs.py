@@ -102,3 +102,19 @@ def test_documented_cli_command_parses(source, argv):
         build_parser().parse_args(argv)
     except SystemExit as exc:  # argparse's error exit
         raise AssertionError(f"{source}: fl-dp-flower {' '.join(argv)} is rejected (exit {exc.code})") from None
+
+
+PLANNING = [(s, argv) for s, argv in CLI_COMMANDS if argv[0] in ("privacy", "calibrate")]
+
+
+@pytest.mark.parametrize("source, argv", PLANNING, ids=[s for s, _ in PLANNING])
+def test_documented_planning_command_runs(source, argv, capsys):
+    """Every documented ``privacy`` / ``calibrate`` command runs to exit 0 (not only parses: the run
+    config's cross-checks, e.g. final-model's assertions, apply to the planners too)."""
+    from fl_dp_flower.cli import main
+
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    assert code == 0, f"{source}: fl-dp-flower {' '.join(argv)} exits {code}: {capsys.readouterr().err[-600:]}"
