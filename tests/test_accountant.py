@@ -373,3 +373,15 @@ def test_legacy_header_without_colluders_reads_as_an_outside_observer():
     assert AccountantConfig().colluders == 1
     with pytest.raises(ValueError, match="colluders"):
         AccountantConfig(colluders=-1)
+
+
+def test_zero_weight_clients_do_not_make_the_coalition_noise_zero():
+    """Review of issue 16: weights (0, 1) with c = 1 gave s_min = 0 and the final-model push raised
+    after composition had been added. A zero-weight client is no target: the least noise of the real
+    target (weight 1) is its own sigma, and the round is local DP."""
+    cfg = _config(clients=2, colluders=1)
+    record = dataclasses.replace(cfg.planned_round(1), weights=(0.0, 1.0))
+    assert record.hidden_noise_stds(1) == (cfg.sigma, cfg.sigma)
+    report = PrivacyAccountant(cfg).step(record)
+    terms = report.bounds["composition"].mu
+    assert terms == pytest.approx(report.bounds["local_dp"].mu, rel=1e-12)

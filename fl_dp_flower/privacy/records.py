@@ -324,11 +324,15 @@ class RoundRecord:
           more than local DP.
 
         Uniform weights: both are sigma * sqrt(m - c_eff)/m; c = 0 gives :attr:`noise_std`.
+        Targets are clients with p_k > 0 (a zero-weight client's upload is not in the aggregate).
         """
         c = int_at_least("colluders", colluders, 0)
         squares = sorted(p * p for p in self.weights)  # ascending
         keep = len(squares) - min(c, len(squares) - 1)
-        s_min = self.sigma * math.sqrt(math.fsum(squares[:keep]))
+        s_min_sq = math.fsum(squares[:keep])
+        if s_min_sq == 0.0:  # only zero weights among them: a zero-weight target leaks nothing, so the
+            s_min_sq = min(q for q in squares if q > 0.0)  # least noise of a real target is its own
+        s_min = self.sigma * math.sqrt(s_min_sq)
         others = squares[:-1]  # without one largest weight (the target)
         s_target = self.sigma * math.sqrt(math.fsum([squares[-1], *others[:keep - 1]]))
         return s_min, s_target
