@@ -207,3 +207,14 @@ def test_per_batch_record_takes_the_largest_echoed_batch_size():
     echoed = [Applied(sigma=1.0, clip_norm=1.0, local_steps=1, lr=0.1, round_index=0, batch_size=32)]
     assert reconcile(planned, echoed, "constant", per_sample=False)[0].batch_size == 32
     assert reconcile(planned, echoed, "constant", per_sample=True)[0].batch_size == 1
+
+
+def test_the_add_remove_guarantee_names_its_convention():
+    """Review of issue 16: the add/remove-one number holds only under zero substitution (batch
+    indices, B and weights fixed); every report names that, and the log line prints it."""
+    from fl_dp_flower.reporting.console import add_remove_note
+
+    cfg = _kink_config(local_steps=1)
+    report = PrivacyAccountant(cfg).step(cfg.planned_round(1)).to_dict()
+    assert report["add_remove"]["relation"] == "add/remove-one (zero substitution)"
+    assert add_remove_note(report).startswith("add/remove-one (zero substitution) mu=")

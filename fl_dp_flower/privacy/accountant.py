@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from . import gdp
-from .bounds import RELATION, BoundValue, add_remove_certified, bound_assumptions, certified_bound, paper_is_sound
+from .bounds import ADD_REMOVE_RELATION, RELATION, BoundValue, add_remove_certified, bound_assumptions, certified_bound, paper_is_sound
 from .closed_forms import paper_mu
 from .final_model import OnlineFinalModel
 from .records import BOUND_NAMES, AccountantConfig, RoundRecord
@@ -271,7 +271,8 @@ class PrivacyAccountant:
             for name in BOUND_NAMES
         }
         ar_name = add_remove_certified(self._config.threat_model, ar_mus, assumes, asserted)
-        add_remove = {"bound": ar_name, "mu": ar_mus[ar_name], "epsilon": gdp.epsilon(ar_mus[ar_name], d)}
+        add_remove = {"bound": ar_name, "mu": ar_mus[ar_name], "epsilon": gdp.epsilon(ar_mus[ar_name], d),
+                      "relation": ADD_REMOVE_RELATION}
         return PrivacyReport(
             round=round_, rounds=rounds, delta=d, threat_model=self._config.threat_model, clients=clients,
             bounds=bounds, rounds_applied=applied, colluders=self._config.colluders,

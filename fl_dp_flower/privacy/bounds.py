@@ -195,6 +195,10 @@ class BoundValue:
 
 #: the neighbouring relation every bound is stated for; the add/remove-one guarantee is reported beside it
 RELATION = "replace-one"
+#: the add/remove-one guarantee's relation, named with its convention (docs/MATH.md §16): a removed
+#: sample contributes a zero clipped gradient; batch indices, B and the aggregation weights stay fixed
+#: (so it does not describe weighting = "examples", where a removal changes every weight)
+ADD_REMOVE_RELATION = "add/remove-one (zero substitution)"
 #: the words printed next to a bound that rests on L-smooth losses
 CONDITIONAL_LABEL = "conditional on L-smooth losses"
 

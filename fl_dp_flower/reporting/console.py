@@ -58,7 +58,8 @@ def add_remove_note(report: dict[str, Any]) -> str:
     ar = report.get("add_remove") or {}
     if not ar:
         return ""
-    return f"add/remove-one mu={fmt_num(ar['mu'])} eps={fmt_num(ar['epsilon'])}"
+    relation = ar.get("relation", "add/remove-one")
+    return f"{relation} mu={fmt_num(ar['mu'])} eps={fmt_num(ar['epsilon'])}"
 
 
 def _paper_label(paper: dict[str, Any]) -> str:
