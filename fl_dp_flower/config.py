@@ -15,13 +15,13 @@ key in dash form together with its allowed range, e.g.::
 
 from __future__ import annotations
 
-import difflib
 import re
-from typing import Any, Literal, Mapping, get_args, get_origin
+from typing import Any, Mapping
 
-import annotated_types as at
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
+from . import config_messages
+from .config_messages import AUTO_SIGMA, dash as _dash
 from .privacy.accountant import Budget
 from .privacy.records import SMOOTHNESS_FIELDS, AccountantConfig, colluder_problems, smoothness_problems
 from .settings import DPSettings, FederationSettings
@@ -33,8 +33,6 @@ __all__ = ["AUTO_SIGMA", "AppConfig", "ConfigError", "with_auto_sigma", "default
            "unknown_key_message"]
 
 
-#: The ``sigma`` value that asks the package to calibrate sigma for ``target-epsilon``.
-AUTO_SIGMA = "auto"
 
 
 def with_auto_sigma(user_overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -51,10 +49,6 @@ def with_auto_sigma(user_overrides: Mapping[str, Any]) -> dict[str, Any]:
 
 class ConfigError(ValueError):
     """A run-config value is missing, unknown, of the wrong type or out of range."""
-
-
-def _dash(name: str) -> str:
-    return name.replace("_", "-")
 
 
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -207,7 +201,7 @@ class AppConfig(BaseModel):
         try:
             return cls.model_validate(dict(run_config))
         except ValidationError as exc:
-            raise ConfigError(_format_errors(exc)) from None
+            raise ConfigError(config_messages.format_errors(AppConfig.model_fields, exc)) from None
 
     @model_validator(mode="wrap")
     @classmethod
@@ -353,59 +347,12 @@ class AppConfig(BaseModel):
         )
 
 
-# ------------------------------------------------------------------ error text
+# ------------------------------------------------------------------ error text (config_messages.py)
 def describe_range(field_name: str) -> str:
-    """Human-readable allowed values of one field (underscore name)."""
-    info = AppConfig.model_fields[field_name]
-    ann = info.annotation
-    if get_origin(ann) is Literal:
-        return "one of " + ", ".join(repr(v) for v in get_args(ann))
-    if ann is bool:
-        return "true or false"
-    if ann is str:
-        text = "a string"
-        for meta in info.metadata:
-            if isinstance(meta, at.MinLen) and meta.min_length >= 1:
-                text = "a non-empty string"
-        if field_name == "run_name":
-            text += " of letters, digits, '.', '_' or '-' (no path separators)"
-        return text
-    if field_name == "sigma":
-        return f"a finite number > 0, or {AUTO_SIGMA!r} (calibrated for 'target-epsilon' > 0)"
-    kind = "an integer" if ann is int else "a finite number"
-    bounds = []
-    for meta in info.metadata:
-        for cls, op, attr in ((at.Gt, ">", "gt"), (at.Ge, ">=", "ge"), (at.Lt, "<", "lt"), (at.Le, "<=", "le")):
-            if isinstance(meta, cls):
-                bounds.append(f"{op} {getattr(meta, attr)!r}")
-    return f"{kind} {' and '.join(bounds)}".strip()
+    """Human-readable allowed values of one AppConfig field (underscore name)."""
+    return config_messages.describe_range(AppConfig.model_fields, field_name)
 
 
 def unknown_key_message(key: str) -> str:
     """"unknown run-config key 'lr2'; did you mean 'lr'?" (or the list of known keys)."""
-    known = sorted(_dash(n) for n in AppConfig.model_fields)
-    close = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
-    if close:
-        return f"unknown run-config key '{key}'; did you mean " + " or ".join(f"'{c}'" for c in close) + "?"
-    return f"unknown run-config key '{key}' (known keys: {', '.join(known)})"
-
-
-def _format_errors(exc: ValidationError) -> str:
-    lines: list[str] = []
-    for err in exc.errors(include_url=False):
-        loc = err.get("loc") or ()
-        if not loc:  # cross-field check: the message already names the keys
-            msg = str(err.get("msg", ""))
-            msg = msg.removeprefix("Value error, ")
-            lines.extend(msg.split("; "))
-            continue
-        key = _dash(str(loc[0]))
-        field = key.replace("-", "_")
-        if err.get("type") == "extra_forbidden":
-            lines.append(unknown_key_message(key))
-        elif field in AppConfig.model_fields:
-            got = err.get("input")
-            lines.append(f"'{key}' = {got!r}: must be {describe_range(field)} ({err.get('msg')})")
-        else:
-            lines.append(f"'{key}': {err.get('msg')}")
-    return "invalid run config:\n" + "\n".join(f"  - {line}" for line in lines)
+    return config_messages.unknown_key_message(AppConfig.model_fields, key)

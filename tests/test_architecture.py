@@ -38,3 +38,13 @@ def _loaded_after_import(modules: list[str]) -> set[str]:
 def test_layers_do_not_import_heavier_layers(modules, forbidden):
     loaded = _loaded_after_import(modules)
     assert not (loaded & forbidden), f"{modules} pulled in {sorted(loaded & forbidden)}"
+
+
+def test_every_package_module_is_at_most_400_lines():
+    """The project's rule (short modules): split by theme rather than grow past 400 lines."""
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[1] / "fl_dp_flower"
+    long = {str(p.relative_to(package)): n for p in package.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 400}
+    assert not long, long

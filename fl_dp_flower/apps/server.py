@@ -59,7 +59,7 @@ from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Result
 
-from fl_dp_flower.apps.recovery import RunFailed, logged_failures, restore_exclusions
+from fl_dp_flower.apps.recovery import RunFailed, logged_failures, restore_exclusions, unfinished_round
 from fl_dp_flower.apps.threat import final_model_assumptions, node_assumptions, publishes_per_round_models
 from fl_dp_flower.config import AppConfig, ConfigError
 from fl_dp_flower.preflight import chance_level_warning, log_preflight
@@ -67,7 +67,8 @@ from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.reporting import PrivacyLedger, PrivacyMetricsExporter, plot_privacy_curve, render_summary
 from fl_dp_flower.reporting.console import conditional_note
 from fl_dp_flower.reporting.durable import atomic_write, write_json
-from fl_dp_flower.reporting.ledger import NOT_APPLIED_EVENT, LedgerContents, read_ledger, round_records
+from fl_dp_flower.reporting.ledger import NOT_APPLIED_EVENT, LedgerContents, read_ledger
+from fl_dp_flower.reporting.replay import round_records
 from fl_dp_flower.reporting.logfilter import FlowerDumps
 from fl_dp_flower.reporting.rounds import RoundSink
 from fl_dp_flower.strategies import ModelNotFinite, NoisyStrategyMixin, NotEnoughNodes, make_strategy
@@ -155,7 +156,7 @@ def _open_ledger(config: AppConfig, run_dir: Path) -> tuple[PrivacyLedger, Priva
     contents = PrivacyLedger.check_resumable(path, accountant_config=acct_cfg.to_dict())
     records = round_records(contents)
     ckpt_round, arrays = _checkpoint(run_dir, contents)
-    unfinished = _unfinished_round(config, path, contents, ckpt_round)
+    unfinished = unfinished_round(config, path, contents, ckpt_round)
     lost = [r.round for r in records if r.applied and r.round > ckpt_round]
 
     ledger = PrivacyLedger.resume(path, accountant_config=acct_cfg.to_dict())  # first write
@@ -213,42 +214,6 @@ def _checkpoint(run_dir: Path, contents: LedgerContents) -> tuple[int, ArrayReco
         return 0, None
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
     return int(ckpt["round"]), ArrayRecord(ckpt["state_dict"])
-
-
-def _unfinished_round(config: AppConfig, path: Path, contents: LedgerContents, ckpt_round: int) -> int | None:
-    """The open round to account (policy ``account``), None if there is none; raise RunFailed
-    naming the real cause (policy ``refuse``, or an inconsistency). Reads only."""
-    last = contents.last_round
-    open_round = contents.open_round
-    if open_round is None:
-        if ckpt_round > last:
-            raise RunFailed(f"cannot resume {path}: checkpoint round {ckpt_round} is ahead of the ledger's "
-                            f"last round {last}, and no round is open in the ledger; the ledger is not the "
-                            "one this model was trained under")
-        if ckpt_round < last:
-            log.warning("checkpoint is from round %d, ledger has round %d: continuing from the older model "
-                        "(the later rounds stay accounted, as not applied)", ckpt_round, last)
-        return None
-    how = (f"its round line is torn (line {contents.line_count} was cut mid-write)"
-           if contents.torn_tail and contents.torn_round == open_round
-           else f"has no round line (opened at line {contents.open_round_line}; the server stopped before "
-                "recording it)")
-    where = (f"; the saved model is from round {ckpt_round}" if ckpt_round else "")
-    if config.resume_unfinished_round == "refuse":
-        message = (
-            f"cannot resume {path}: round {open_round} was broadcast but {how}{where}. Its uploads may have "
-            "reached the server, so its privacy may be spent. Nothing was written. To continue, resume "
-            "with resume-unfinished-round = 'account' (the round is charged as planned and marked not "
-            "applied: its aggregate was never saved or broadcast); do not edit the ledger or the checkpoint."
-        )
-        log.error("%s", message)
-        raise RunFailed(message, logged=True)
-    log.warning("round %d was broadcast but %s%s", open_round, how, where)
-    if ckpt_round >= open_round:  # the model holds the round's aggregate: not applied would under-count
-        raise RunFailed(f"cannot resume {path}: the checkpoint is from round {ckpt_round}, so it holds open round "
-                        f"{open_round}'s aggregate, which the ledger never recorded; it cannot be charged as not "
-                        "applied (docs/MATH.md §14.3a). Nothing was written.")
-    return open_round
 
 
 def run_server(grid: Grid, config: AppConfig, *, fraction_evaluate: float = 0.0,

@@ -2,7 +2,8 @@
 the Prometheus endpoint and the end-of-run plot. No torch, no flwr."""
 
 from .console import fmt_num, format_round_line, render_summary, summary_table
-from .ledger import LedgerContents, PrivacyLedger, load_round_records, read_ledger
+from .ledger import LedgerContents, PrivacyLedger, read_ledger
+from .replay import load_round_records
 from .plot import plot_privacy_curve
 from .prometheus import PrivacyMetricsExporter, scrape_config_snippet
 

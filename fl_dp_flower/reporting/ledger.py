@@ -7,7 +7,7 @@ A privacy ledger is never lost or rewritten:
   ``os.fsync()``; the directory is fsynced when the file is created;
 - round numbers are strictly increasing, and every round record is validated as a
   :class:`~fl_dp_flower.privacy.records.RoundRecord` before it is written, so the
-  accountant can always be rebuilt from the ledger (:func:`load_round_records`).
+  accountant can always be rebuilt from the ledger (reporting/replay.py).
 
 Tamper evidence (schema 2): every line carries ``"prev"``, the SHA-256 (hex) of the previous
 physical line's bytes (without its newline; ``null`` on the header), so editing, deleting or
@@ -37,7 +37,7 @@ applied: its aggregate was never saved or broadcast, since a round line precedes
 Applied rounds (docs/MATH.md §14.3a): ``"applied": false`` in a record, or a later
 ``rounds-not-applied`` event (``{"rounds": [...]}``, for a round whose model was lost before its
 checkpoint; lines are never rewritten), takes a round out of the final-model bound;
-:func:`round_records` and ``verify`` honour both.
+``replay.round_records`` and ``verify`` honour both.
 
 Crash tolerance: a final line without a trailing newline that is not valid JSON is a torn
 write (``torn_tail=True``; its kind, as far as the fragment shows, in ``torn_kind``) and is
@@ -58,7 +58,7 @@ import math
 import os
 import re
 import threading
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -223,31 +223,6 @@ def read_ledger(path: str | os.PathLike[str]) -> LedgerContents:
         raise ValueError(f"privacy ledger {path} has no header (its creation was interrupted)")
     return LedgerContents(header, rounds, events, torn_tail, ends_with_newline, len(lines), torn_kind,
                           open_round, open_line, torn_round)
-
-
-def not_applied_rounds(events: list[dict[str, Any]]) -> set[int]:
-    """Rounds that ``rounds-not-applied`` events mark as never applied to the model."""
-    marked: set[int] = set()
-    for entry in events:
-        if entry.get("event") == NOT_APPLIED_EVENT:
-            rounds = (entry.get("data") or {}).get("rounds")
-            if not isinstance(rounds, list) or not all(isinstance(r, int) and not isinstance(r, bool)
-                                                        for r in rounds):
-                raise ValueError(f"a {NOT_APPLIED_EVENT} event must list integer rounds, got {rounds!r}")
-            marked.update(rounds)
-    return marked
-
-
-def round_records(contents: LedgerContents) -> list[RoundRecord]:
-    """The RoundRecords of a parsed ledger, in order, ``rounds-not-applied`` events honoured."""
-    marked = not_applied_rounds(contents.events)
-    return [replace(r, applied=False) if r.round in marked else r
-            for r in (RoundRecord.from_dict(entry["record"]) for entry in contents.rounds)]
-
-
-def load_round_records(path: str | os.PathLike[str]) -> list[RoundRecord]:
-    """The RoundRecords of a ledger, in order (see :func:`round_records`)."""
-    return round_records(read_ledger(path))
 
 
 class PrivacyLedger:

@@ -55,8 +55,8 @@ from .ledger import (
     TORN_TAIL_EVENT,
     _decode,
     line_hash,
-    not_applied_rounds,
 )
+from .replay import not_applied_rounds
 
 REL_TOL = 1e-9
 
