@@ -4,6 +4,7 @@ unmodified it passes; every kind of tampering fails at the right line, with a no
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -190,7 +191,7 @@ def test_missing_ledger_exits_2(tmp_path):
 def test_watch_follows_a_real_run_in_tmux_and_exits_on_ctrl_c(tmp_path):
     from deploy_harness import wait_until
 
-    session = f"fldp-watch-{tmp_path.name}"[:60]
+    session = f"fldp-watch-{os.getpid()}-{tmp_path.name}"[:60]  # unique per test process (parallel runs)
     run_dir = tmp_path / "run"
     exe = Path(sys.executable).parent / "fl-dp-flower"
     subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "130", "-y", "45",
