@@ -21,6 +21,7 @@ import ssl
 import stat
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 import torch
@@ -98,15 +99,21 @@ def test_unfinished_round_is_refused_by_default_and_nothing_is_written(tmp_path,
     assert ledger.read_bytes() == before  # a refused resume writes nothing
 
 
-def test_torn_line_with_up_to_date_checkpoint_names_the_torn_line(tmp_path):
-    """Case 4: the checkpoint is from round 3 and round 3's line is cut. The refusal names the torn
-    line, not the checkpoint, and writes nothing."""
+def _three_rounds_with_round_3_torn(tmp_path) -> tuple[Path, bytes, int]:
+    """A finished 3-round run whose last round line is then cut to a third: (ledger, bytes, line index)."""
     _run(_config(tmp_path, **{"num-server-rounds": 3}))
     ledger = tmp_path / "run" / LEDGER
     lines = ledger.read_bytes().split(b"\n")
     idx = max(i for i, line in enumerate(lines) if line.startswith(b'{"kind":"round"'))
     torn = b"\n".join(lines[:idx]) + b"\n" + lines[idx][: len(lines[idx]) // 3]
     ledger.write_bytes(torn)
+    return ledger, torn, idx
+
+
+def test_torn_line_with_up_to_date_checkpoint_names_the_torn_line(tmp_path):
+    """Case 4: the checkpoint is from round 3 and round 3's line is cut. The refusal names the torn
+    line, not the checkpoint, and writes nothing."""
+    ledger, torn, idx = _three_rounds_with_round_3_torn(tmp_path)
     with pytest.raises(RunFailed) as info:
         _run(_config(tmp_path, **{"num-server-rounds": 4, "resume": True}))
     msg = str(info.value)
@@ -119,12 +126,7 @@ def test_an_open_round_already_in_the_checkpoint_is_not_charged_as_not_applied(t
     """Review of issue 16: the checkpoint is from round 3 and round 3's line is cut. Its aggregate is in
     the model, so charging it as not applied would leave it out of the final-model bound (which is
     not conservative): the 'account' resume is refused, naming the cause, and writes nothing."""
-    _run(_config(tmp_path, **{"num-server-rounds": 3}))
-    ledger = tmp_path / "run" / LEDGER
-    lines = ledger.read_bytes().split(b"\n")
-    idx = max(i for i, line in enumerate(lines) if line.startswith(b'{"kind":"round"'))
-    torn = b"\n".join(lines[:idx]) + b"\n" + lines[idx][: len(lines[idx]) // 3]
-    ledger.write_bytes(torn)
+    ledger, torn, idx = _three_rounds_with_round_3_torn(tmp_path)
     with pytest.raises(RunFailed, match="holds open round 3's aggregate"):
         _run(_config(tmp_path, **{"num-server-rounds": 4, "resume": True, "resume-unfinished-round": "account"}))
     assert ledger.read_bytes() == torn
