@@ -23,8 +23,9 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .privacy.records import AccountantConfig
+    pass
 
+from .plan_flags import flagged, fmt_number as _fmt, planned_accountant_config, settings_line as _settings
 from .vocabulary import BOUND_CHOICES
 
 
@@ -113,48 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _config(args: argparse.Namespace, parser: argparse.ArgumentParser, sigma: float | None = None) -> AccountantConfig:
-    """The planned run as the accountant sees it (the resolved run config, at ``sigma`` when given)."""
-    import dataclasses
-
-    from .plan_flags import resolve
-
-    config = args.config if getattr(args, "config", None) is not None else resolve(args, parser)
-    try:
-        acct = config.accountant_config()
-        return acct if sigma is None or sigma == acct.sigma else dataclasses.replace(acct, sigma=sigma)
-    except ValueError as exc:
-        parser.error(_flagged(str(exc)))
-    raise AssertionError("unreachable")
-
-
-def _flagged(message: str) -> str:
-    """Name the flag beside each run-config key or accountant field a validation message cites."""
-    from .plan_flags import flagged
-
-    return flagged(message)
-
-
 _ADVERSARY = {
     "paper": "final model",
     "composition": "every global model",
     "final_model": "final model (L-smooth losses)",
     "local_dp": "every client upload",
 }
-
-
-def _fmt(x: float) -> str:
-    return "inf" if math.isinf(x) else f"{x:.6g}"
-
-
-def _settings(args: argparse.Namespace) -> str:
-    """The planned run in one line, defaults included (what ``privacy`` with no flag really means)."""
-    c = args.config
-    extra = f", alpha {c.prox_alpha:g}" if c.algorithm == "fedprox" else ""
-    clipping = f"per-sample (B {c.batch_size})" if c.clipping == "per-sample" else f"per-batch (B {c.batch_size})"
-    return (f"{c.algorithm}{extra}, {c.schedule} schedule, lr {c.lr:g}, K {c.local_steps}, V {c.clip_norm:g}, "
-            f"m {c.clients_per_round} clients/round, T {c.num_server_rounds} rounds, L {c.smoothness:g}, "
-            f"{clipping} clipping, {c.colluding_clients} colluding client(s)\nrun config: {args.config_source}")
 
 
 _THREAT_RULE = {
@@ -288,13 +253,13 @@ def _privacy(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from .privacy.planning import plan, planned_run  # numpy/scipy: only now
     from .reporting.durable import json_safe
 
-    config = _config(args, parser)
+    config = planned_accountant_config(args, parser)
     replay = args.rounds <= PER_ROUND_LIMIT
     try:
         result = plan(config, args.rounds).to_dict()
         run = planned_run(config, args.rounds, args.config.budget_epsilon) if replay else None
     except ValueError as exc:
-        parser.error(_flagged(str(exc)))
+        parser.error(flagged(str(exc)))
     result["sigma"] = config.sigma
     result["per_round"] = [{"round": r.round, "bound": r.certified_bound, "mu": r.certified.mu,
                             "epsilon": r.certified.epsilon} for r in (run.reports if run else ())]
@@ -318,12 +283,12 @@ def _calibrate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     if not target > 0:
         parser.error("--target-epsilon: calibrate needs a target epsilon > 0 (flag, --run-config or the app's "
                      "'target-epsilon')")
-    config = _config(args, parser, 1.0)
+    config = planned_accountant_config(args, parser, 1.0)
     try:
         result = calibrate(config, args.rounds, target, args.bound).to_dict()
         auto = calibrate_sigma(config, args.rounds, target) if args.rounds <= PER_ROUND_LIMIT else None
     except ValueError as exc:
-        parser.error(_flagged(str(exc)))
+        parser.error(flagged(str(exc)))
     result["run"] = None if auto is None else {
         "sigma": auto.sigma, "bound": auto.report.certified_bound, "epsilon": auto.report.certified.epsilon,
         "mu": auto.report.certified.mu}

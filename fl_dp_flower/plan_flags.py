@@ -20,6 +20,7 @@ quick --run-config "sigma=0.8"`` plans exactly the run ``fl-dp-flower run --pres
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import tomllib
 from pathlib import Path
@@ -29,6 +30,7 @@ from .presets import PRESETS
 
 if TYPE_CHECKING:
     from .config import AppConfig
+    from .privacy.records import AccountantConfig
 
 #: run-config keys (underscored) that no plan depends on: no flag for them.
 RUN_ONLY = frozenset({
@@ -171,3 +173,33 @@ def flagged(message: str) -> str:
     for field, key in _ACCOUNTANT_KEYS.items():
         message = re.sub(rf"(?<![-'\w]){field}\b", f"{key} (--{key})", message)
     return message
+
+
+def planned_accountant_config(args: argparse.Namespace, parser: argparse.ArgumentParser,
+                              sigma: float | None = None) -> AccountantConfig:
+    """The planned run as the accountant sees it (the resolved run config, at ``sigma`` when given);
+    a validation error exits through ``parser.error`` naming the flags (``privacy``, ``calibrate``, ``audit``)."""
+    import dataclasses
+
+    config = args.config if getattr(args, "config", None) is not None else resolve(args, parser)
+    try:
+        acct = config.accountant_config()
+        return acct if sigma is None or sigma == acct.sigma else dataclasses.replace(acct, sigma=sigma)
+    except ValueError as exc:
+        parser.error(flagged(str(exc)))
+    raise AssertionError("unreachable")
+
+
+def fmt_number(x: float) -> str:
+    """A bound's number in tables: 6 significant digits, 'inf' for an infinite one."""
+    return "inf" if math.isinf(x) else f"{x:.6g}"
+
+
+def settings_line(args: argparse.Namespace) -> str:
+    """The planned run in one line, defaults included (what ``privacy`` with no flag really means)."""
+    c = args.config
+    extra = f", alpha {c.prox_alpha:g}" if c.algorithm == "fedprox" else ""
+    clipping = f"per-sample (B {c.batch_size})" if c.clipping == "per-sample" else f"per-batch (B {c.batch_size})"
+    return (f"{c.algorithm}{extra}, {c.schedule} schedule, lr {c.lr:g}, K {c.local_steps}, V {c.clip_norm:g}, "
+            f"m {c.clients_per_round} clients/round, T {c.num_server_rounds} rounds, L {c.smoothness:g}, "
+            f"{clipping} clipping, {c.colluding_clients} colluding client(s)\nrun config: {args.config_source}")

@@ -48,3 +48,60 @@ def test_every_package_module_is_at_most_400_lines():
     long = {str(p.relative_to(package)): n for p in package.rglob("*.py")
             if (n := len(p.read_text().splitlines())) > 400}
     assert not long, long
+
+
+def _runtime_imports(package_dir, module_names):
+    """{module: modules of the package it imports at run time} (imports under TYPE_CHECKING excluded)."""
+    import ast
+
+    graph = {}
+    for name, path in module_names.items():
+        tree = ast.parse(path.read_text())
+        skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING"
+                for n in ast.walk(node)}
+        is_pkg = path.name == "__init__.py"
+        out = set()
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
+            if isinstance(node, ast.ImportFrom):
+                parts = name.split(".") if is_pkg else name.split(".")[:-1]
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([node.module] if node.module else [])) \
+                    if node.level else (node.module or "")
+                for alias in node.names:
+                    target = f"{base}.{alias.name}" if f"{base}.{alias.name}" in module_names else base
+                    out.add(target)
+            elif isinstance(node, ast.Import):
+                out.update(a.name for a in node.names)
+        graph[name] = {t for t in out if t in module_names and t != name}
+    return graph
+
+
+def test_no_import_cycle_in_the_package():
+    """Issue 17: dependencies point one way (e.g. cli <-> audit.commands was a cycle)."""
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[1] / "fl_dp_flower"
+    names = {}
+    for path in package.rglob("*.py"):
+        parts = ("fl_dp_flower", *path.relative_to(package).with_suffix("").parts)
+        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = _runtime_imports(package, names)
+    done, stack = set(), []
+
+    def visit(node):
+        if node in stack:
+            raise AssertionError("import cycle: " + " -> ".join(stack[stack.index(node):] + [node]))
+        if node in done:
+            return
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if nxt.startswith(node + ".") or node.startswith(nxt + "."):
+                continue  # a package and its own modules (__init__ re-exports) are one unit
+            visit(nxt)
+        stack.pop()
+        done.add(node)
+
+    for node in sorted(graph):
+        visit(node)

@@ -26,10 +26,10 @@ def audit_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     """Run the audit; exit 1 when a sound bound is violated on an instance that meets its assumptions
     (a package bug), else 0. The paper's stated bound (not sound) and bounds whose assumption the
     instance breaks may be exceeded: the verdicts say so, the exit status does not change."""
-    from ..cli import _config, _flagged
+    from ..plan_flags import flagged, planned_accountant_config
     from ..reporting.durable import json_safe
 
-    config = _config(args, parser, args.sigma)
+    config = planned_accountant_config(args, parser, args.sigma)
     import torch  # only now: the audit trains
 
     from .run import run_audit
@@ -39,7 +39,7 @@ def audit_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         report = run_audit(config, args.rounds, canary=args.canary, adversary=args.adversary, trials=args.trials,
                            seed=args.seed, confidence=args.confidence, device=device)
     except ValueError as exc:
-        parser.error(_flagged(str(exc)))
+        parser.error(flagged(str(exc)))
     if args.plot:
         from .plot import plot_audit
         plot_audit(report, args.plot)
@@ -58,7 +58,7 @@ def _print_audit(report: Any, args: argparse.Namespace) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from ..cli import _fmt, _settings
+    from ..plan_flags import fmt_number as _fmt, settings_line as _settings
 
     a = report.attack
     console = Console(width=None if sys.stdout.isatty() else 160)
