@@ -43,6 +43,7 @@ _PUBLIC = {
     "PrometheusSink": "fl_dp_flower.reporting.rounds",
     "open_ledger": "fl_dp_flower.reporting.rounds",
     "FlowerGDPAccountant": "fl_dp_flower.interop",
+    "FlDpError": "fl_dp_flower.errors",
 }
 
 __all__ = [
@@ -50,6 +51,7 @@ __all__ = [
     "ConsoleSink",
     "DPSettings",
     "FederationSettings",
+    "FlDpError",
     "FlowerGDPAccountant",
     "LedgerSink",
     "NoisyFedAvg",
@@ -67,6 +69,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from fl_dp_flower.client import dp_train
+    from fl_dp_flower.errors import FlDpError
     from fl_dp_flower.interop import FlowerGDPAccountant
     from fl_dp_flower.privacy.accountant import Budget, PrivacyAccountant
     from fl_dp_flower.privacy.planning import calibrate, plan

@@ -20,6 +20,7 @@ from typing import Any, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
+from fl_dp_flower.errors import FlDpError
 from . import config_messages
 from .config_messages import AUTO_SIGMA, dash as _dash
 from .privacy.accountant import Budget
@@ -47,7 +48,7 @@ def with_auto_sigma(user_overrides: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-class ConfigError(ValueError):
+class ConfigError(FlDpError, ValueError):
     """A run-config value is missing, unknown, of the wrong type or out of range."""
 
 

@@ -46,6 +46,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from fl_dp_flower.errors import FlDpError
 from .local_flower import (ANSI, FlowerStartError, LocalFlower, StatusPoller, cmdline, parse_json_output,
                            processes_of, stop_processes)
 from .presets import PRESETS
@@ -67,7 +68,7 @@ RAY_START_FAILURE = "The current node timed out during startup"  # ray/_private/
 
 
 # ------------------------------------------------------------------ the run
-class Interrupted(Exception):
+class Interrupted(FlDpError):
     """SIGINT/SIGTERM arrived."""
 
 

@@ -35,6 +35,7 @@ import urllib.request
 from pathlib import Path
 from collections.abc import Callable
 from typing import Any
+from fl_dp_flower.errors import FlDpError
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 CONNECTION = "fl-dp-flower"  # the connection name written into the private config.toml
@@ -42,7 +43,7 @@ START_PATIENCE = 600.0  # seconds a live SuperLink may take to answer before the
 START_ATTEMPTS = 4  # ports tried when a SuperLink exits at start (its port was taken meanwhile)
 
 
-class FlowerStartError(RuntimeError):
+class FlowerStartError(FlDpError, RuntimeError):
     """The private SuperLink could not be started (the message says why and where its log is)."""
 
 

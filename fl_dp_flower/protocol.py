@@ -22,6 +22,7 @@ from typing import Any
 from flwr.app import Error, Message
 from flwr.common.constant import ErrorCode
 
+from fl_dp_flower.errors import FlDpError
 from .vocabulary import ALGORITHMS, CLIPPING_MODES, SCHEDULES, Algorithm, Clipping, Schedule
 
 REFUSAL_CODE = ErrorCode.MOD_FAILED_PRECONDITION
@@ -62,7 +63,7 @@ ECHO_KEYS: dict[str, str] = {
 }
 
 
-class Refused(ValueError):
+class Refused(FlDpError, ValueError):
     """The node will not run this instruction (the reason, naming the key, is the message)."""
 
 

@@ -18,6 +18,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from fl_dp_flower.errors import FlDpError
 from .app_project import app_project
 from .presets import PRESETS
 
@@ -26,7 +27,7 @@ ROOT = app_project()  # the Flower app project `flwr run` submits (checkout root
 _PAIR = re.compile(r"(\S+?)=('[^']*'|\"[^\"]*\"|\S+)")
 
 
-class UsageError(ValueError):
+class UsageError(FlDpError, ValueError):
     """Bad overrides or flags: reported in one message, exit status 2, before anything starts."""
 
 

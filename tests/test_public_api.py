@@ -134,3 +134,19 @@ def test_dp_train_echoes_and_refuses_like_the_contract():
                       run_config={})
     refused = train(msg, limited)
     assert refused.has_error() and "dp.sigma=0.2 violates this node's limit min-sigma=0.5" in refused.error.reason
+
+
+def test_every_package_error_has_the_one_base_class():
+    """Issue 17: one error base class (each error keeps its standard base; a budget stop stays
+    Flower's PrivacyBudgetExhausted)."""
+    from flwr.serverapp.exception import PrivacyBudgetExhausted
+
+    from fl_dp_flower import FlDpError
+    from fl_dp_flower.apps.recovery import RunFailed
+    from fl_dp_flower.config import ConfigError
+    from fl_dp_flower.protocol import Refused
+    from fl_dp_flower.strategies.budget import BudgetExhausted
+
+    for error in (RunFailed, ConfigError, Refused, BudgetExhausted):
+        assert issubclass(error, FlDpError), error
+    assert issubclass(BudgetExhausted, PrivacyBudgetExhausted) and issubclass(ConfigError, ValueError)

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from fl_dp_flower.errors import FlDpError
 from fl_dp_flower.config import AppConfig
 from fl_dp_flower.reporting.ledger import LedgerContents
 from fl_dp_flower.strategies.noisy import NodeRefusals, NoisyStrategyMixin
@@ -25,7 +26,7 @@ from fl_dp_flower.strategies.noisy import NodeRefusals, NoisyStrategyMixin
 log = logging.getLogger("flwr").getChild(__name__)  # Flower's handlers: shows in `flwr log`
 
 
-class RunFailed(RuntimeError):
+class RunFailed(FlDpError, RuntimeError):
     """The run did nothing it was asked to (no round accounted) or cannot safely continue.
 
     ``logged``: its message is already in the ServerApp log at ERROR (otherwise

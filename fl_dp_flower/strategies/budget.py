@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from flwr.serverapp.exception import PrivacyBudgetExhausted
 
+from fl_dp_flower.errors import FlDpError
 from fl_dp_flower.privacy.accountant import Budget, PrivacyAccountant
 from fl_dp_flower.privacy.records import RoundRecord
 
@@ -39,7 +40,7 @@ from fl_dp_flower.privacy.records import RoundRecord
 UPLOAD_OBSERVING = ("curious-server",)
 
 
-class BudgetExhausted(PrivacyBudgetExhausted):
+class BudgetExhausted(FlDpError, PrivacyBudgetExhausted):
     """Raised before a round is broadcast, or after its replies arrived and before aggregation,
     when accounting it could exceed the budget. ``discarded_replies`` is the number of replies
     thrown away unused (0 when the round was never broadcast)."""

@@ -7,6 +7,7 @@ from typing import Any
 
 from flwr.app import ArrayRecord, Message
 
+from fl_dp_flower.errors import FlDpError
 from fl_dp_flower.privacy.accountant import PrivacyReport
 from fl_dp_flower.privacy.records import RoundRecord
 
@@ -27,5 +28,5 @@ class PendingRound:
     metrics: dict[str, Any] | None = None
 
 
-class ModelNotFinite(RuntimeError):
+class ModelNotFinite(FlDpError, RuntimeError):
     """The aggregated global model has non-finite values: the run cannot continue."""

@@ -16,6 +16,7 @@ from typing import Any
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
+from fl_dp_flower.errors import FlDpError
 from fl_dp_flower.settings import FederationSettings
 
 from .nodes import warn_until_enough_nodes
@@ -23,7 +24,7 @@ from .nodes import warn_until_enough_nodes
 log = logging.getLogger("flwr").getChild(__name__)
 
 
-class NotEnoughNodes(RuntimeError):
+class NotEnoughNodes(FlDpError, RuntimeError):
     """Fewer eligible nodes than ``min-replies`` remain after excluding refusing nodes."""
 
 

@@ -42,6 +42,7 @@ import numpy as np
 from flwr.app import ArrayRecord
 from scipy.stats import chi2
 
+from fl_dp_flower.errors import FlDpError
 from fl_dp_flower.privacy.records import check_prox
 from fl_dp_flower.privacy.schedules import step_sizes
 from fl_dp_flower.vocabulary import Schedule
@@ -55,7 +56,7 @@ REL = 1e-9  # relative slack of echo comparisons (echoes are the instruction's o
 FLOAT_SLACK = 1e-5  # relative slack of the magnitude bound for float32 rounding of the uploads
 
 
-class Rejected(ValueError):
+class Rejected(FlDpError, ValueError):
     """A well-formed reply that a screening rule rejects (counted as a refusal of its node)."""
 
 
