@@ -174,7 +174,9 @@ def test_tls_auth_two_supernodes_two_rounds(fed, tmp_path):
     assert math.isclose(snap["fl_dp_certified_epsilon"], cert["epsilon"], rel_tol=1e-9)
     assert snap["fl_dp_clients_aggregated"] == 2.0
     assert snap["fl_dp_last_round"] == 1.0
-    assert snap['fl_dp_certified_info{bound="composition"}'] == 1.0
+    info_keys = [k for k, v in snap.items() if k.startswith("fl_dp_certified_info{") and v == 1.0]
+    assert len(info_keys) == 1 and 'bound="composition"' in info_keys[0], info_keys  # labels: bound, relation,
+    assert 'relation="replace-one"' in info_keys[0] and 'assumes=""' in info_keys[0]  # assumes (issue 16)
     # the ledger head after round 1's line, published where the ledger's custodian cannot reach
     raw_lines = ledger.read_bytes().split(b"\n")
     round1 = next(raw for raw in raw_lines if raw.startswith(b'{"kind":"round"'))
