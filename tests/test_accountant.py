@@ -22,8 +22,8 @@ def _record(t: int, *, m: int, schedule="stage", lr=0.1, K=5, sigma=1.0, V=1.0, 
 
 
 def _config(**kw) -> AccountantConfig:
-    # colluders=0: the reference numbers are for an outside observer (SPEC §14 tables); the
-    # participant's view (c >= 1, SPEC §14.2a) has its own tests
+    # colluders=0: the reference numbers are for an outside observer (docs/MATH.md §14 tables); the
+    # participant's view (c >= 1, docs/MATH.md §14.2a) has its own tests
     base = dict(schedule="stage", lr=0.1, local_steps=5, clip_norm=1.0, clients=20, sigma=1.0, smoothness=1.0,
                 colluders=0)
     base.update(kw)
@@ -234,7 +234,7 @@ def test_peek_is_exactly_the_next_step_and_changes_nothing(schedule, threat):
         assert acct.step(rec).to_dict() == reference
 
 
-# ---------------------------------------------------------------- rounds never applied (SPEC §14.3a)
+# ---------------------------------------------------------------- rounds never applied (docs/MATH.md §14.3a)
 
 
 def _linear_canary_mu(gammas: list[float], noise_stds: list[float]) -> float:
@@ -282,7 +282,7 @@ def test_peek_and_budget_honour_applied():
     ).bounds["final_model"].mu
 
 
-# ---------------------------------------------------------------- colluding participants (SPEC §14.2a)
+# ---------------------------------------------------------------- colluding participants (docs/MATH.md §14.2a)
 
 
 @pytest.mark.parametrize("m,c", [(20, 0), (20, 1), (20, 5), (3, 2), (3, 3), (3, 7), (1, 1)])

@@ -21,8 +21,8 @@ from fl_dp_flower.privacy.planned_terms import bound_terms, planned_terms, plann
 from fl_dp_flower.privacy.records import AccountantConfig, RoundRecord
 from fl_dp_flower.privacy.terms import round_terms
 
-# colluders=0: the reference tables (SPEC §6-§14) are for an outside observer; the participant's
-# view (c >= 1, SPEC §14.2a) has its own tests (test_colluders_*).
+# colluders=0: the reference tables (docs/MATH.md §6-§14) are for an outside observer; the participant's
+# view (c >= 1, docs/MATH.md §14.2a) has its own tests (test_colluders_*).
 BASE = dict(lr=0.1, smoothness=1.0, local_steps=5, clients=20, sigma=1.0, clip_norm=1.0, colluders=0)
 
 
