@@ -46,7 +46,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fl_dp_flower.errors import FlDpError
+from fl_dp_flower import FlDpError
 from .local_flower import (ANSI, FlowerStartError, LocalFlower, StatusPoller, cmdline, parse_json_output,
                            processes_of, stop_processes)
 from .presets import PRESETS

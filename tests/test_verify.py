@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -194,7 +195,7 @@ def test_watch_follows_a_real_run_in_tmux_and_exits_on_ctrl_c(tmp_path):
     session = f"fldp-watch-{os.getpid()}-{tmp_path.name}"[:60]  # unique per test process (parallel runs)
     run_dir = tmp_path / "run"
     exe = Path(sys.executable).parent / "fl-dp-flower"
-    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "130", "-y", "45",
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "130", "-y", "100",
                     f"{exe} watch {run_dir} --interval 0.2; echo WATCH-EXIT=$?; sleep 120"], check=True)
 
     def screen() -> str:
@@ -212,7 +213,7 @@ def test_watch_follows_a_real_run_in_tmux_and_exits_on_ctrl_c(tmp_path):
         def follows() -> bool:
             text = screen()
             seen.update(line for line in text.splitlines() if line.startswith("rounds"))
-            return "rounds       8 / 8 planned" in text and "run ended (8 rounds accounted)" in text
+            return re.search(r"^rounds +8 / 8 planned", text, re.M) is not None and "run ended (8 rounds accounted)" in text
 
         wait_until(follows, 300, "the watch to show the finished run", interval=0.3, progress=screen)
         assert run.wait(60) == 0

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from fl_dp_flower.errors import FlDpError
+from fl_dp_flower import FlDpError
 from fl_dp_flower.config import AppConfig
 from fl_dp_flower.reporting.ledger import LedgerContents
 from fl_dp_flower.strategies.noisy import NodeRefusals, NoisyStrategyMixin
