@@ -24,10 +24,10 @@ from fl_dp_flower.errors import FlDpError
 from . import config_messages
 from .config_messages import AUTO_SIGMA, dash as _dash
 from .privacy.accountant import Budget
-from .privacy.records import SMOOTHNESS_FIELDS, AccountantConfig, colluder_problems, smoothness_problems
+from .privacy.records import SMOOTHNESS_FIELDS, AccountantConfig, colluder_problems, sampling_problems, smoothness_problems
 from .settings import DPSettings, FederationSettings
-from .vocabulary import (Algorithm, Clipping, CohortNoise, Dataset, NoiseMode, Partitioning, Schedule, ThreatModel,
-                         UnfinishedRoundPolicy, Weighting)
+from .vocabulary import (Algorithm, ClientSampling, Clipping, CohortNoise, Dataset, NoiseMode, Partitioning, Schedule,
+                         ThreatModel, UnfinishedRoundPolicy, Weighting)
 from .privacy.terms import SCHEDULE_CONSTANTS, default_cyclic_c, default_iterative_z, resolve_constant
 
 __all__ = ["AUTO_SIGMA", "AppConfig", "ConfigError", "with_auto_sigma", "default_cyclic_c", "default_iterative_z", "describe_range",
@@ -105,7 +105,17 @@ class AppConfig(BaseModel):
     num_server_rounds: int = Field(10, ge=1)
     """T: rounds of the run (a resumed run continues to this total)."""
     clients_per_round: int = Field(2, ge=1)
-    """m: clients sampled per round (virtual clients in cohort mode)."""
+    """m: clients sampled per round (virtual clients in cohort mode); with client-sampling "poisson": the population N the server waits for."""
+    client_sampling: ClientSampling = Field("fixed", description=(
+        "How a round picks its clients. \"fixed\": exactly 'clients-per-round' distinct clients. \"poisson\": "
+        "every eligible client (eligible nodes x 'clients-per-node'; at least 'clients-per-round' of them) "
+        "independently with probability 'sampling-rate' q, drawn by the server (reproducible under 'seed'); "
+        "the aggregate is w + sum of the updates that arrived / (q N), and the all-rounds threat model "
+        "certifies the amplified 'sampled' bound, assuming an honest server-side sampler (docs/MATH.md §19). "
+        "Planning assumes floor(q N) contributions per round. Not with threat-model 'final-model'."))
+    sampling_rate: float = Field(1.0, gt=0, le=1, description=(
+        "q in (0, 1]: the probability with which client-sampling \"poisson\" includes each client in a "
+        "round; ignored with \"fixed\"."))
     clients_per_node: int = Field(1, ge=1)
     """> 1: cohort mode, each SuperNode trains this many virtual clients at once (per-batch clipping, uniform weights; docs/cohorts.md)."""
     cohort_noise: CohortNoise = "summed"
@@ -265,6 +275,13 @@ class AppConfig(BaseModel):
                                            self.assume_smooth_losses):
             problems.append(re.sub(rf"\b({'|'.join(SMOOTHNESS_FIELDS)})\b", lambda m: f"'{_dash(m.group(1))}'",
                                    problem))
+        if self.client_sampling == "poisson":
+            problems += [p.replace("threat_model", "'threat-model'").replace("sampling_rate (Poisson client sampling)",
+                                                                              "'client-sampling' = 'poisson'")
+                         for p in sampling_problems(self.threat_model, self.sampling_rate)]
+            if self.weighting != "uniform":
+                problems.append(f"'weighting' = {self.weighting!r}: 'client-sampling' = 'poisson' needs 'uniform' "
+                                "(the aggregate divides the summed updates by q N)")
         for problem in colluder_problems(self.threat_model, self.colluding_clients):
             problems.append(problem.replace("threat_model", "'threat-model'").replace("colluders", "'colluding-clients'"))
         if self.min_replies > self.clients_per_round:
@@ -319,21 +336,24 @@ class AppConfig(BaseModel):
             clients_per_round=self.clients_per_round, min_replies=self.min_replies,
             clients_per_node=self.clients_per_node, num_server_rounds=self.num_server_rounds,
             round_timeout=self.round_timeout, weighting=self.weighting, max_node_refusals=self.max_node_refusals,
-            seed=self.seed)
+            seed=self.seed, client_sampling=self.client_sampling, sampling_rate=self.sampling_rate)
 
     def budget(self) -> Budget | None:
         """The (target-epsilon, delta) budget, or None when ``target-epsilon`` is 0."""
         return Budget(self.target_epsilon, self.delta) if self.target_epsilon > 0 else None
 
     def accountant_config(self) -> AccountantConfig:
-        """The planned run as the accountant sees it (m = ``clients-per-round``)."""
+        """The planned run as the accountant sees it (m = ``clients-per-round``; with Poisson sampling
+        the expected count floor(q N) and ``sampling_rate`` q)."""
+        federation = self.federation_settings()
         return AccountantConfig(
             algorithm=self.algorithm,
             schedule=self.schedule,
             lr=self.lr,
             local_steps=self.local_steps,
             clip_norm=self.clip_norm,
-            clients=self.clients_per_round,
+            clients=federation.planned_clients,
+            sampling_rate=federation.accountant_sampling_rate,
             sigma=self.sigma,
             smoothness=self.smoothness,
             prox_alpha=self.prox_alpha if self.algorithm == "fedprox" else None,

@@ -15,8 +15,8 @@ from typing import Any
 
 from .privacy.records import AccountantConfig
 from .privacy.validate import choice, int_at_least, nonnegative, positive
-from .vocabulary import (ALGORITHMS, CLIPPING_MODES, SCHEDULES, THREAT_MODELS, WEIGHTINGS, Algorithm, Clipping,
-                         Schedule, ThreatModel, Weighting)
+from .vocabulary import (ALGORITHMS, CLIENT_SAMPLINGS, CLIPPING_MODES, SCHEDULES, THREAT_MODELS, WEIGHTINGS, Algorithm,
+                         ClientSampling, Clipping, Schedule, ThreatModel, Weighting)
 
 __all__ = ["DPSettings", "FederationSettings"]
 
@@ -105,6 +105,10 @@ class FederationSettings:
     round_timeout: seconds to wait for replies. weighting: uniform | examples.
     max_node_refusals: a node that refuses this many rounds in a row is no longer sampled.
     seed: -1 samples nodes with OS entropy; >= 0 reproducibly.
+    client_sampling: "fixed" (exactly clients_per_round distinct clients) or "poisson" (every
+    eligible client independently with probability sampling_rate q; clients_per_round is then the
+    population N the server waits for, the aggregate divides by q N_t, and the plan assumes
+    floor(q N) contributions per round: docs/MATH.md §19).
     """
 
     clients_per_round: int = 10
@@ -115,6 +119,8 @@ class FederationSettings:
     weighting: Weighting = "uniform"
     max_node_refusals: int = 3
     seed: int = -1
+    client_sampling: ClientSampling = "fixed"
+    sampling_rate: float = 1.0
 
     def __post_init__(self) -> None:
         int_at_least("clients_per_round", self.clients_per_round, 1)
@@ -128,6 +134,29 @@ class FederationSettings:
         choice("weighting", self.weighting, WEIGHTINGS)
         int_at_least("max_node_refusals", self.max_node_refusals, 1)
         int_at_least("seed", self.seed, -1)
+        choice("client_sampling", self.client_sampling, CLIENT_SAMPLINGS)
+        if not positive("sampling_rate", self.sampling_rate) <= 1.0:
+            raise ValueError(f"sampling_rate must be in (0, 1], got {self.sampling_rate!r}")
+        if self.poisson and self.weighting != "uniform":
+            raise ValueError("client_sampling 'poisson' needs weighting 'uniform' (the aggregate divides by q N)")
+
+    @property
+    def poisson(self) -> bool:
+        """Poisson client sampling (each client independently with probability ``sampling_rate``)."""
+        return self.client_sampling == "poisson"
+
+    @property
+    def planned_clients(self) -> int:
+        """Contributions a planned round has: clients_per_round, or floor(q N) (at least 1) with Poisson
+        sampling (the expected count, rounded down; realized counts vary, the accountant uses them)."""
+        if not self.poisson:
+            return self.clients_per_round
+        return max(1, int(self.sampling_rate * self.clients_per_round + 1e-9))
+
+    @property
+    def accountant_sampling_rate(self) -> float | None:
+        """``AccountantConfig.sampling_rate``: q with Poisson sampling, None with fixed-size sampling."""
+        return self.sampling_rate if self.poisson else None
 
     @property
     def nodes_needed(self) -> int:

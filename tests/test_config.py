@@ -89,6 +89,8 @@ BAD = [
     ("cohort-noise", "each", "one of 'summed', 'per-member'"),
     ("resume-unfinished-round", "ignore", "one of 'refuse', 'account'"),
     ("metrics-host", "", "a non-empty string"),
+    ("client-sampling", "bernoulli", "one of 'fixed', 'poisson'"),
+    ("sampling-rate", 0.0, "a finite number > 0 and <= 1"),
 ]
 ANY_STRING = {"data-dir", "metrics-certfile", "metrics-keyfile", "metrics-auth-file"}
 

@@ -30,6 +30,7 @@ from .bounds import ADD_REMOVE_RELATION, RELATION, BoundValue, add_remove_certif
 from .closed_forms import paper_mu
 from .final_model import OnlineFinalModel
 from .records import BOUND_NAMES, AccountantConfig, RoundRecord
+from .sampled import SAMPLED_BOUND, SampledAccount
 from .schedules import step_sizes
 from .terms import RoundTerms, round_terms
 
@@ -67,6 +68,8 @@ class PrivacyReport:
     colluders: int | None = None
     #: the certified guarantee under add/remove-one (docs/MATH.md §16): bound, mu, epsilon
     add_remove: dict[str, Any] = field(default_factory=dict)
+    #: Poisson client sampling (docs/MATH.md §19): rate, the unamplified epsilon, mu_clt; {} without it
+    sampling: dict[str, Any] = field(default_factory=dict)
 
     @property
     def certified(self) -> BoundValue:
@@ -90,6 +93,7 @@ class PrivacyReport:
             "rdp": {"orders": list(self.rdp_orders), "values": rdp_values, "epsilon": rdp_eps},
             "relation": RELATION,
             "add_remove": dict(self.add_remove),
+            **({"sampling": dict(self.sampling)} if self.sampling else {}),
         }
 
 
@@ -164,6 +168,8 @@ class PrivacyAccountant:
         self._min_sigma: float | None = None
         self._as_planned = True
         self._applied = 0  # rounds whose aggregate reached the released model
+        q = config.sampling_rate  # Poisson client sampling: the amplified bound (docs/MATH.md §19)
+        self._sampled = None if q is None else SampledAccount(q, config.colluders)
 
     # ------------------------------------------------------------ protocol shape
     @property
@@ -180,17 +186,20 @@ class PrivacyAccountant:
         return tuple(self._records)
 
     def get_epsilon(self, delta: float) -> float:
-        return gdp.epsilon(self.report().certified.mu, delta)
+        return self.report(delta).certified.epsilon
 
     def get_delta(self, epsilon: float) -> float:
-        return gdp.delta(self.report().certified.mu, epsilon)
+        report = self.report()
+        if report.certified_bound == SAMPLED_BOUND and self._sampled is not None:
+            return self._sampled.replace_one.delta(epsilon)
+        return gdp.delta(report.certified.mu, epsilon)
 
     def get_privacy_spent(self, delta: float | None = None) -> PrivacySpent:
         d = self._config.delta if delta is None else delta
-        report = self.report()
+        report = self.report(d)
         mu = report.certified.mu
         return PrivacySpent(
-            epsilon=gdp.epsilon(mu, d),
+            epsilon=report.certified.epsilon,
             delta=d,
             num_releases=self.num_releases,
             accounting_method=ACCOUNTING_METHOD,
@@ -216,17 +225,17 @@ class PrivacyAccountant:
         O(1) amortised (no copy of the accountant): every bound is evaluated as it would be
         after the round, bit for bit, and nothing is changed.
         """
-        mu = self.peek(record).certified.mu
-        return gdp.epsilon(mu, budget.delta) > budget.epsilon
+        return self.peek(record, budget.delta).certified.epsilon > budget.epsilon
 
-    def peek(self, record: RoundRecord) -> PrivacyReport:
+    def peek(self, record: RoundRecord, delta: float | None = None) -> PrivacyReport:
         """The report :meth:`step` would return for ``record``, without accounting it."""
         terms = self._terms_for(record)
         comp = _ratio_sq(terms.gamma, terms.target_noise_std)
-        local = _ratio_sq(terms.client_sensitivity, terms.sigma)
+        local = _ratio_sq(terms.client_sensitivity, terms.sigma) if record.weights else 0.0  # none uploaded
         composition = math.sqrt(max(self._composition.value_with(comp), 0.0))
         final = self._final.peek(terms.log_rho, terms.gamma, terms.noise_std) if record.applied else self._final.mu
-        clients = record.clients if self._min_clients is None else min(self._min_clients, record.clients)
+        m = max(record.clients, 1)  # a sampled round with no contribution: the paper's form needs m >= 1
+        clients = m if self._min_clients is None else min(self._min_clients, m)
         sigma = record.sigma if self._min_sigma is None else min(self._min_sigma, record.sigma)
         mus = {
             "paper": paper_mu(self._config, self.num_releases + 1, clients=clients, sigma=sigma),
@@ -242,14 +251,15 @@ class PrivacyAccountant:
             "composition": comp_ar,
             "final_model": min(final_ar, comp_ar),
             "local_dp": math.sqrt(max(self._local_ar.value_with(
-                _ratio_sq(terms.client_sensitivity_add_remove, terms.sigma)), 0.0)),
+                _ratio_sq(terms.client_sensitivity_add_remove, terms.sigma) if record.weights else 0.0), 0.0)),
         }
         first_round = self._records[0].round if self._records else record.round
         sound = self._soundness(as_planned=self._as_planned and self._matches_plan(record),
                                 starts_at_one=first_round == 1)
-        return self._report(mus, sound, record.round, self.num_releases + 1, record.clients,
+        return self._report(mus, sound, record.round, self.num_releases + 1, record.clients, delta,
                             applied=self._applied + int(record.applied),
-                            ar_mus=ar_mus, uses_smoothness=self._uses_smoothness or terms.uses_smoothness)
+                            ar_mus=ar_mus, uses_smoothness=self._uses_smoothness or terms.uses_smoothness,
+                            trial=self._sampled.peek(record.clients, terms) if self._sampled else None)
 
     def report(self, delta: float | None = None) -> PrivacyReport:
         """The running guarantee (epsilon at ``delta``, default the config's delta)."""
@@ -261,7 +271,7 @@ class PrivacyAccountant:
 
     def _report(self, mus: dict[str, float], sound: dict[str, bool], round_: int, rounds: int, clients: int,
                 delta: float | None = None, *, applied: int, ar_mus: dict[str, float],
-                uses_smoothness: bool) -> PrivacyReport:
+                uses_smoothness: bool, trial: Any = None) -> PrivacyReport:
         d = self._config.delta if delta is None else delta
         asserted = self._config.assume_smooth_losses
         assumes = bound_assumptions(self._config.smoothness, uses_smoothness)
@@ -273,11 +283,13 @@ class PrivacyAccountant:
         ar_name = add_remove_certified(self._config.threat_model, ar_mus, assumes, asserted)
         add_remove = {"bound": ar_name, "mu": ar_mus[ar_name], "epsilon": gdp.epsilon(ar_mus[ar_name], d),
                       "relation": ADD_REMOVE_RELATION}
+        sampling = {} if self._sampled is None else self._sampled.amend(
+            bounds, add_remove, self._config.threat_model, d, trial)
         return PrivacyReport(
             round=round_, rounds=rounds, delta=d, threat_model=self._config.threat_model, clients=clients,
             bounds=bounds, rounds_applied=applied, colluders=self._config.colluders,
             certified_bound=certified_bound(self._config.threat_model, bounds, asserted),
-            add_remove=add_remove,
+            add_remove=add_remove, sampling=sampling,
         )
 
     # -------------------------------------------------------------------- state
@@ -312,15 +324,18 @@ class PrivacyAccountant:
     def _apply(self, record: RoundRecord, terms: RoundTerms) -> None:
         self._records.append(record)
         self._composition.add(_ratio_sq(terms.gamma, terms.target_noise_std))
-        self._local.add(_ratio_sq(terms.client_sensitivity, terms.sigma))
+        self._local.add(_ratio_sq(terms.client_sensitivity, terms.sigma) if record.weights else 0.0)
         if record.applied:  # the released model saw only applied rounds (docs/MATH.md §14.3a)
             self._final.push(terms.log_rho, terms.gamma, terms.noise_std)
             self._final_ar.push(terms.log_rho, terms.gamma_add_remove, terms.noise_std)
             self._applied += 1
         self._composition_ar.add(_ratio_sq(terms.gamma_add_remove, terms.target_noise_std))
-        self._local_ar.add(_ratio_sq(terms.client_sensitivity_add_remove, terms.sigma))
+        self._local_ar.add(_ratio_sq(terms.client_sensitivity_add_remove, terms.sigma) if record.weights else 0.0)
+        if self._sampled is not None:
+            self._sampled.push(record.clients, terms)
         self._uses_smoothness = self._uses_smoothness or terms.uses_smoothness
-        self._min_clients = record.clients if self._min_clients is None else min(self._min_clients, record.clients)
+        m = max(record.clients, 1)
+        self._min_clients = m if self._min_clients is None else min(self._min_clients, m)
         self._min_sigma = record.sigma if self._min_sigma is None else min(self._min_sigma, record.sigma)
         if self._as_planned:
             self._as_planned = self._matches_plan(record)
@@ -364,8 +379,10 @@ class PrivacyAccountant:
                 "local_dp": math.sqrt(max(self._local_ar.value, 0.0))}
 
     def _soundness(self, as_planned: bool, starts_at_one: bool) -> dict[str, bool]:
+        # with Poisson sampling the fixed-denominator aggregate breaks rho_t: no final-model analysis (§19.4)
+        fixed = self._config.sampling_rate is None
         paper_sound = paper_is_sound(self._config.algorithm, self._config.schedule) and as_planned and starts_at_one
-        return {"paper": paper_sound, "composition": True, "final_model": True, "local_dp": True}
+        return {"paper": paper_sound and fixed, "composition": True, "final_model": fixed, "local_dp": True}
 
     def _records_start_at_one(self) -> bool:
         return not self._records or self._records[0].round == 1

@@ -47,6 +47,7 @@ __all__ = [
     "local_dp_mu",
     "log_add_exp",
     "paper_is_sound",
+    "rests_on_smoothness",
     "smoothness_assumption",
 ]
 
@@ -217,28 +218,39 @@ def bound_assumptions(smoothness: float, sensitivity_uses_smoothness: bool) -> d
     return {"paper": smooth, "composition": clip, "final_model": smooth, "local_dp": clip}
 
 
-#: threat model -> the bounds that answer its adversary (docs/MATH.md §15)
+#: threat model -> the bounds that answer its adversary (docs/MATH.md §15); "sampled" (the amplified
+#: composition of Poisson client sampling, docs/MATH.md §19) exists only in runs that sample that way
 ADMISSIBLE: dict[str, tuple[str, ...]] = {
-    "all-rounds": ("composition",),
+    "all-rounds": ("composition", "sampled"),
     "final-model": ("final_model", "composition", "paper"),
     "curious-server": ("local_dp",),
 }
+_ORDER = (*BOUND_NAMES, "sampled")  # tie-break order of the certified rule
+
+
+def rests_on_smoothness(assumes: Sequence[str]) -> bool:
+    """Whether a bound's assumptions include L-smooth losses (which certify only when asserted)."""
+    return any(a.startswith("L-smooth losses") for a in assumes)
 
 
 def certifiable(value: BoundValue, assume_smooth_losses: bool) -> bool:
-    """Whether a bound may certify: sound, and its assumptions asserted (only L-smoothness exists)."""
-    return value.sound and (assume_smooth_losses or not value.assumes)
+    """Whether a bound may certify: sound, and L-smoothness asserted when it rests on it (the
+    sampler assumption of the ``sampled`` bound is stated, not asserted: it is the server's own)."""
+    return value.sound and (assume_smooth_losses or not rests_on_smoothness(value.assumes))
 
 
 def certified_bound(threat_model: str, bounds: dict[str, BoundValue], assume_smooth_losses: bool) -> str:
-    """The smallest certifiable bound the threat model admits (ties: the first in ``BOUND_NAMES``).
+    """The certifiable bound with the smallest epsilon the threat model admits (ties: smaller mu,
+    then the first in ``BOUND_NAMES``). For Gaussian-DP bounds epsilon grows with mu, so this is
+    the smallest mu; the ``sampled`` bound's epsilon comes from its PLD.
 
     Without ``assume_smooth_losses`` no bound that rests on L may certify (final_model, paper,
     a per-sample theta < 1); a clipping-only composition / local_dp is always there.
     The one rule the accountant, the planner and the budget all use.
     """
-    candidates = [name for name in ADMISSIBLE[threat_model] if certifiable(bounds[name], assume_smooth_losses)]
-    return min(candidates, key=lambda name: (bounds[name].mu, BOUND_NAMES.index(name)))
+    candidates = [name for name in ADMISSIBLE[threat_model]
+                  if name in bounds and certifiable(bounds[name], assume_smooth_losses)]
+    return min(candidates, key=lambda name: (bounds[name].epsilon, bounds[name].mu, _ORDER.index(name)))
 
 
 def add_remove_certified(threat_model: str, mus: dict[str, float], assumes: dict[str, tuple[str, ...]],
@@ -246,7 +258,7 @@ def add_remove_certified(threat_model: str, mus: dict[str, float], assumes: dict
     """The certified bound under add/remove-one: the same rule over the bounds computed with the
     add/remove sensitivities (composition, final_model, local_dp; the paper's forms are replace-one only)."""
     candidates = [name for name in ADMISSIBLE[threat_model]
-                  if name in mus and (assume_smooth_losses or not assumes[name])]
-    return min(candidates, key=lambda name: (mus[name], BOUND_NAMES.index(name)))
+                  if name in mus and (assume_smooth_losses or not rests_on_smoothness(assumes[name]))]
+    return min(candidates, key=lambda name: (mus[name], _ORDER.index(name)))
 
 

@@ -32,7 +32,7 @@ from .schedules import step_sizes
 from .validate import choice, int_at_least, nonnegative, positive
 
 __all__ = ["ALGORITHMS", "BOUND_CHOICES", "BOUND_NAMES", "CLIPPING_MODES", "SCHEDULES", "SMOOTHNESS_FIELDS",
-           "THREAT_MODELS", "AccountantConfig", "colluder_problems", "smoothness_problems", "Algorithm", "BoundChoice", "BoundName", "Clipping", "RoundRecord", "Schedule",
+           "THREAT_MODELS", "AccountantConfig", "colluder_problems", "sampling_problems", "smoothness_problems", "Algorithm", "BoundChoice", "BoundName", "Clipping", "RoundRecord", "Schedule",
            "ThreatModel"]
 
 
@@ -112,6 +112,21 @@ def colluder_problems(threat_model: str, colluders: int) -> list[str]:
     return []
 
 
+def sampling_problems(threat_model: str, sampling_rate: float | None) -> list[str]:
+    """What Poisson client sampling asks of the threat model (docs/MATH.md §19.4).
+
+    Amplification is certified only under the all-rounds threat model. The final-model bound is not
+    analysed for the fixed-denominator aggregate of a random sample (its model-sensitivity factor
+    does not hold there), so the final-model threat model is refused with sampling; the curious
+    server knows the sample and gets local DP without amplification.
+    """
+    if sampling_rate is not None and threat_model == "final-model":
+        return ["threat_model 'final-model' cannot be combined with sampling_rate (Poisson client sampling): "
+                "the final-model bound is not analysed for a sampled, fixed-denominator aggregate; use "
+                "threat_model 'all-rounds' (amplified) or fixed-size sampling"]
+    return []
+
+
 @dataclass(frozen=True)
 class AccountantConfig:
     """The planned run: what the paper's closed forms and planning tools are evaluated on.
@@ -134,6 +149,11 @@ class AccountantConfig:
     sigma*sqrt(m - c)/m); a round with m <= c certifies local DP for that round. In cohort
     mode c counts virtual clients (a node operator who knows its whole cohort is
     c = clients-per-node).
+
+    ``sampling_rate`` (q in (0, 1], default None = fixed-size sampling): Poisson client sampling;
+    ``clients`` is then the expected number of contributions per round, floor(q N) for a population
+    of N clients (what planning assumes; the accountant uses each round's realized count). The
+    all-rounds threat model gets the amplified ``sampled`` bound (docs/MATH.md §19).
     """
 
     algorithm: Algorithm = "fedavg"
@@ -153,6 +173,7 @@ class AccountantConfig:
     iterative_z: float | None = None
     colluders: int = 1
     assume_smooth_losses: bool = False
+    sampling_rate: float | None = None
 
     def __post_init__(self) -> None:
         choice("algorithm", self.algorithm, ALGORITHMS)
@@ -183,7 +204,10 @@ class AccountantConfig:
         if self.iterative_z is not None:
             positive("iterative_z", self.iterative_z)
         check_prox(self.algorithm, self.prox_alpha, self.smoothness, self.lr)
-        for problem in colluder_problems(self.threat_model, self.colluders):
+        if self.sampling_rate is not None and not (positive("sampling_rate", self.sampling_rate) <= 1.0):
+            raise ValueError(f"sampling_rate must be in (0, 1], got {self.sampling_rate!r}")
+        for problem in colluder_problems(self.threat_model, self.colluders) + sampling_problems(
+                self.threat_model, self.sampling_rate):
             raise ValueError(problem)
 
     def planned_round(self, round_index: int, clients: int | None = None, *, applied: bool = True) -> "RoundRecord":
@@ -243,6 +267,11 @@ class RoundRecord:
     to a crash before its checkpoint). Composition and local DP count every accounted round;
     the final-model bound counts only applied rounds (docs/MATH.md §14.3a). A persisted record
     without the field (written before it existed) reads as applied, as it was accounted then.
+
+    Poisson client sampling (docs/MATH.md §19): ``population`` is N_t, the clients the round's sample
+    was drawn from, and ``sampled`` how many it drew (before dropouts and screening); ``weights``
+    then hold the contributions that entered the sum (uniform), possibly none. Both None: a
+    fixed-size round (and every record written before sampling existed).
     """
 
     round: int
@@ -256,6 +285,8 @@ class RoundRecord:
     prox_alpha: float | None = None
     node_ids: tuple[int, ...] = field(default=())
     applied: bool = True
+    population: int | None = None
+    sampled: int | None = None
 
     def __post_init__(self) -> None:
         int_at_least("round", self.round, 1)
@@ -272,12 +303,18 @@ class RoundRecord:
             positive("step_sizes[k]", eta)
         positive("clip_norm", self.clip_norm)
         positive("sigma", self.sigma)
-        if len(self.weights) < 1:
+        if self.population is not None:
+            int_at_least("population", self.population, 1)
+            if self.sampled is not None and not (0 <= int_at_least("sampled", self.sampled, 0) <= self.population):
+                raise ValueError(f"sampled must be an integer in [0, population = {self.population}], got {self.sampled!r}")
+        elif self.sampled is not None:
+            raise ValueError("sampled is given only with population (a Poisson-sampled round)")
+        if len(self.weights) < 1 and self.population is None:
             raise ValueError("weights must hold at least one aggregation weight (>= 1 client)")
         for p in self.weights:
             nonnegative("weights[i]", p)
         total = math.fsum(self.weights)
-        if abs(total - 1.0) > _WEIGHT_SUM_TOL:
+        if self.weights and abs(total - 1.0) > _WEIGHT_SUM_TOL:
             raise ValueError(f"weights must sum to 1 (tolerance 1e-9), got sum {total!r}")
         if self.node_ids and len(self.node_ids) != len(self.weights):
             raise ValueError("node_ids must have one entry per weight")
@@ -301,7 +338,7 @@ class RoundRecord:
 
     @property
     def max_weight(self) -> float:
-        return max(self.weights)
+        return max(self.weights, default=0.0)
 
     @property
     def noise_std(self) -> float:

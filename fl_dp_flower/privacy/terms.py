@@ -352,7 +352,10 @@ def round_terms(record: RoundRecord, smoothness: float, colluders: int = 0,
             client = clip_only * per_sample_theta(kappa, record.batch_size or 1)
             client_ar = min(client_ar, smooth / 2.0)
 
-    s_min, s_target = record.hidden_noise_stds(colluders)
+    if not record.weights:  # a sampled round nothing entered: no aggregate noise, no data term (§19)
+        s_min = s_target = float(record.sigma)
+    else:
+        s_min, s_target = record.hidden_noise_stds(colluders)
     return RoundTerms(
         log_rho=float(log_rho),
         gamma=record.max_weight * client,

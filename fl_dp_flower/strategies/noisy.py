@@ -46,9 +46,8 @@ from fl_dp_flower.settings import DPSettings, FederationSettings
 from .budget import BudgetExhausted, check_before_broadcast, check_replies
 from .guard import ReplyGuard, all_finite
 from .pending import ModelNotFinite, PendingRound
-from .sampling import NodeRefusals, NodeSampling
-from .replies import (Applied, average_arrays, average_metrics, member_id, mismatches, reconcile, screen,
-                      weights_for)
+from .sampling import NodeRefusals, NodeSampling, check_plan
+from .replies import Applied, average_metrics, member_id, mismatches, reconcile, screen, weights_for
 from .screening import ScreeningRules, rules_for
 
 log = logging.getLogger("flwr").getChild(__name__)  # Flower's handlers: shows in `flwr log`
@@ -72,7 +71,7 @@ class NoisyStrategyMixin(NodeSampling):
             raise TypeError(f"federation must be a FederationSettings, got {type(federation).__name__}")
         if not isinstance(accountant, PrivacyAccountant):
             raise TypeError(f"accountant must be a fl_dp_flower PrivacyAccountant, got {type(accountant).__name__}")
-        settings.check_accountant(accountant.config, federation.clients_per_round)
+        check_plan(settings, accountant.config, federation)
         if budget is not None and not isinstance(budget, Budget):
             raise TypeError(f"budget must be a Budget or None, got {type(budget).__name__}")
         for sink in sinks:
@@ -195,7 +194,7 @@ class NoisyStrategyMixin(NodeSampling):
         missing = len(asked) - len(usable) - len(dropped)
         if missing > 0:
             log.warning("round %d: %d of %d sampled nodes did not reply in time", server_round, missing, len(asked))
-        if not usable:
+        if not usable and not self.federation.poisson:  # a Poisson round is accounted even so (sampling.py)
             log.warning("round %d: no usable reply; nothing aggregated or accounted", server_round)
             self._event("round-void", {"round": planned.round_index + 1, "reason": "no usable reply"})
             return None, None
@@ -203,7 +202,7 @@ class NoisyStrategyMixin(NodeSampling):
         weights = self._weights(usable)
         arrived = sum(len(u.members) for u in usable)
         aggregated = arrived >= self.federation.min_replies
-        arrays = average_arrays(usable, weights, reference) if aggregated else None
+        arrays = self._aggregate(usable, weights, reference) if aggregated else None
         if arrays is not None and not all_finite(arrays):  # not applied; accounted; then the run fails
             self.diverged = f"round {server_round}: the aggregated global model has non-finite values"
             log.error("%s: the global model is kept and the run stops after recording the round", self.diverged)
@@ -224,7 +223,7 @@ class NoisyStrategyMixin(NodeSampling):
                 "with the %d clients that replied, as not applied (it stays out of the final-model bound)",
                 server_round, arrived, self.federation.min_replies, arrived,
             )
-        metrics = {**average_metrics(usable, weights), **dp_metrics(report), "dp-aggregated": int(aggregated),
+        metrics = {**(average_metrics(usable, weights) if usable else {}), **dp_metrics(report), "dp-aggregated": int(aggregated),
                    "dp-dropped": len(dropped), "dp-echo-mismatch": self._last_mismatch,
                    "dp-epsilon-increase": report.certified.epsilon - before,
                    "dp-expected-epsilon-increase": expected - before}
@@ -265,7 +264,7 @@ class NoisyStrategyMixin(NodeSampling):
             round=planned.round_index + 1, algorithm=c.algorithm, step_sizes=etas, clip_norm=worst.clip_norm,
             sigma=worst.sigma, weights=weights, clipping=c.clipping, batch_size=worst.batch_size,
             prox_alpha=worst.prox_alpha, node_ids=tuple(m for u in usable for m in u.members), applied=applied,
-        )
+            **self._sampling_fields())
 
     # ------------------------------------------------------------ round closing
     def configure_evaluate(

@@ -1,5 +1,13 @@
 """Which nodes a round asks: sampling of eligible clients and exclusion of refusing nodes.
 
+Two samplers (``client-sampling``): "fixed" draws exactly ``clients-per-round`` distinct clients;
+"poisson" includes every eligible client (eligible nodes x ``clients-per-node`` virtual clients,
+the population N_t) independently with probability q = ``sampling-rate``, and its aggregate has
+the fixed denominator q N_t: w_t + sum of (upload - w_t) over the contributions that arrived,
+divided by q N_t (a sum mechanism, docs/MATH.md §19). A Poisson round that samples nobody, or
+from which nothing usable arrives, keeps the global model and is accounted all the same (with no
+contribution: the amplified bound charges it as if the target alone might have taken part).
+
 A node that refuses (``Error`` reply from its guardrails or policy) ``max-node-refusals`` rounds in
 a row is no longer sampled (logged at ERROR, reported in the summary and as a ``node-excluded``
 ledger event). When fewer eligible nodes than ``clients-per-round`` remain, every eligible node is
@@ -13,13 +21,17 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+from flwr.app import Array, ArrayRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from fl_dp_flower.errors import FlDpError
-from fl_dp_flower.settings import FederationSettings
+from fl_dp_flower.privacy.records import AccountantConfig
+from fl_dp_flower.settings import DPSettings, FederationSettings
 
 from .nodes import warn_until_enough_nodes
+from .replies import Usable, average_arrays
 
 log = logging.getLogger("flwr").getChild(__name__)
 
@@ -42,6 +54,33 @@ class NodeRefusals:
                 "excluded_at_round": self.excluded_at_round}
 
 
+def check_plan(settings: DPSettings, config: AccountantConfig, federation: FederationSettings) -> None:
+    """Raise ``ValueError`` naming each field where the accountant's plan differs from the settings,
+    the planned contributions per round and the sampler included."""
+    if config.sampling_rate != federation.accountant_sampling_rate:
+        raise ValueError(f"the accountant's sampling_rate {config.sampling_rate!r} does not match the federation "
+                         f"(client_sampling {federation.client_sampling!r}, sampling_rate {federation.sampling_rate!r}"
+                         f"; expected {federation.accountant_sampling_rate!r})")
+    settings.check_accountant(config, federation.planned_clients)
+
+
+def fixed_denominator_sum(usable: list[Usable], reference: ArrayRecord, denominator: float) -> ArrayRecord:
+    """w_t + sum over replies of (reply - M w_t) / ``denominator`` (q N_t) in float64, cast back to the
+    broadcast dtypes; each reply is the sum of its M members' uploads (docs/MATH.md §19)."""
+    out: dict[str, Array] = {}
+    for key, ref in reference.items():
+        w = ref.numpy().astype(np.float64)
+        acc = np.zeros(ref.shape, dtype=np.float64)
+        for u in usable:
+            acc += u.arrays[key].numpy().astype(np.float64) - len(u.members) * w
+        total = w + acc / denominator
+        dtype = ref.numpy().dtype
+        if np.issubdtype(dtype, np.integer):
+            total = np.rint(total)
+        out[key] = Array(np.ascontiguousarray(total.astype(dtype)))
+    return ArrayRecord(out)
+
+
 class NodeSampling:
     """Sampling and refusal tracking of the noisy strategies (a mixin: needs ``federation``,
     ``refusals``, ``min_available_nodes`` and ``_event``)."""
@@ -49,6 +88,18 @@ class NodeSampling:
     federation: FederationSettings
     refusals: dict[int, NodeRefusals]
     min_available_nodes: int
+    _population: int = 0  # N_t of the Poisson round in flight
+    _drawn: int = 0  # clients that round's sample drew
+
+    def _aggregate(self, usable: list[Usable], weights: tuple[float, ...], reference: ArrayRecord) -> ArrayRecord:
+        """The round's aggregate: the weighted average, or with Poisson sampling the fixed-denominator sum."""
+        if not self.federation.poisson:
+            return average_arrays(usable, weights, reference)
+        return fixed_denominator_sum(usable, reference, self.federation.sampling_rate * self._population)
+
+    def _sampling_fields(self) -> dict[str, int]:
+        """RoundRecord fields of a Poisson round (population N_t, clients drawn); {} otherwise."""
+        return {"population": self._population, "sampled": self._drawn} if self.federation.poisson else {}
 
     def _event(self, kind: str, data: dict[str, Any]) -> None:
         raise NotImplementedError
@@ -59,8 +110,9 @@ class NodeSampling:
         return {n: r.last_reason for n, r in self.refusals.items() if r.excluded_at_round is not None}
 
     def _sample(self, grid: Grid, t: int) -> tuple[dict[int, tuple[int, ...]], list[int]]:
-        """``clients-per-round`` distinct clients of eligible nodes, grouped by node: node -> its
-        sampled member slots (``(0,)`` outside cohort mode). Waits until enough nodes are connected.
+        """``clients-per-round`` distinct clients of eligible nodes (Poisson: each eligible client with
+        probability q), grouped by node: node -> its sampled member slots (``(0,)`` outside cohort
+        mode). Waits until enough nodes are connected.
 
         Eligible: connected and not excluded for refusing. In cohort mode every eligible node
         offers ``clients-per-node`` slots and the clients are sampled uniformly among all slots.
@@ -80,13 +132,18 @@ class NodeSampling:
                 + "; ".join(f"node {n}: {why}" for n, why in sorted(excluded.items())) + ")"
             )
         population = [(n, j) for n in eligible for j in range(cpn)]
-        k = min(c.clients_per_round, len(population))
-        if k < c.clients_per_round:
-            log.warning("round t=%d: only %d eligible clients (%d nodes excluded for refusing): sampling all of them",
-                        t, len(population), len(excluded))
         rng = random.Random(f"{c.seed}:{t}") if c.seed >= 0 else random.SystemRandom()
+        if c.poisson:  # each client independently with probability q (docs/MATH.md §19)
+            chosen = [slot for slot in population if rng.random() < c.sampling_rate]
+            self._population, self._drawn = len(population), len(chosen)
+        else:
+            k = min(c.clients_per_round, len(population))
+            if k < c.clients_per_round:
+                log.warning("round t=%d: only %d eligible clients (%d nodes excluded for refusing): sampling all "
+                            "of them", t, len(population), len(excluded))
+            chosen = rng.sample(population, k)
         slots: dict[int, list[int]] = {}
-        for node, j in sorted(rng.sample(population, k)):
+        for node, j in sorted(chosen):
             slots.setdefault(node, []).append(j)
         return {n: tuple(js) for n, js in slots.items()}, available
 

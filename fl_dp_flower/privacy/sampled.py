@@ -1,0 +1,189 @@
+"""Amplification by Poisson client sampling: the ``sampled`` bound (docs/MATH.md §19).
+
+The one module of ``privacy/`` that uses dp-accounting (its privacy-loss-distribution, PLD,
+accountant; imported lazily, so a run without client sampling never loads it).
+
+Round t, with sampling rate q: every client of the population is in the round independently
+with probability q, drawn by an honest server and unknown to the adversary in advance; the
+aggregate is w_t + sum over the contributions that entered of (upload_i - w_t) / (q N_t).
+Each client adds its own noise, so whether the target took part changes the aggregate's noise
+variance; the textbook subsampled-Gaussian pair (equal variances) does not apply. The pair used
+here never compares "target absent" with "target present" (docs/MATH.md §19.1):
+
+    P_t = (1 - q) * bottom + q * N(mu_t, 1),   Q_t = (1 - q) * bottom + q * N(0, 1),
+    mu_t = Gamma_t / (sigma * sqrt(max(1, n_t - c))),
+
+with n_t the contributions that entered the sum (dropouts independent of the data), c the
+colluding clients and Gamma_t one client's sensitivity (parameter units, as sigma). Its
+hockey-stick divergence is q times the Gaussian's at every gamma >= 1; composed over the rounds by
+dp-accounting's PLD (pessimistic discretisation, interval :data:`DISCRETIZATION` in nats). A
+round in which nothing entered the sum costs the pair with n_t = 0 (mu_t = Gamma_t/sigma).
+
+The bound certifies only the all-rounds threat model (never local DP: the server knows the
+sample) and rests on :func:`sampler_assumption`, stated wherever it is printed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from .bounds import BoundValue
+from .terms import RoundTerms
+from .validate import int_at_least, positive
+
+__all__ = ["DISCRETIZATION", "SAMPLED_BOUND", "SampledAccount", "SampledComposition", "planned_sampled_epsilon", "round_mu",
+           "sampler_assumption"]
+
+#: the name of the amplified bound in a report's ``bounds``
+SAMPLED_BOUND = "sampled"
+#: PLD value discretisation interval (nats): the pessimistic rounding adds at most this per round to epsilon
+DISCRETIZATION = 1e-4
+#: PLDs of distinct per-round mu kept for reuse (rounds of a run mostly repeat a few counts)
+_CACHE_SIZE = 256
+
+
+def sampler_assumption(sampling_rate: float) -> str:
+    """The trust assumption of the ``sampled`` bound, printed next to it (``BoundValue.assumes``)."""
+    return (f"honest server-side Poisson sampler (q = {sampling_rate:g}): each client in a round independently "
+            "with probability q, the sample unknown to the adversary in advance (a fixed seed makes it "
+            "predictable: experiments only); dropouts independent of the data")
+
+
+def round_mu(client_sensitivity: float, sigma: float, contributions: int, colluders: int) -> float:
+    """mu_t = Gamma_t / (sigma * sqrt(max(1, n_t - c))) of one sampled round (dimensionless).
+
+    ``client_sensitivity`` Gamma_t and ``sigma`` in parameter units; ``contributions`` n_t >= 0
+    (0: nothing entered the sum, the target alone could have); ``colluders`` c >= 0."""
+    int_at_least("contributions", contributions, 0)
+    int_at_least("colluders", colluders, 0)
+    positive("sigma", sigma)
+    return float(client_sensitivity) / (float(sigma) * math.sqrt(max(1, contributions - colluders)))
+
+
+def _round_pld(sampling_rate: float, mu: float) -> Any:
+    """The PLD of one round's pair (q, mu): q * Gaussian(mu) + (1 - q) * no loss."""
+    from dp_accounting.pld import privacy_loss_distribution as pld
+
+    if mu == 0.0:
+        return pld.identity(DISCRETIZATION)
+    gaussian = pld.from_gaussian_mechanism(1.0, sensitivity=mu, value_discretization_interval=DISCRETIZATION)
+    if sampling_rate >= 1.0:
+        return gaussian
+    return gaussian.compute_mixture(pld.identity(DISCRETIZATION), sampling_rate)
+
+
+@dataclass
+class SampledComposition:
+    """The composed PLD of the rounds so far (amortised: one convolution per round).
+
+    ``push(mu)`` accounts a round, ``peek(mu)`` the composition after one more without changing
+    anything (the result is kept, so the ``push`` that usually follows reuses it).
+    """
+
+    sampling_rate: float
+    mus: list[float] = field(default_factory=list)
+    _pld: Any = None
+    _rounds: dict[float, Any] = field(default_factory=dict)
+    _trial: tuple[int, float, Any] | None = None
+
+    def __post_init__(self) -> None:
+        q = positive("sampling_rate", self.sampling_rate)
+        if q > 1.0:
+            raise ValueError(f"sampling_rate must be in (0, 1], got {q!r}")
+
+    def _single(self, mu: float) -> Any:
+        if mu not in self._rounds:
+            if len(self._rounds) >= _CACHE_SIZE:
+                self._rounds.clear()
+            self._rounds[mu] = _round_pld(self.sampling_rate, mu)
+        return self._rounds[mu]
+
+    def peek(self, mu: float) -> Any:
+        """The composed PLD after one more round with ``mu``."""
+        mu = float(positive("mu", mu) if mu != 0.0 else 0.0)
+        if self._trial is not None and self._trial[:2] == (len(self.mus), mu):
+            return self._trial[2]
+        single = self._single(mu)
+        composed = single if self._pld is None else self._pld.compose(single)
+        self._trial = (len(self.mus), mu, composed)
+        return composed
+
+    def push(self, mu: float) -> None:
+        self._pld = self.peek(mu)
+        self.mus.append(float(mu))
+        self._trial = None
+
+    def epsilon(self, delta: float, pld: Any = None) -> float:
+        """epsilon at ``delta`` of the rounds so far (or of ``pld``, e.g. a :meth:`peek`); 0 before any round."""
+        composed = self._pld if pld is None else pld
+        return 0.0 if composed is None else max(0.0, float(composed.get_epsilon_for_delta(delta)))
+
+    def delta(self, epsilon: float) -> float:
+        """delta at ``epsilon`` of the rounds so far."""
+        return 0.0 if self._pld is None else float(self._pld.get_delta_for_epsilon(epsilon))
+
+    def mu_clt(self, extra: float | None = None) -> float:
+        """sqrt(q * sum_t mu_t^2): the central-limit approximation of the composed pairs (Dong, Roth
+        and Su, Theorem 3.5); an approximation, NOT a bound (the exact tail is heavier)."""
+        mus = self.mus + ([] if extra is None else [extra])
+        return math.sqrt(self.sampling_rate * math.fsum(m * m for m in mus))
+
+
+def planned_sampled_epsilon(sampling_rate: float, mu: float, rounds: int, delta: float) -> float:
+    """epsilon at ``delta`` of ``rounds`` identical planned rounds, each the pair (q, mu) (one FFT
+    self-composition; the accountant composes round by round and gets the same number up to the
+    discretisation)."""
+    int_at_least("rounds", rounds, 1)
+    composed = _round_pld(sampling_rate, mu).self_compose(rounds)
+    return max(0.0, float(composed.get_epsilon_for_delta(delta)))
+
+
+@dataclass
+class SampledAccount:
+    """The ``sampled`` bound of a run under both relations (replace-one, add/remove-one), fed by the
+    accountant with each round's terms and realized contributions n_t."""
+
+    sampling_rate: float
+    colluders: int
+    replace_one: SampledComposition = field(init=False)
+    add_remove: SampledComposition = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.replace_one = SampledComposition(self.sampling_rate)
+        self.add_remove = SampledComposition(self.sampling_rate)
+
+    def _mus(self, contributions: int, terms: RoundTerms) -> tuple[float, float]:
+        return (round_mu(terms.client_sensitivity, terms.sigma, contributions, self.colluders),
+                round_mu(terms.client_sensitivity_add_remove, terms.sigma, contributions, self.colluders))
+
+    def push(self, contributions: int, terms: RoundTerms) -> None:
+        mu, mu_ar = self._mus(contributions, terms)
+        self.replace_one.push(mu)
+        self.add_remove.push(mu_ar)
+
+    def peek(self, contributions: int, terms: RoundTerms) -> tuple[Any, Any, float]:
+        """(PLD, add/remove PLD, mu_t) after one more round, nothing changed."""
+        mu, mu_ar = self._mus(contributions, terms)
+        return self.replace_one.peek(mu), self.add_remove.peek(mu_ar), mu
+
+    def amend(self, bounds: dict[str, BoundValue], add_remove: dict[str, Any], threat_model: str, delta: float,
+              trial: tuple[Any, Any, float] | None = None) -> dict[str, Any]:
+        """Add the ``sampled`` bound to a report's ``bounds`` (its mu: the composition mu, the Gaussian-DP
+        parameter these rounds provably have; its epsilon: the PLD's), let it carry the add/remove-one
+        guarantee where it certifies it, and return the report's ``sampling`` section."""
+        pld, pld_ar, extra = (None, None, None) if trial is None else trial
+        composition = bounds["composition"]
+        q = self.sampling_rate
+        bounds[SAMPLED_BOUND] = BoundValue(mu=composition.mu, epsilon=self.replace_one.epsilon(delta, pld),
+                                           sound=True, assumes=(*composition.assumes, sampler_assumption(q)))
+        if threat_model == "all-rounds" and add_remove.get("bound") == "composition":
+            eps_ar = self.add_remove.epsilon(delta, pld_ar)
+            if eps_ar < add_remove["epsilon"]:
+                add_remove.update(bound=SAMPLED_BOUND, epsilon=eps_ar)
+        return {"rate": q, "bound": SAMPLED_BOUND, "certified_for": "all-rounds",
+                "epsilon_without_amplification": composition.epsilon,
+                "mu_clt": self.replace_one.mu_clt(extra),
+                "mu_clt_is": "central-limit approximation of the amplified rounds, not a bound",
+                "assumes": sampler_assumption(q)}
