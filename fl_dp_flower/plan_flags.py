@@ -195,11 +195,18 @@ def fmt_number(x: float) -> str:
     return "inf" if math.isinf(x) else f"{x:.6g}"
 
 
+def _clients(c: AppConfig) -> str:
+    if c.client_sampling == "poisson":
+        planned = c.federation_settings().planned_clients
+        return f"Poisson sampling q {c.sampling_rate:g} of N {c.clients_per_round} clients (plan: {planned}/round)"
+    return f"m {c.clients_per_round} clients/round"
+
+
 def settings_line(args: argparse.Namespace) -> str:
     """The planned run in one line, defaults included (what ``privacy`` with no flag really means)."""
     c = args.config
     extra = f", alpha {c.prox_alpha:g}" if c.algorithm == "fedprox" else ""
     clipping = f"per-sample (B {c.batch_size})" if c.clipping == "per-sample" else f"per-batch (B {c.batch_size})"
     return (f"{c.algorithm}{extra}, {c.schedule} schedule, lr {c.lr:g}, K {c.local_steps}, V {c.clip_norm:g}, "
-            f"m {c.clients_per_round} clients/round, T {c.num_server_rounds} rounds, L {c.smoothness:g}, "
+            f"{_clients(c)}, T {c.num_server_rounds} rounds, L {c.smoothness:g}, "
             f"{clipping} clipping, {c.colluding_clients} colluding client(s)\nrun config: {args.config_source}")

@@ -35,7 +35,8 @@ from .bounds import (
 )
 from .planned_bounds import planned_bounds
 from .records import BOUND_CHOICES, BOUND_NAMES, AccountantConfig, BoundChoice
-from .terms import drift_bound_allowed
+from .sampled import SAMPLED_BOUND, composed_epsilon, round_mu
+from .terms import drift_bound_allowed, round_terms
 from .validate import int_at_least
 
 
@@ -80,9 +81,51 @@ class Calibration:
                 "sound": self.sound, "assumes": list(self.assumes), "relation": RELATION}
 
 
+def _replayed_plan(config: AccountantConfig, rounds: int) -> Plan:
+    """The plan of a Poisson-sampled run: the accountant's own report after the planned rounds (the
+    expected count floor(q N) each), the amplified ``sampled`` bound included (docs/MATH.md §19.5)."""
+    accountant = PrivacyAccountant(config)
+    accountant.extend(config.planned_round(t) for t in range(1, rounds + 1))
+    r = accountant.report()
+    return Plan(rounds=rounds, delta=config.delta, bounds=dict(r.bounds), certified_bound=r.certified_bound,
+                add_remove=dict(r.add_remove))
+
+
+def _sampled_sigma(config: AccountantConfig, rounds: int, target_epsilon: float) -> float:
+    """The smallest sigma (to 1e-6 relative, rounded up) at which the ``sampled`` bound of ``rounds``
+    planned rounds is <= ``target_epsilon``: mu_t is proportional to 1/sigma, epsilon decreases in sigma."""
+    unit = dataclasses.replace(config, sigma=1.0)
+    mus = []
+    for t in range(1, rounds + 1):
+        record = unit.planned_round(t)
+        terms = round_terms(record, unit.smoothness, unit.colluders, unit.assume_smooth_losses)
+        mus.append(round_mu(terms.client_sensitivity, 1.0, record.clients, unit.colluders))
+    q = float(config.sampling_rate or 1.0)
+
+    def fits(sigma: float) -> bool:
+        return composed_epsilon(q, [m / sigma for m in mus], config.delta) <= target_epsilon
+
+    hi = math.sqrt(math.fsum(m * m for m in mus)) / gdp.mu_for(target_epsilon, config.delta)  # unamplified
+    for _ in range(64):
+        if fits(hi):
+            break
+        hi *= 2.0
+    lo = hi / 2.0
+    for _ in range(64):
+        if not fits(lo):
+            break
+        lo /= 2.0
+    while hi - lo > 1e-6 * hi:
+        mid = math.sqrt(lo * hi)
+        lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+    return hi
+
+
 def plan(config: AccountantConfig, rounds: int) -> Plan:
     """Every bound after ``rounds`` identical planned rounds, at ``config.delta``."""
     int_at_least("rounds", rounds, 1)
+    if config.sampling_rate is not None:
+        return _replayed_plan(config, rounds)
     mus = planned_bounds(config, rounds)
     sound = {name: paper_is_sound(config.algorithm, config.schedule) if name == "paper" else True
              for name in BOUND_NAMES}
@@ -111,6 +154,11 @@ def calibrate(config: AccountantConfig, rounds: int, target_epsilon: float,
         raise ValueError(f"bound must be one of {BOUND_CHOICES}, got {bound!r}")
     reference = plan(config, rounds)
     name = reference.certified_bound if bound == "certified" else bound
+    if name == SAMPLED_BOUND:  # its epsilon is not a function of one mu: search sigma
+        sigma = _sampled_sigma(config, rounds, target_epsilon)
+        value = plan(dataclasses.replace(config, sigma=sigma), rounds).bounds[name]
+        return Calibration(sigma=sigma, bound=name, mu=value.mu, epsilon=value.epsilon, sound=value.sound,
+                           assumes=value.assumes)
     mu_ref = reference.bounds[name].mu
     mu_star = gdp.mu_for(target_epsilon, config.delta)
     sigma = config.sigma * mu_ref / mu_star
@@ -224,8 +272,14 @@ def calibrate_sigma(config: AccountantConfig, rounds: int, target_epsilon: float
     mu_star = gdp.mu_for(target_epsilon, config.delta)
     # The budget is checked after every round, and the final-model bound can shrink as rounds are
     # added: sigma must fit the largest certified mu over the rounds, not only the last one's.
-    unit = planned_run(dataclasses.replace(config, sigma=1.0), rounds)
-    sigma = max(r.certified.mu for r in unit.reports) / mu_star
+    if config.sampling_rate is not None:  # composition and local DP grow with the rounds: the last is the largest
+        unit_plan = plan(dataclasses.replace(config, sigma=1.0), rounds)
+        sigma = unit_plan.certified.mu / mu_star
+        if config.threat_model == "all-rounds":  # certified = the smaller epsilon of composition and sampled
+            sigma = min(sigma, _sampled_sigma(config, rounds, target_epsilon))
+    else:
+        unit = planned_run(dataclasses.replace(config, sigma=1.0), rounds)
+        sigma = max(r.certified.mu for r in unit.reports) / mu_star
     for _ in range(3):  # normally once: rounding up keeps the replay within the target
         if not (math.isfinite(sigma) and sigma > 0):
             break

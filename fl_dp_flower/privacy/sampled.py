@@ -33,7 +33,7 @@ from .bounds import BoundValue
 from .terms import RoundTerms
 from .validate import int_at_least, positive
 
-__all__ = ["DISCRETIZATION", "SAMPLED_BOUND", "SampledAccount", "SampledComposition", "planned_sampled_epsilon", "round_mu",
+__all__ = ["DISCRETIZATION", "SAMPLED_BOUND", "SampledAccount", "SampledComposition", "composed_epsilon", "round_mu",
            "sampler_assumption"]
 
 #: the name of the amplified bound in a report's ``bounds``
@@ -131,15 +131,6 @@ class SampledComposition:
         return math.sqrt(self.sampling_rate * math.fsum(m * m for m in mus))
 
 
-def planned_sampled_epsilon(sampling_rate: float, mu: float, rounds: int, delta: float) -> float:
-    """epsilon at ``delta`` of ``rounds`` identical planned rounds, each the pair (q, mu) (one FFT
-    self-composition; the accountant composes round by round and gets the same number up to the
-    discretisation)."""
-    int_at_least("rounds", rounds, 1)
-    composed = _round_pld(sampling_rate, mu).self_compose(rounds)
-    return max(0.0, float(composed.get_epsilon_for_delta(delta)))
-
-
 @dataclass
 class SampledAccount:
     """The ``sampled`` bound of a run under both relations (replace-one, add/remove-one), fed by the
@@ -187,3 +178,19 @@ class SampledAccount:
                 "mu_clt": self.replace_one.mu_clt(extra),
                 "mu_clt_is": "central-limit approximation of the amplified rounds, not a bound",
                 "assumes": sampler_assumption(q)}
+
+
+def composed_epsilon(sampling_rate: float, mus: list[float], delta: float) -> float:
+    """epsilon at ``delta`` of the pairs (q, mu_t) composed (runs of equal mu self-composed: fast for
+    planned schedules; equal to round-by-round composition up to the discretisation)."""
+    composed: Any = None
+    i = 0
+    while i < len(mus):
+        j = i
+        while j < len(mus) and mus[j] == mus[i]:
+            j += 1
+        block = _round_pld(sampling_rate, mus[i])
+        block = block.self_compose(j - i) if j - i > 1 else block
+        composed = block if composed is None else composed.compose(block)
+        i = j
+    return 0.0 if composed is None else max(0.0, float(composed.get_epsilon_for_delta(delta)))

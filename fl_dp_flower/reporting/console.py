@@ -45,12 +45,13 @@ FINAL_MODEL_ASSUMES = "participants do not reveal the global models they receive
 
 
 def conditional_note(bound: dict[str, Any]) -> str:
-    """", conditional on L-smooth losses (L = 1)" for a bound that assumes L, "" otherwise."""
+    """", conditional on L-smooth losses (L = 1)" for a bound that assumes L, ", assuming <it>" for any
+    other assumption (the honest Poisson sampler of the amplified bound), "" for none."""
     assumes = bound.get("assumes") or []
-    if not assumes:
-        return ""
-    detail = "; ".join(a.removeprefix("L-smooth losses ") for a in assumes)
-    return f", {CONDITIONAL} {detail}".rstrip()
+    smooth = [a for a in assumes if a.startswith("L-smooth losses")]
+    other = [a for a in assumes if a not in smooth]
+    note = f", {CONDITIONAL} " + "; ".join(a.removeprefix("L-smooth losses ") for a in smooth) if smooth else ""
+    return note.rstrip() + (", assuming " + "; ".join(other) if other else "")
 
 
 def add_remove_note(report: dict[str, Any]) -> str:

@@ -68,7 +68,10 @@ def privacy_figure(history: list[dict[str, Any]], *, delta: float,
     cert_names = sorted({str(r["certified"]["bound"]) for r in reports})
     budget = float(run_config.get("target-epsilon", 0.0) or 0.0)
     # a bound resting on L-smooth losses says so in the legend (issue 16 item 4)
-    cert_cond = f", {CONDITIONAL}" if any(r["certified"].get("assumes") for r in reports) else ""
+    cert_cond = f", {CONDITIONAL}" if any(a.startswith("L-smooth") for r in reports
+                                          for a in r["certified"].get("assumes", [])) else ""
+    if any(r.get("sampling") for r in reports):
+        cert_cond += ", amplified by Poisson client sampling (honest server-side sampler)"
     paper_cond = f", {CONDITIONAL}" if any(r["bounds"]["paper"].get("assumes") for r in reports) else ""
 
     fig = Figure(figsize=(8, 5.8), dpi=110)
