@@ -1,4 +1,5 @@
-"""The layering the README promises: privacy math imports no torch/flwr/pydantic; reporting no torch/flwr."""
+"""The layering the README promises: privacy math imports no torch/flwr/pydantic (and only numpy/scipy, except
+privacy/sampled.py, the one module that uses dp-accounting); reporting no torch/flwr."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 
 PRIVACY = [f"fl_dp_flower.privacy.{m}" for m in
            ("schedules", "records", "gdp", "terms", "planned_terms", "bounds", "closed_forms", "final_model",
-            "planned_bounds", "accountant", "planning")]
+            "planned_bounds", "accountant", "planning", "sampled")]
 REPORTING = [f"fl_dp_flower.reporting.{m}" for m in ("ledger", "console", "prometheus", "plot", "durable",
                                                                 "logfilter")]
 
@@ -105,3 +106,32 @@ def test_no_import_cycle_in_the_package():
 
     for node in sorted(graph):
         visit(node)
+
+
+def test_only_privacy_sampled_imports_dp_accounting():
+    """privacy/ is numpy/scipy only, except the PLD accountant of client sampling: privacy/sampled.py is the one
+    module of the package that imports dp_accounting (issue 19 item 2)."""
+    import ast
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[1] / "fl_dp_flower"
+    users = set()
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if any(n == "dp_accounting" or n.startswith("dp_accounting.") for n in names):
+                users.add(str(path.relative_to(package)))
+    assert users == {"privacy/sampled.py"}
+
+
+def test_a_run_without_client_sampling_does_not_load_dp_accounting():
+    """dp-accounting is imported lazily: the accountant of a fixed-size run never loads it."""
+    code = ("import sys\n"
+            "from fl_dp_flower.privacy.records import AccountantConfig\n"
+            "from fl_dp_flower.privacy.accountant import PrivacyAccountant\n"
+            "cfg = AccountantConfig()\n"
+            "a = PrivacyAccountant(cfg); a.step(cfg.planned_round(1)).to_dict()\n"
+            "print('dp_accounting' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "False"

@@ -110,7 +110,8 @@ def _report_difference(recorded: Any, recomputed: dict[str, Any]) -> str | None:
         got = (recorded.get("certified") or {}).get(key)
         if not _close(got, recomputed["certified"][key]):
             return f"certified {key}: recorded {got!r}, recomputed {recomputed['certified'][key]!r}"
-    for name in BOUND_NAMES:
+    extra = [n for n in recomputed["bounds"] if n not in BOUND_NAMES]  # "sampled": Poisson client sampling
+    for name in (*BOUND_NAMES, *extra):
         for key in ("mu", "epsilon", "sound"):
             got = ((recorded.get("bounds") or {}).get(name) or {}).get(key)
             if not _close(got, recomputed["bounds"][name][key]):
