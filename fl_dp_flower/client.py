@@ -35,7 +35,7 @@ from torch import nn
 
 from .node import check_node, metrics_shared
 from .privacy.schedules import step_sizes
-from .protocol import PARTITION_ID, Refused, TrainInstruction, echo, refusal
+from .protocol import BATCH_SIZE, PARTITION_ID, Refused, TrainInstruction, echo, refusal
 from .training.local_update import LocalUpdateStats, LossFn, local_update
 from .training.noise import add_gaussian_noise_, make_noise_source
 
@@ -141,7 +141,7 @@ def dp_train(model_fn: ModelFn, data_fn: DataFn, loss_fn: LossFn = F.cross_entro
             share = metrics_shared(context.node_config)
             x, y = data_fn(context)
             if instruction.clipping == "per-sample" and instruction.batch_size > len(y):
-                raise Refused(f"dp.batch-size={instruction.batch_size} exceeds the {len(y)} local samples; "
+                raise Refused(f"{BATCH_SIZE}={instruction.batch_size} exceeds the {len(y)} local samples; "
                               "per-sample clipping would then use a smaller B than accounted")
         except Refused as err:
             log.warning("Refusing train instruction: %s", err)

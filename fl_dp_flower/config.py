@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from fl_dp_flower.errors import FlDpError
 from . import config_messages
 from .config_messages import AUTO_SIGMA, dash as _dash
+from . import protocol
 from .privacy.accountant import Budget
 from .privacy.records import SMOOTHNESS_FIELDS, AccountantConfig, colluder_problems, sampling_problems, smoothness_problems
 from .settings import DPSettings, FederationSettings
@@ -130,8 +131,9 @@ class AppConfig(BaseModel):
     """A node that refuses this many rounds in a row is no longer sampled."""
     # --- screening of replies (strategies/screening.py, docs/MATH.md §17)
     echo_tolerance: float = Field(1.0, ge=1, description=(
-        "Factor by which a reply's echoed settings (dp.sigma, dp.clip-norm, dp.lr, dp.local-steps, "
-        "dp.batch-size, dp.prox-alpha) may differ from the plan and still be accepted; accepted "
+        "Factor by which a reply's echoed settings ("
+        f"{protocol.SIGMA}, {protocol.CLIP_NORM}, {protocol.LR}, {protocol.LOCAL_STEPS}, "
+        f"{protocol.BATCH_SIZE}, {protocol.PROX_ALPHA}) may differ from the plan and still be accepted; accepted "
         "deviations are accounted least privately. 1 = the echo must equal the plan. A reply outside "
         "is dropped as a refusal of its node."))
     noise_check_alpha: float = Field(1e-9, ge=0, lt=1, description=(

@@ -163,7 +163,7 @@ class Runner:
         calls kept failing for ``END_PATIENCE`` seconds is decided from the ledger (completed only
         with an ``end`` event and a summary).
         """
-        from .reporting.ledger import read_ledger  # no matplotlib: reporting/ledger.py only
+        from .reporting.ledger import read_ledger  # no matplotlib: reporting/ledger/ only
         shown, failures_said, last_alive_check, last_news = 0, 0, time.monotonic(), time.monotonic()
         ends_before: int | None = None
         ended_at: float | None = None

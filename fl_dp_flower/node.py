@@ -23,7 +23,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from .protocol import CLIP_NORM, LOCAL_STEPS, LR, SIGMA, Refused, TrainInstruction
+from .protocol import CLIP_NORM, LOCAL_STEPS, LR, SEED, SIGMA, Refused, TrainInstruction
 
 NODE_LIMITS = {  # node-config key -> (setting, comparison that must hold)
     "min-sigma": (SIGMA, ">="),
@@ -80,7 +80,7 @@ def check_node_policy(s: TrainInstruction, node_config: Mapping[str, Any],
     """Raise Refused if ``s`` asks for a fixed noise seed this node has not allowed."""
     if s.seed >= 0 and not fixed_seed_allowed(node_config, environ):
         raise Refused(
-            f"dp.seed={s.seed} asks for reproducible noise, which whoever knows the seed can subtract; "
+            f"{SEED}={s.seed} asks for reproducible noise, which whoever knows the seed can subtract; "
             f"this node allows it only with node config {ALLOW_FIXED_SEED}=true or "
             f"{ALLOW_FIXED_SEED_ENV}=1 in its environment"
         )

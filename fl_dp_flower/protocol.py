@@ -28,6 +28,8 @@ from .vocabulary import ALGORITHMS, CLIPPING_MODES, SCHEDULES, Algorithm, Clippi
 REFUSAL_CODE = ErrorCode.MOD_FAILED_PRECONDITION
 REFUSAL_PREFIX = "refused by node: "
 
+PREFIX = "dp."  # every key of this contract starts with it (and no other module writes one)
+
 ROUND_INDEX = "dp.round-index"
 ALGORITHM = "dp.algorithm"
 SCHEDULE = "dp.schedule"

@@ -178,7 +178,7 @@ def train(msg: Message, context: Context) -> Message:
         part = _partition(context, config)
         if s.clipping == "per-sample" and s.batch_size > len(part.y_train):
             raise Refused(
-                f"dp.batch-size={s.batch_size} exceeds the {len(part.y_train)} local samples; "
+                f"{protocol.BATCH_SIZE}={s.batch_size} exceeds the {len(part.y_train)} local samples; "
                 "per-sample clipping would then use a smaller B than accounted"
             )
     except Refused as err:

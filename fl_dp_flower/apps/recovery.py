@@ -20,7 +20,7 @@ from typing import Any
 
 from fl_dp_flower import FlDpError
 from fl_dp_flower.config import AppConfig
-from fl_dp_flower.reporting.ledger import LedgerContents
+from fl_dp_flower.reporting.ledger import NODE_EXCLUDED_EVENT, LedgerContents
 from fl_dp_flower.strategies.noisy import NodeRefusals, NoisyStrategyMixin
 
 log = logging.getLogger("flwr").getChild(__name__)  # Flower's handlers: shows in `flwr log`
@@ -89,7 +89,7 @@ def restore_exclusions(strategy: NoisyStrategyMixin, events: list[dict[str, Any]
     """Nodes excluded (``node-excluded`` ledger events) before a resume stay excluded: a node that
     refused ``max-node-refusals`` rounds in a row of this run is not sampled again by its resume."""
     for event in events:
-        if event.get("event") != "node-excluded":
+        if event.get("event") != NODE_EXCLUDED_EVENT:
             continue
         data = event.get("data") or {}
         node, reason = int(data["node_id"]), str(data.get("reason", ""))

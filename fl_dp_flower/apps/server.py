@@ -67,7 +67,8 @@ from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.reporting import PrivacyLedger, PrivacyMetricsExporter, plot_privacy_curve, render_summary
 from fl_dp_flower.reporting.console import conditional_note
 from fl_dp_flower.reporting.durable import atomic_write, write_json
-from fl_dp_flower.reporting.ledger import NOT_APPLIED_EVENT, LedgerContents, read_ledger
+from fl_dp_flower.reporting.ledger import (FAILED_EVENT, NOT_APPLIED_EVENT, RESUME_EVENT, UNFINISHED_ROUND_EVENT,
+                                          LedgerContents, read_ledger)
 from fl_dp_flower.reporting.replay import round_records
 from fl_dp_flower.reporting.logfilter import FlowerDumps
 from fl_dp_flower.reporting.rounds import RoundSink
@@ -175,14 +176,14 @@ def _open_ledger(config: AppConfig, run_dir: Path) -> tuple[PrivacyLedger, Priva
         report = accountant.step(record)
         ledger.append_round(round=unfinished, record=record.to_dict(), report=report.to_dict(),
                             metrics={"dp-unfinished-accounted": 1})
-        ledger.append_event("unfinished-round-accounted", {
+        ledger.append_event(UNFINISHED_ROUND_EVENT, {
             "round": unfinished, "line": contents.open_round_line, "torn": contents.torn_round == unfinished,
             "accounted_as": "planned round, not applied (its aggregate was never saved or broadcast)"})
         log.warning("round %d had no complete ledger line (line %s): charged as the planned round, not applied "
                     "(its uploads may have reached the server; its aggregate was never saved or broadcast) "
                     "(resume-unfinished-round = 'account'); certified epsilon now %.6g",
                     unfinished, contents.open_round_line, report.certified.epsilon)
-    ledger.append_event("resume", {"rounds_accounted": accountant.num_releases, "checkpoint_round": ckpt_round,
+    ledger.append_event(RESUME_EVENT, {"rounds_accounted": accountant.num_releases, "checkpoint_round": ckpt_round,
                                    "plan": config.resumable_plan()})  # watch shows the resumed plan
     log.info("resuming %s: %d rounds accounted", path, accountant.num_releases)
     return ledger, accountant, arrays
@@ -270,7 +271,7 @@ def _run_server(grid: Grid, config: AppConfig, fraction_evaluate: float,
                                     evaluate_fn=make_evaluate_fn(config) if per_round_eval else None)
         except (NotEnoughNodes, ModelNotFinite) as exc:
             log.error("%s", exc)
-            ledger.append_event("failed", {"reason": str(exc), "rounds_accounted": accountant.num_releases})
+            ledger.append_event(FAILED_EVENT, {"reason": str(exc), "rounds_accounted": accountant.num_releases})
             _finish(config, run_dir, ledger, accountant, strategy, strategy.partial_result(), time.time() - t0,
                     failure=str(exc))
             raise RunFailed(str(exc), logged=True) from None

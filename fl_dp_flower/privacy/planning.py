@@ -55,7 +55,7 @@ class Plan:
     def certified(self) -> BoundValue:
         return self.bounds[self.certified_bound]
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "rounds": self.rounds,
             "delta": self.delta,
@@ -76,7 +76,7 @@ class Calibration:
     sound: bool
     assumes: tuple[str, ...] = ()
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"sigma": self.sigma, "bound": self.bound, "mu": self.mu, "epsilon": self.epsilon,
                 "sound": self.sound, "assumes": list(self.assumes), "relation": RELATION}
 
@@ -248,7 +248,7 @@ class SigmaCalibration:
         """The accountant's report after the last planned round."""
         return self.run.reports[-1]
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"sigma": self.sigma, "target_epsilon": self.target_epsilon, "rounds": self.run.rounds_planned,
                 "report": self.report.to_dict()}
 

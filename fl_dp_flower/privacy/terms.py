@@ -318,7 +318,9 @@ def round_terms(record: RoundRecord, smoothness: float, colluders: int = 0,
     first_ro, first_ar = _first_step_sensitivity(record.clipping, record.batch_size, V)
 
     if record.algorithm == "fedprox":
-        alpha = float(record.prox_alpha)  # validated > 0 by RoundRecord
+        if record.prox_alpha is None:  # RoundRecord validates prox_alpha > 0 for fedprox; never None here
+            raise ValueError("a fedprox round needs prox_alpha (> 0)")
+        alpha = float(record.prox_alpha)
         if not alpha > L:
             raise ValueError(
                 f"prox_alpha must be > smoothness L = {L!r} for fedprox, got {record.prox_alpha!r}"

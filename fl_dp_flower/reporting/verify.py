@@ -36,7 +36,6 @@ of schema 1 (before the chain) gets checks 1 and 3 only.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -47,14 +46,17 @@ from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.privacy.records import AccountantConfig, RoundRecord
 from fl_dp_flower.vocabulary import BOUND_NAMES
 
-from .durable import load_json_line
 from .ledger import (
+    CLOSING_EVENTS,
+    END_EVENT,
+    RESUME_EVENT,
     NOT_APPLIED_EVENT,
     ROUND_OPEN_EVENT,
     SCHEMAS,
     TORN_TAIL_EVENT,
-    _decode,
     line_hash,
+    parse_line,
+    split_lines,
 )
 from .replay import not_applied_rounds
 
@@ -150,7 +152,6 @@ def verify_ledger(path: str | Path, *, expected_heads: dict[str, str] | None = N
 
 
 #: Events after which a run wrote nothing more (until a ``resume``).
-CLOSING_EVENTS = ("end", "failed")
 
 
 def _check_complete(data: bytes, v: Verification, expected_heads: dict[str, str], live: bool) -> None:
@@ -189,18 +190,9 @@ def _check_complete(data: bytes, v: Verification, expected_heads: dict[str, str]
 def _verify(path: Path, data: bytes, v: Verification) -> Verification:
     if not data:
         return v.fail(1, "the ledger is empty")
-    ends_with_newline = data.endswith(b"\n")
-    raw_lines = data.split(b"\n")
-    if ends_with_newline:
-        raw_lines.pop()
+    raw_lines, ends_with_newline = split_lines(data)
     v.lines = len(raw_lines)
-    parsed: list[dict[str, Any] | None] = []
-    for raw in raw_lines:
-        try:
-            entry = load_json_line(raw)
-            parsed.append(_decode(entry) if isinstance(entry, dict) else None)
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            parsed.append(None)
+    parsed = [parse_line(raw) for raw in raw_lines]  # the ledger's one line parser (None: not an entry)
 
     header = parsed[0]
     if header is None or header.get("kind") != "header":
@@ -231,7 +223,7 @@ def _verify(path: Path, data: bytes, v: Verification) -> Verification:
     opened: int | None = None  # round of the last round-open event not yet followed by its round
     ended = False
     for i in range(1, len(raw_lines)):
-        lineno, entry, raw = i + 1, parsed[i], raw_lines[i]
+        lineno, entry = i + 1, parsed[i]
         last_line = i == len(raw_lines) - 1
         if v.chained and entry is not None and entry.get("prev") != line_hash(raw_lines[i - 1]):
             return v.fail(lineno, f"hash chain broken: prev does not match line {i} (line {i} was edited, "
@@ -247,7 +239,7 @@ def _verify(path: Path, data: bytes, v: Verification) -> Verification:
         if entry.get("schema") != v.schema:
             return v.fail(lineno, f"schema {entry.get('schema')!r} differs from the header's {v.schema}")
         kind = entry.get("kind")
-        if ended and not (kind == "event" and entry.get("event") in ("resume", TORN_TAIL_EVENT)):
+        if ended and not (kind == "event" and entry.get("event") in (RESUME_EVENT, TORN_TAIL_EVENT)):
             return v.fail(lineno, "a line after the run's end event that is not a resume")
         if kind == "event":
             event, data_ = entry.get("event"), entry.get("data") or {}
@@ -264,7 +256,7 @@ def _verify(path: Path, data: bytes, v: Verification) -> Verification:
                                           "that are not accounted before it")
                 accountant = PrivacyAccountant.from_records(
                     config, [replace(r, applied=False) if r.round in marked else r for r in accountant.records])
-            ended = event == "end"
+            ended = event == END_EVENT
             v.ended = event in CLOSING_EVENTS
             continue
         if kind != "round":

@@ -14,7 +14,6 @@ written. No torch, no flwr.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from dataclasses import dataclass, field
@@ -26,53 +25,22 @@ from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.privacy.records import AccountantConfig, RoundRecord
 
 from ..run_output import read_marker
-from .ledger import _decode
+from .ledger import LedgerFollower
+from .ledger import events as ev
 
 _EVENT_TEXT = {
-    "resume": lambda d: f"resumed ({d.get('rounds_accounted')} rounds accounted)",
-    "budget-stop": lambda d: f"budget stop: {d.get('reason', '')}",
-    "node-excluded": lambda d: f"node {d.get('node_id')} excluded after {d.get('consecutive_refusals')} "
+    ev.RESUME_EVENT: lambda d: f"resumed ({d.get('rounds_accounted')} rounds accounted)",
+    ev.BUDGET_STOP_EVENT: lambda d: f"budget stop: {d.get('reason', '')}",
+    ev.NODE_EXCLUDED_EVENT: lambda d: f"node {d.get('node_id')} excluded after {d.get('consecutive_refusals')} "
                                f"refusals: {d.get('reason', '')}",
-    "round-void": lambda d: f"round {d.get('round')} voided ({d.get('reason')})",
-    "torn-tail": lambda d: f"torn line {d.get('line')} found on resume",
-    "unfinished-round-accounted": lambda d: f"round {d.get('round')} charged as planned, not applied (unfinished)",
-    "rounds-not-applied": lambda d: f"round(s) {d.get('rounds')} not applied (model lost before its "
+    ev.ROUND_VOID_EVENT: lambda d: f"round {d.get('round')} voided ({d.get('reason')})",
+    ev.TORN_TAIL_EVENT: lambda d: f"torn line {d.get('line')} found on resume",
+    ev.UNFINISHED_ROUND_EVENT: lambda d: f"round {d.get('round')} charged as planned, not applied (unfinished)",
+    ev.NOT_APPLIED_EVENT: lambda d: f"round(s) {d.get('rounds')} not applied (model lost before its "
                                     "checkpoint): out of the final-model bound",
-    "failed": lambda d: f"run failed: {d.get('reason', '')}",
-    "end": lambda d: f"run ended ({d.get('rounds_accounted')} rounds accounted)",
+    ev.FAILED_EVENT: lambda d: f"run failed: {d.get('reason', '')}",
+    ev.END_EVENT: lambda d: f"run ended ({d.get('rounds_accounted')} rounds accounted)",
 }
-
-
-class LedgerFollower:
-    """Incremental reader: :meth:`poll` returns the complete lines appended since the last call."""
-
-    def __init__(self, path: Path) -> None:
-        self.path, self.offset, self._partial = path, 0, b""
-
-    def poll(self) -> list[dict[str, Any]]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                chunk = f.read()
-        except FileNotFoundError:
-            return []
-        self.offset += len(chunk)
-        data = self._partial + chunk
-        *lines, self._partial = data.split(b"\n")  # the last piece is incomplete (or empty)
-        out = []
-        for raw in lines:
-            try:
-                entry = json.loads(raw.decode("utf-8"))
-            except (UnicodeDecodeError, json.JSONDecodeError):
-                continue  # an earlier torn write, recorded by a torn-tail event
-            if isinstance(entry, dict):
-                out.append(_decode(entry))
-        return out
-
-    @property
-    def pending_bytes(self) -> int:
-        """Bytes of a line not yet complete (being written, or torn)."""
-        return len(self._partial)
 
 
 @dataclass
@@ -98,11 +66,11 @@ class RunView:
             self.rounds.append(entry)
         elif kind == "event":
             name, data = entry.get("event", ""), entry.get("data") or {}
-            if name == "round-open":
+            if name == ev.ROUND_OPEN_EVENT:
                 return
-            if name == "resume" and isinstance(data.get("plan"), dict):
+            if name == ev.RESUME_EVENT and isinstance(data.get("plan"), dict):
                 self.resumed_plan = dict(data["plan"])  # a resume may plan fewer or more rounds
-            self.ended = name in ("end", "failed") or (self.ended and name not in ("resume",))
+            self.ended = name in ev.CLOSING_EVENTS or (self.ended and name != ev.RESUME_EVENT)
             text = _EVENT_TEXT.get(name, lambda d: f"{name} {d}")(data)
             self.events.append((str(entry.get("time", ""))[11:19], text))
 

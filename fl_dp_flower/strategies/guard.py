@@ -21,6 +21,7 @@ from collections.abc import Callable
 import numpy as np
 from flwr.app import ArrayRecord
 
+from fl_dp_flower import protocol
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.privacy.records import RoundRecord
 
@@ -50,7 +51,7 @@ class ReplyGuard:
             if u.partition_id is not None:
                 owner = self.partition_owner.setdefault(u.partition_id, u.node_id)
                 if owner != u.node_id:
-                    why = (f"dp.partition-id = {u.partition_id} is already node {owner}'s: two nodes with one "
+                    why = (f"{protocol.PARTITION_ID} = {u.partition_id} is already node {owner}'s: two nodes with one "
                            "partition break the one-client unit of the bounds (fix the node config's partition-id)")
                     dropped.append((u.node_id, why, True))
                     continue

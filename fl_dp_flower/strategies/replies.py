@@ -25,6 +25,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Message, MetricRecord
 
 from fl_dp_flower.privacy.schedules import step_sizes
+from fl_dp_flower import protocol
 from fl_dp_flower.protocol import REFUSAL_CODE, REFUSAL_PREFIX
 
 from .screening import Rejected, ScreeningRules, check_reply, reference_norm
@@ -33,7 +34,7 @@ log = logging.getLogger("flwr").getChild(__name__)  # Flower's handlers: shows i
 
 SUPERLINK_NODE_ID = 1  # src_node_id of error replies the SuperLink makes (timeouts, dead nodes)
 
-ECHO_KEYS = ("dp.sigma", "dp.clip-norm", "dp.local-steps", "dp.lr", "dp.round-index")
+ECHO_KEYS = (protocol.SIGMA, protocol.CLIP_NORM, protocol.LOCAL_STEPS, protocol.LR, protocol.ROUND_INDEX)
 
 
 @dataclass(frozen=True)
@@ -75,9 +76,9 @@ def member_id(node_id: int, slot: int, clients_per_node: int) -> int:
 def _members(metrics: MetricRecord, node: int, slots: Sequence[int] | None, clients_per_node: int) -> tuple[int, ...]:
     if slots is None:
         return (node,)
-    got = metrics.get("dp.members")
+    got = metrics.get(protocol.MEMBERS)
     if not isinstance(got, list) or [int(v) for v in got] != list(slots):
-        raise ValueError(f"dp.members = {got!r} differs from the cohort slots asked for {list(slots)}")
+        raise ValueError(f"{protocol.MEMBERS} = {got!r} differs from the cohort slots asked for {list(slots)}")
     return tuple(member_id(node, j, clients_per_node) for j in slots)
 
 
@@ -98,16 +99,16 @@ def _number(metrics: MetricRecord, key: str, *, integer: bool, minimum: float, s
 
 def parse_applied(metrics: MetricRecord, *, fedprox: bool) -> Applied:
     """The echoed settings of one reply (ValueError if missing or invalid)."""
-    batch = _number(metrics, "dp.batch-size", integer=True, minimum=1, strict=False) if "dp.batch-size" in metrics else None
+    batch = _number(metrics, protocol.BATCH_SIZE, integer=True, minimum=1, strict=False) if protocol.BATCH_SIZE in metrics else None
     alpha = None
-    if fedprox and "dp.prox-alpha" in metrics:
-        alpha = _number(metrics, "dp.prox-alpha", integer=False, minimum=0.0, strict=True)
+    if fedprox and protocol.PROX_ALPHA in metrics:
+        alpha = _number(metrics, protocol.PROX_ALPHA, integer=False, minimum=0.0, strict=True)
     return Applied(
-        sigma=_number(metrics, "dp.sigma", integer=False, minimum=0.0, strict=True),
-        clip_norm=_number(metrics, "dp.clip-norm", integer=False, minimum=0.0, strict=True),
-        local_steps=_number(metrics, "dp.local-steps", integer=True, minimum=1, strict=False),
-        lr=_number(metrics, "dp.lr", integer=False, minimum=0.0, strict=True),
-        round_index=_number(metrics, "dp.round-index", integer=True, minimum=0, strict=False),
+        sigma=_number(metrics, protocol.SIGMA, integer=False, minimum=0.0, strict=True),
+        clip_norm=_number(metrics, protocol.CLIP_NORM, integer=False, minimum=0.0, strict=True),
+        local_steps=_number(metrics, protocol.LOCAL_STEPS, integer=True, minimum=1, strict=False),
+        lr=_number(metrics, protocol.LR, integer=False, minimum=0.0, strict=True),
+        round_index=_number(metrics, protocol.ROUND_INDEX, integer=True, minimum=0, strict=False),
         batch_size=batch,
         prox_alpha=alpha,
     )
@@ -180,8 +181,8 @@ def screen(
             applied = parse_applied(metrics, fedprox=fedprox)
             members = _members(metrics, node, None if slots is None else slots.get(node, ()), clients_per_node)
             partition = None
-            if "dp.partition-id" in metrics:
-                partition = int(_number(metrics, "dp.partition-id", integer=True, minimum=0, strict=False))
+            if protocol.PARTITION_ID in metrics:
+                partition = int(_number(metrics, protocol.PARTITION_ID, integer=True, minimum=0, strict=False))
             energy = None
             if rules is not None:
                 energy = check_reply(arrays, reference, len(members), applied, rules, w_norm)
@@ -301,7 +302,7 @@ def average_metrics(usable: list[Usable], weights: tuple[float, ...]) -> dict[st
     """p-weighted mean of the scalar metrics all replies share (echoes excluded), plus totals."""
     weights = tuple(c * len(u.members) for c, u in zip(reply_coefficients(usable, weights), usable))
     shared = set.intersection(*(set(u.metrics.keys()) for u in usable))
-    keys = sorted(k for k in shared if not k.startswith("dp.") and k != "num-examples")
+    keys = sorted(k for k in shared if not k.startswith(protocol.PREFIX) and k != "num-examples")
     out: dict[str, float | int] = {}
     for key in keys:
         values = [u.metrics[key] for u in usable]

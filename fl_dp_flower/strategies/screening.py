@@ -42,6 +42,7 @@ import numpy as np
 from flwr.app import ArrayRecord
 from scipy.stats import chi2
 
+from fl_dp_flower import protocol
 from fl_dp_flower.errors import FlDpError
 from fl_dp_flower.privacy.records import check_prox
 from fl_dp_flower.privacy.schedules import step_sizes
@@ -94,25 +95,25 @@ def check_echo(echoed: Applied, rules: ScreeningRules) -> None:
     """Raise :class:`Rejected` unless the echo lies within the plausible bounds of the plan."""
     p, tol = rules.planned, rules.echo_tolerance
     if echoed.round_index != p.round_index:
-        raise Rejected(f"echoed dp.round-index = {echoed.round_index} answers another round than the "
+        raise Rejected(f"echoed {protocol.ROUND_INDEX} = {echoed.round_index} answers another round than the "
                        f"planned {p.round_index}")
     max_steps = math.floor(p.local_steps * tol * (1 + REL))
     if echoed.local_steps > max_steps:
-        raise Rejected(f"echoed dp.local-steps = {echoed.local_steps} exceeds the plan's {p.local_steps} "
+        raise Rejected(f"echoed {protocol.LOCAL_STEPS} = {echoed.local_steps} exceeds the plan's {p.local_steps} "
                        f"(at most {max_steps} with echo-tolerance = {tol:g})")
-    _within("dp.sigma", echoed.sigma, p.sigma, tol)
-    _within("dp.clip-norm", echoed.clip_norm, p.clip_norm, tol)
-    _within("dp.lr", echoed.lr, p.lr, tol)
+    _within(protocol.SIGMA, echoed.sigma, p.sigma, tol)
+    _within(protocol.CLIP_NORM, echoed.clip_norm, p.clip_norm, tol)
+    _within(protocol.LR, echoed.lr, p.lr, tol)
     if echoed.batch_size is not None and p.batch_size is not None:
         if echoed.batch_size > p.batch_size * tol * (1 + REL):  # per-batch: min(B, n) may be smaller
-            raise Rejected(f"echoed dp.batch-size = {echoed.batch_size} exceeds the plan's {p.batch_size}")
+            raise Rejected(f"echoed {protocol.BATCH_SIZE} = {echoed.batch_size} exceeds the plan's {p.batch_size}")
         if rules.per_sample:
-            _within("dp.batch-size", echoed.batch_size, p.batch_size, tol)
+            _within(protocol.BATCH_SIZE, echoed.batch_size, p.batch_size, tol)
     if rules.fedprox:
         if echoed.prox_alpha is None:
-            raise Rejected("a fedprox reply must echo dp.prox-alpha")
+            raise Rejected(f"a fedprox reply must echo {protocol.PROX_ALPHA}")
         if p.prox_alpha is not None:
-            _within("dp.prox-alpha", echoed.prox_alpha, p.prox_alpha, tol)
+            _within(protocol.PROX_ALPHA, echoed.prox_alpha, p.prox_alpha, tol)
         alpha = min(a for a in (echoed.prox_alpha, p.prox_alpha) if a is not None)
         etas = worst_step_sizes(echoed, rules)
         try:

@@ -1,0 +1,20 @@
+"""The ledger's format constants and event names, defined once (the writer writes them, the reader
+and every consumer (verify, watch, replay, resume, plot, Prometheus) read them through
+:mod:`fl_dp_flower.reporting.ledger.reader`)."""
+
+from __future__ import annotations
+
+SCHEMA = 2  # written by this version: hash-chained lines
+SCHEMAS = (1, 2)  # read: 1 = before the chain
+TORN_TAIL_EVENT = "torn-tail"
+ROUND_OPEN_EVENT = "round-open"
+ROUND_VOID_EVENT = "round-void"
+NOT_APPLIED_EVENT = "rounds-not-applied"
+FILE_MODE = 0o600  # ledger and run outputs: owner-only
+RESUME_EVENT = "resume"
+END_EVENT = "end"  # the run's last line when it finished
+FAILED_EVENT = "failed"  # the run's last line when the ServerApp raised
+CLOSING_EVENTS = (END_EVENT, FAILED_EVENT)
+BUDGET_STOP_EVENT = "budget-stop"
+NODE_EXCLUDED_EVENT = "node-excluded"
+UNFINISHED_ROUND_EVENT = "unfinished-round-accounted"

@@ -1,0 +1,198 @@
+"""The ledger writer (append-only, fsynced, hash-chained; the package docstring has the rules)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from fl_dp_flower.privacy.records import AccountantConfig, RoundRecord
+
+from ..durable import fsync_dir as _fsync_dir
+from ..durable import json_safe as _encode
+from .events import FILE_MODE, SCHEMA, TORN_TAIL_EVENT
+from .reader import decode as _decode
+from .reader import LedgerContents, line_hash, read_ledger
+
+def utc_now() -> str:
+    """Current UTC time as ISO 8601 (millisecond precision)."""
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+
+def _dumps(entry: dict[str, Any]) -> bytes:
+    return (json.dumps(_encode(entry), allow_nan=False, separators=(",", ":")) + "\n").encode()
+
+
+
+def _normalize(d: dict[str, Any]) -> dict[str, Any]:
+    """The value a dict has after a write/read round trip (tuples -> lists, etc.)."""
+    return _decode(json.loads(json.dumps(_encode(d), allow_nan=False)))
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return a == b
+
+
+
+
+class PrivacyLedger:
+    """Append-only writer. Use :meth:`create` for a new run and :meth:`resume` to continue."""
+
+    def __init__(self, path: Path, fd: int, header: dict[str, Any], rounds: list[dict[str, Any]],
+                 torn_tail: bool = False, head: str | None = None) -> None:
+        self.path = path
+        self._file = os.fdopen(fd, "ab", buffering=0)
+        self._lock = threading.Lock()
+        self.header = header
+        self.rounds = rounds
+        self.torn_tail = torn_tail
+        self.schema = header.get("schema", SCHEMA)
+        self.head = head  # line_hash of the last line written (the chain's head), None before the header
+
+    @property
+    def last_round(self) -> int | None:
+        """Round of the last round line, or None when no round was recorded yet."""
+        return self.rounds[-1]["round"] if self.rounds else None
+
+    @classmethod
+    def create(cls, path: str | os.PathLike[str], *, accountant_config: dict[str, Any],
+               app_config: dict[str, Any]) -> "PrivacyLedger":
+        """Create a new ledger and write (and fsync) its header. Refuses an existing file."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, FILE_MODE)
+        except FileExistsError:
+            raise FileExistsError(
+                f"privacy ledger {path} already exists; a ledger is never overwritten. "
+                "Set resume = true to continue that run, or choose another run-name."
+            ) from None
+        now = utc_now()
+        header = {"kind": "header", "schema": SCHEMA, "accountant_config": accountant_config,
+                  "app_config": app_config, "created": now, "time": now}
+        ledger = cls(path, fd, _normalize({**header, "prev": None}), [])
+        ledger._write(header)
+        _fsync_dir(path.parent)
+        return ledger
+
+    @staticmethod
+    def check_resumable(path: str | os.PathLike[str], *, accountant_config: dict[str, Any]) -> LedgerContents:
+        """Read a ledger to resume and check its accountant config; writes nothing.
+
+        Raises FileNotFoundError if the ledger does not exist and ValueError if it is corrupt
+        or the header's accountant config differs (the message lists the differing keys).
+        """
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"cannot resume: privacy ledger {path} does not exist")
+        contents = read_ledger(path)
+        stored = contents.header.get("accountant_config", {})
+        try:  # a field the header predates reads as the rule it was written under (colluders = 0)
+            stored = _normalize(AccountantConfig.from_dict(stored).to_dict())
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"cannot resume {path}: its header's accountant config is invalid: {err}") from None
+        given = _normalize(accountant_config)
+        diff = sorted(k for k in set(stored) | set(given) if not _same(stored.get(k), given.get(k)))
+        if diff:
+            detail = ", ".join(f"{k}: ledger {stored.get(k)!r} != now {given.get(k)!r}" for k in diff)
+            hint = (" (a ledger written before 'colluding-clients' existed was certified with c = 0: set "
+                    "colluding-clients = 0 to continue it under its own rule, or start a new run)"
+                    if "colluders" in diff else "")
+            if "assume_smooth_losses" in diff:
+                hint += (" (a ledger written before 'assume-smooth-losses' existed took L-smooth losses for "
+                         "granted: set assume-smooth-losses = true to continue it under its own rule, or start "
+                         "a new run)")
+            raise ValueError(
+                f"cannot resume {path}: accountant config differs in key(s) {diff} ({detail}){hint}"
+            )
+        return contents
+
+    @classmethod
+    def resume(cls, path: str | os.PathLike[str], *,
+               accountant_config: dict[str, Any]) -> "PrivacyLedger":
+        """Re-open an existing ledger for appending (checks as :meth:`check_resumable`).
+
+        After a torn tail a newline and a ``torn-tail`` event are appended (the fragment is
+        kept as it is). Callers that must refuse without writing call
+        :meth:`check_resumable` first.
+        """
+        path = Path(path)
+        contents = cls.check_resumable(path, accountant_config=accountant_config)
+        last_line = path.read_bytes().rstrip(b"\n").rsplit(b"\n", 1)[-1]
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        ledger = cls(path, fd, contents.header, list(contents.rounds), contents.torn_tail, line_hash(last_line))
+        if not contents.ends_with_newline:
+            ledger._write_raw(b"\n")  # the fragment becomes a line of its own; the chain runs through it
+            if contents.torn_tail:
+                ledger.append_event(TORN_TAIL_EVENT, {"line": contents.line_count, "kind": contents.torn_kind})
+        return ledger
+
+    def append_round(self, *, round: int, record: dict[str, Any], report: dict[str, Any],
+                     metrics: dict[str, Any]) -> None:
+        """Append one round line (fsynced). ``round`` must exceed :attr:`last_round`."""
+        if isinstance(round, bool) or not isinstance(round, int) or round < 1:
+            raise ValueError(f"round must be an integer >= 1, got {round!r}")
+        if self.last_round is not None and round <= self.last_round:
+            raise ValueError(
+                f"round {round} is not after the last recorded round {self.last_round} "
+                f"in {self.path} (the ledger is append-only, rounds strictly increasing)"
+            )
+        rec = RoundRecord.from_dict(record)  # the ledger must stay loadable
+        if rec.round != round:
+            raise ValueError(f"record is for round {rec.round}, not round {round}")
+        entry = {"kind": "round", "schema": self.schema, "round": round, "record": record,
+                 "report": report, "metrics": metrics, "time": utc_now()}
+        self._write(entry)
+        self.rounds.append(_normalize(entry))
+
+    def append_event(self, kind: str, data: dict[str, Any]) -> None:
+        """Append a non-round line, e.g. ``"budget-stop"``, ``"resume"``, ``"end"`` (fsynced)."""
+        if not isinstance(kind, str) or not kind:
+            raise ValueError(f"event kind must be a non-empty string, got {kind!r}")
+        self._write({"kind": "event", "schema": self.schema, "event": kind, "data": data,
+                     "time": utc_now()})
+
+    def _write(self, entry: dict[str, Any]) -> None:
+        with self._lock:
+            if self.schema >= 2:
+                entry = {**entry, "prev": self.head}
+            line = _dumps(entry)
+            self._write_locked(line)
+            self.head = line_hash(line)
+
+    @property
+    def head_line_hash(self) -> str | None:
+        """The chain's head: the hash a verifier must reach at the ledger's last line."""
+        return self.head
+
+    def _write_raw(self, line: bytes) -> None:
+        with self._lock:
+            self._write_locked(line)
+
+    def _write_locked(self, line: bytes) -> None:
+        """One whole line with one write loop, then flush + fsync (caller holds the lock)."""
+        if self._file.closed:
+            raise ValueError(f"privacy ledger {self.path} is closed")
+        view = memoryview(line)
+        while view:
+            view = view[self._file.write(view):]
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        """Close the file (every line is already durable)."""
+        with self._lock:
+            self._file.close()
+
+    def __enter__(self) -> "PrivacyLedger":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
