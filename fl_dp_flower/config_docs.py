@@ -1,6 +1,6 @@
 """docs/configuration.md, generated from :class:`~fl_dp_flower.config.AppConfig`'s field descriptions.
 
-``python -m fl_dp_flower.config_docs > docs/configuration.md`` rewrites it; tests/test_docs_configuration.py
+``python -m fl_dp_flower.config_docs > docs/configuration.md`` rewrites it; tests/project/test_docs_configuration.py
 checks that the committed page is current.
 """
 

@@ -3,7 +3,7 @@
 # and also when no test ran (pytest exit code 5).
 #
 # System packages are never installed unless asked: FL_DP_INSTALL_SYSTEM_PACKAGES=1 (as root, with
-# apt-get) installs Debian's prometheus package for tests/test_prometheus.py (promtool and a real
+# apt-get) installs Debian's prometheus package for tests/integration/test_prometheus.py (promtool and a real
 # Prometheus; without it those tests skip and say why). Its service is not started: a policy-rc.d
 # denies service starts during the install. .ci/run opts in.
 set -uo pipefail
@@ -23,7 +23,7 @@ if ! command -v promtool >/dev/null 2>&1; then
       || echo "test.sh: could not install prometheus (log: /tmp/fl-dp-flower-apt.log); its tests will skip"
     [ "$made_policy" = 1 ] && rm -f "$policy"
   else
-    echo "test.sh: promtool not found: tests/test_prometheus.py's Prometheus checks will skip." \
+    echo "test.sh: promtool not found: tests/integration/test_prometheus.py's Prometheus checks will skip." \
          "FL_DP_INSTALL_SYSTEM_PACKAGES=1 bash scripts/test.sh installs Debian's prometheus package (root)."
   fi
 fi

@@ -1,6 +1,6 @@
 """Run Flower 1.41's deployment engine (SuperLink + SuperNodes) as local processes on loopback.
 
-Used by tests/test_deployment.py. Stdlib only in the test process; the Flower executables come
+Used by tests/integration/test_deployment.py. Stdlib only in the test process; the Flower executables come
 from the interpreter's ``bin/`` (the project venv), which is also put first on ``PATH`` (the
 SuperLink/SuperNode spawn ``flower-superexec`` by name).
 

@@ -1,7 +1,7 @@
 """The run configs the README and docs/ tell a user to run, extracted from their code blocks.
 
-Used by tests/test_docs.py (every documented config validates and trains every round it asks
-for) and tests/test_deployment.py (the README's deployment run config drives a real run).
+Used by tests/project/test_docs.py (every documented config validates and trains every round it asks
+for) and tests/integration/test_deployment.py (the README's deployment run config drives a real run).
 """
 
 from __future__ import annotations

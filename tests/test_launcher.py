@@ -1,6 +1,6 @@
 """The launcher without Flower: resilient status calls (a stub ``flwr`` that sleeps or fails),
 resume refusals decided from the ledger at once, the final status line, the launcher's marker,
-and the private SuperLink's port check. Real-Flower runs are in tests/test_main_job.py."""
+and the private SuperLink's port check. Real-Flower runs are in tests/integration/test_main_job.py."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ leading axis and their gradients computed in one call (``torch.func.vmap`` of ``
 cohort, not once per client. Members draw their batches and their noise from their own
 generators, in the same order as the single-client code: with the same generators the result
 equals running ``local_update`` + ``add_gaussian_noise_`` once per member (to float tolerance;
-tests/test_cohort.py).
+tests/strategies/test_cohort.py).
 
 Device-agnostic: the stacked parameters live on the model's device, and each member's noise is
 drawn there from its own generator.

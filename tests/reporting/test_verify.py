@@ -206,7 +206,7 @@ def test_watch_follows_a_real_run_in_tmux_and_exits_on_ctrl_c(tmp_path):
         script = ("from pathlib import Path; "
                   "from fl_dp_flower.testing import run_local, tiny_config; "
                   f"run_local(tiny_config(Path({str(tmp_path)!r}), **{{'num-server-rounds': 8, 'target-epsilon': 1000.0}}))")
-        run = subprocess.Popen([sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[1],
+        run = subprocess.Popen([sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[2],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         seen: set[str] = set()
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from fl_dp_flower.config import AppConfig
 from fl_dp_flower.config_docs import configuration_markdown
 
-PAGE = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
 
 def test_every_run_config_key_has_a_description():

@@ -172,10 +172,6 @@ def test_final_model_run_publishes_no_per_round_model_outputs(tmp_path):
     final-model no round line of the ledger (hence no log line, Prometheus gauge, summary table or plot)
     carries an accuracy or loss; the released model is evaluated once, and the summary names what the
     final-model certificate assumes. The same run under all-rounds publishes per-round accuracy."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parent))
     from fl_dp_flower.testing import run_local, tiny_config
 
     final_cfg = tiny_config(tmp_path / "final", **{"threat-model": "final-model", "assume-smooth-losses": True, "colluding-clients": 0,

@@ -19,7 +19,7 @@ from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.reporting import read_ledger
 from fl_dp_flower.reporting.ledger import line_hash
 from fl_dp_flower.reporting.verify import verify_ledger
-from fl_dp_flower.strategies import noisy
+from fl_dp_flower.strategies import sampling
 from fl_dp_flower.strategies.screening import residual_threshold
 from fl_dp_flower.training.data import DEFAULT_DATA_SEED, load_partition
 
@@ -170,7 +170,7 @@ def test_upload_farther_than_clipping_and_noise_allow_is_rejected(tmp_path, capl
 def test_a_non_finite_global_model_fails_the_run_with_a_summary(tmp_path, monkeypatch):
     """Screening keeps every reply finite and bounded; should the aggregate still be non-finite,
     the round stays accounted, the model is not used, and the run fails (never 'completed')."""
-    real = noisy.average_arrays
+    real = sampling.average_arrays
     calls = []
 
     def overflowing(usable, weights, reference):
@@ -183,7 +183,7 @@ def test_a_non_finite_global_model_fails_the_run_with_a_summary(tmp_path, monkey
             out = ArrayRecord({k: Array(bad) if k == key else a for k, a in out.items()})
         return out
 
-    monkeypatch.setattr(noisy, "average_arrays", overflowing)
+    monkeypatch.setattr(sampling, "average_arrays", overflowing)
     cfg = tiny_config(tmp_path, **{"num-server-rounds": 4})
     with pytest.raises(RunFailed, match="round 2: the aggregated global model has non-finite values"):
         run_local(cfg)

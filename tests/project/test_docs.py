@@ -4,7 +4,7 @@ A documented command that stops before its first round, or that a budget cuts sh
 teach a user that the package does not work. Each config is merged with the pyproject defaults,
 validated by ``AppConfig`` and replayed through the accountant exactly as the strategy's budget
 rules would (all ``clients-per-round`` replies arriving). The README's deployment config also
-drives a real deployment run (tests/test_deployment.py).
+drives a real deployment run (tests/integration/test_deployment.py).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def test_a_budget_that_cuts_a_run_short_is_detected():
 
 
 def test_every_run_config_key_is_in_the_configuration_table():
-    """The table moved from the README to docs/configuration.md (generated; tests/test_docs_configuration.py)."""
+    """The table moved from the README to docs/configuration.md (generated; tests/project/test_docs_configuration.py)."""
     readme = (ROOT / "docs" / "configuration.md").read_text()
     documented = set(re.findall(r"^\| `([a-z-]+)`", readme, re.M))
     documented |= set(re.findall(r"^\| `[a-z-]+`, `([a-z-]+)`", readme, re.M))
@@ -73,7 +73,7 @@ def test_every_run_config_key_is_in_the_configuration_table():
 def test_every_math_reference_points_at_a_section_of_docs_math():
     headings = set(re.findall(r"^#{2,3} (\d+(?:\.\d+)?)\.? ", (ROOT / "docs" / "MATH.md").read_text(), re.M))
     cited: dict[str, list[str]] = {}
-    for path in [*ROOT.glob("fl_dp_flower/**/*.py"), *ROOT.glob("tests/*.py"), *ROOT.glob("bench/*.py"),
+    for path in [*ROOT.glob("fl_dp_flower/**/*.py"), *ROOT.glob("tests/**/*.py"), *ROOT.glob("bench/*.py"),
                  ROOT / "README.md", *ROOT.glob("docs/*.md")]:
         for ref in re.findall(r"MATH\.md §(\d+(?:\.\d+)?)", path.read_text()):
             cited.setdefault(ref, []).append(path.name)

@@ -32,7 +32,7 @@ from fl_dp_flower.launcher import processes_of, pyproject_run_config
 from fl_dp_flower.presets import PRESETS
 from fl_dp_flower.reporting import read_ledger
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ["bash", str(ROOT / "scripts" / "main-job.sh")]
 QUIET = 240.0
 

@@ -20,7 +20,7 @@ import fl_dp_flower
 from fl_dp_flower.privacy import AccountantConfig, PrivacyAccountant, RoundRecord
 from fl_dp_flower.reporting.verify import verify_ledger
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "digits"
 #: the reference app: it may use the documented sub-packages (docs/ARCHITECTURE.md), never a private name
 REFERENCE_APP = [ROOT / "client_app.py", ROOT / "server_app.py", *sorted((ROOT / "fl_dp_flower" / "apps").glob("*.py")),

@@ -73,7 +73,7 @@ def test_changing_sigma_spec_example():
 
 def test_replay_of_many_heterogeneous_rounds_equals_the_array_bounds():
     """docs/MATH.md §14.3's dropout example, replayed record by record through the accountant,
-    equals the array computation whose reference values tests/test_bounds.py pins."""
+    equals the array computation whose reference values tests/privacy/test_bounds.py pins."""
     import numpy as np
 
     from fl_dp_flower.privacy.bounds import composition_mu
@@ -92,7 +92,7 @@ def test_replay_of_many_heterogeneous_rounds_equals_the_array_bounds():
 
 def test_iterative_record_based_terms_spec_example():
     """docs/MATH.md §14.3's iterative example through the accountant equals the record-term bounds
-    (whose reference values tests/test_bounds.py pins)."""
+    (whose reference values tests/privacy/test_bounds.py pins)."""
     from fl_dp_flower.privacy.bounds import composition_mu
     from fl_dp_flower.privacy.final_model import final_model_mu
     from fl_dp_flower.privacy.terms import round_terms

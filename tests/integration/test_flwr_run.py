@@ -32,7 +32,7 @@ from fl_dp_flower.local_flower import stop_processes
 from fl_dp_flower.reporting import read_ledger
 from fl_dp_flower.strategies import nodes, noisy
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 QUIET = 240.0
 
 

@@ -3,7 +3,7 @@
 ``fl-dp-flower privacy --preset quick --run-config "..."`` is compared, round for round, with the
 ledger of the run the launcher would start with the same preset and overrides: the launcher's own
 ``make_plan`` resolves the run config, and the real ServerApp (``run_server``) runs it on the real
-ClientApp in process (tests/local_grid.py), with the run's accountant and budget rule.
+ClientApp in process (fl_dp_flower.testing), with the run's accountant and budget rule.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from deploy_harness import wait_until
 from fl_dp_flower.privacy import PrivacyAccountant
 from fl_dp_flower.testing import run_local, tiny_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "docker" / "prometheus"
 PROMTOOL, PROMETHEUS = shutil.which("promtool"), shutil.which("prometheus")
 needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (apt-get install prometheus)")

@@ -15,7 +15,7 @@ from torch import nn
 
 from fl_dp_flower.testing import LocalGrid, task_identity
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 
 

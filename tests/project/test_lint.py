@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: modules held to mypy --strict: the privacy layer and what `from fl_dp_flower import ...` exposes
 STRICT = ["fl_dp_flower/privacy/validate.py", "fl_dp_flower/privacy/schedules.py", "fl_dp_flower/privacy/records.py",
           "fl_dp_flower/privacy/gdp.py", "fl_dp_flower/privacy/accountant.py", "fl_dp_flower/__init__.py", "fl_dp_flower/settings.py", "fl_dp_flower/protocol.py",

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
 BIN = Path(sys.executable).parent
 COMPOSE_FILES = sorted(DOCKER.glob("compose*.yml"))

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FLOWER_SCRIPTS = ("flwr", "flower-superlink", "flower-superexec", "flower-supernode", "flwr-simulation",
                   "flwr-serverapp", "flwr-clientapp")
 
