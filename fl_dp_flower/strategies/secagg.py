@@ -71,11 +71,19 @@ class _Adapter:
 
 class SecAggGrid(Grid):
     """A Grid whose train rounds go through SecAgg+ (module docstring); ``rounds`` keeps each round's
-    :class:`SecureRound` (what the server learned), for the ledger and for tests."""
+    :class:`SecureRound` (what the server learned), for the ledger and for tests.
 
-    def __init__(self, inner: Grid, plan: QuantizationPlan, *, num_shares: int | float = 1.0,
+    ``min_contributors``: a round whose masked vectors came from fewer clients is abandoned before
+    unmasking (nothing is revealed, the strategy gets no reply); pass the strategy's ``min-replies``,
+    the count its budget check assumes for ``secure-aggregation`` (strategies/budget.py)."""
+
+    def __init__(self, inner: Grid, plan: QuantizationPlan, *, min_contributors: int, num_shares: int | float = 1.0,
                  reconstruction_threshold: int | float = 0.5) -> None:
+        if not (isinstance(min_contributors, int) and min_contributors >= 1):
+            raise ValueError(f"min_contributors must be an integer >= 1 (the strategy's min-replies), got "
+                             f"{min_contributors!r}")
         self._inner = inner
+        self._min_contributors = min_contributors
         self._plan = plan
         self._num_shares = num_shares
         self._threshold = reconstruction_threshold
@@ -130,8 +138,11 @@ class SecAggGrid(Grid):
             for nid in state.nid_to_fitins:
                 state.nid_to_fitins[nid] = RecordDict({"arrays": by_node[nid].content.array_records["arrays"],
                                                        "config": by_node[nid].content.config_records["config"]})
-        for stage in (workflow.share_keys_stage, workflow.collect_masked_vectors_stage, workflow.unmask_stage):
+        for stage in (workflow.share_keys_stage, workflow.collect_masked_vectors_stage):
             ok = ok and stage(self._inner, context, state)  # type: ignore[arg-type]
+        # never unmask a sum of fewer than min_contributors: the budget was checked for that many (budget.py)
+        ok = ok and len(state.active_node_ids) >= self._min_contributors
+        ok = ok and workflow.unmask_stage(self._inner, context, state)  # type: ignore[arg-type]
         secure = adapter.round
         self.rounds.append(secure)
         if not (ok and secure.completed):

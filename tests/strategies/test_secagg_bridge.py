@@ -45,7 +45,7 @@ class _DyingGrid(LocalGrid):
         return super().send_and_receive(messages, timeout=timeout)
 
 
-def _run(tmp_path, nodes: int, dies: dict[int, str]):
+def _run(tmp_path, nodes: int, dies: dict[int, str], min_contributors: int = 1):
     torch.set_num_threads(1)
     uploads: dict[int, dict[str, np.ndarray]] = {}
 
@@ -78,7 +78,8 @@ def _run(tmp_path, nodes: int, dies: dict[int, str]):
     values = sum(v.size for v in initial.values())
     plan = plan_quantization(sigma=config.sigma, clip_norm=config.clip_norm, step_sizes=[config.lr] * config.local_steps,
                              parameters=values, clients=nodes, clip_probability=1e-9)
-    grid = SecAggGrid(_DyingGrid(app, nodes, config.to_run_config(), dies=dies), plan)
+    grid = SecAggGrid(_DyingGrid(app, nodes, config.to_run_config(), dies=dies), plan,
+                      min_contributors=min_contributors)
     strategy.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()), num_rounds=1)
     ledger.close()
     return accountant, grid, seen, uploads, initial, plan
@@ -107,3 +108,9 @@ def test_the_strategy_sees_only_the_sum_and_the_ledger_lists_who_entered_it(tmp_
         np.testing.assert_allclose(got[0], w0 + average, atol=plan.step + 1e-5)
         for n in entered:  # never one client's upload: it differs from the average by its own noise
             assert np.max(np.abs(got[0] - uploads[n][key])) > 0.1
+
+
+def test_a_sum_of_fewer_than_min_contributors_is_never_unmasked(tmp_path):
+    accountant, grid, seen, uploads, _, _ = _run(tmp_path, 4, {4: "collect_masked_vectors"}, min_contributors=4)
+    assert len(uploads) == 3 and not grid.rounds[0].completed  # three masked vectors arrived, none unmasked
+    assert seen == [] and accountant.num_releases == 0
