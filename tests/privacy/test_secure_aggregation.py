@@ -11,6 +11,7 @@ mpmath (50 digits), not with the package's gdp module.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 import mpmath
@@ -163,3 +164,20 @@ def test_weighted_rounds_use_the_hidden_noise_of_the_largest_weight():
     gamma = 2.0 * V * LR * K
     worst = 0.4 * gamma / (SIGMA * math.sqrt(0.4**2 + 0.2**2 + 0.1**2))  # coalition: the 0.3 client
     assert acc.report().certified.mu == pytest.approx(worst, rel=1e-12)
+
+
+def test_the_command_line_prints_the_assumption_next_to_the_certified_number(capsys):
+    from fl_dp_flower.cli import main
+
+    argv = ["privacy", "--sigma", "1", "--clients-per-round", "50", "--threat-model", "secure-aggregation",
+            "--colluding-clients", "3"]
+    assert main([*argv, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["certified"]["bound"] == SECURE_AGGREGATION_BOUND
+    assert out["certified"]["mu"] == pytest.approx(out["bounds"]["composition"]["mu"], rel=1e-12)
+    assert out["certified"]["assumes"][-1] == secure_aggregation_assumption(3)
+    assert main(argv) == 0
+    text = " ".join(capsys.readouterr().out.split())  # the table wraps long lines
+    assert "certified (secure_aggregation, chosen by threat model secure-aggregation" in text
+    assert "assuming secure aggregation (SecAgg+): an honest-but-curious server" in text
+    assert "at most c = 3 colluding participants" in text
