@@ -5,6 +5,7 @@ when a node dies during the protocol."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import numpy as np
@@ -15,7 +16,7 @@ from flwr.client.mod import secaggplus_mod
 from flwr.clientapp import ClientApp
 
 from fl_dp_flower.apps.client import train as our_train
-from fl_dp_flower.apps.secagg_mod import secure_upload_mod
+from fl_dp_flower.apps.secagg_mod import CLIPPED_LOG, secure_upload_mod
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.privacy.secure_aggregation import SECURE_AGGREGATION_BOUND
 from fl_dp_flower.reporting import PrivacyLedger
@@ -45,7 +46,7 @@ class _DyingGrid(LocalGrid):
         return super().send_and_receive(messages, timeout=timeout)
 
 
-def _run(tmp_path, nodes: int, dies: dict[int, str], min_contributors: int = 1):
+def _run(tmp_path, nodes: int, dies: dict[int, str], min_contributors: int = 1, clip_range: float | None = None):
     torch.set_num_threads(1)
     uploads: dict[int, dict[str, np.ndarray]] = {}
 
@@ -78,6 +79,8 @@ def _run(tmp_path, nodes: int, dies: dict[int, str], min_contributors: int = 1):
     values = sum(v.size for v in initial.values())
     plan = plan_quantization(sigma=config.sigma, clip_norm=config.clip_norm, step_sizes=[config.lr] * config.local_steps,
                              parameters=values, clients=nodes, clip_probability=1e-9)
+    if clip_range is not None:
+        plan = dataclasses.replace(plan, clip_range=clip_range)
     grid = SecAggGrid(_DyingGrid(app, nodes, config.to_run_config(), dies=dies), plan,
                       min_contributors=min_contributors)
     strategy.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()), num_rounds=1)
@@ -114,3 +117,12 @@ def test_a_sum_of_fewer_than_min_contributors_is_never_unmasked(tmp_path):
     accountant, grid, seen, uploads, _, _ = _run(tmp_path, 4, {4: "collect_masked_vectors"}, min_contributors=4)
     assert len(uploads) == 3 and not grid.rounds[0].completed  # three masked vectors arrived, none unmasked
     assert seen == [] and accountant.num_releases == 0
+
+
+def test_values_outside_the_range_are_counted_on_the_client(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="fl_dp_flower.apps.secagg_mod")
+    _, _, _, uploads, initial, _ = _run(tmp_path, 3, {}, clip_range=0.6)
+    logged = sorted(r.args[0] for r in caplog.records if r.msg == CLIPPED_LOG)
+    expected = sorted(sum(int(np.count_nonzero(np.abs(u[k] - initial[k]) > 0.6)) for k in initial)
+                      for u in uploads.values())
+    assert logged == expected and all(n > 0 for n in expected)  # sigma 0.5: a good share lies beyond 0.6
