@@ -120,6 +120,7 @@ _ADVERSARY = {
     "final_model": "final model (L-smooth losses)",
     "local_dp": "every client upload",
     "sampled": "every global model; secret Poisson sample",
+    "secure_aggregation": "the secure sum of the uploads (SecAgg+)",
 }
 
 
@@ -127,6 +128,7 @@ _THREAT_RULE = {
     "all-rounds": "composition, amplified ('sampled') with Poisson client sampling (the adversary sees every global model)",
     "final-model": "the smallest certifiable final-model bound",
     "curious-server": "local_dp (the server sees every upload)",
+    "secure-aggregation": "secure_aggregation: composition against a server that sees only the secure sum (SecAgg+)",
 }
 
 

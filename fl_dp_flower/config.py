@@ -167,7 +167,7 @@ class AppConfig(BaseModel):
     delta: float = Field(1e-5, gt=0, lt=1)
     """delta of every reported epsilon and of the budget."""
     threat_model: ThreatModel = "all-rounds"
-    """Who sees what: "all-rounds" (every global model), "final-model" (only the last), "curious-server" (every upload)."""
+    """Who sees what: "all-rounds" (every global model), "final-model" (only the last), "curious-server" (every upload), "secure-aggregation" (only the secure sum: planning only for now)."""
     colluding_clients: int = Field(
         1, ge=0,
         description="c, the participating clients (virtual clients in cohort mode) that collude with the "

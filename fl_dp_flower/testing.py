@@ -8,7 +8,10 @@ simulation engine). Fault injection:
 - ``unavailable``: node ids for which the *SuperLink* answers (as for a node that went away):
   an ``Error`` whose source is the SuperLink (node 1), as Flower's linkstate makes it;
 - ``silent``: node ids that never answer (as if the round timed out);
-- ``node_config``: extra node-config entries per node id (e.g. ``{"min-sigma": 1.0}``).
+- ``node_config``: extra node-config entries per node id (e.g. ``{"min-sigma": 1.0}``);
+- ``copy_content``: every node gets its own copy of an instruction's content, as after a real
+  Grid's serialization (Flower's SecAgg+ client mod pops keys from the content it receives, and
+  its workflow sends one content object to every node).
 
 Like Flower's simulation engine run by ``scripts/main-job.sh`` with ``FL_DP_ALLOW_FIXED_SEED=1``,
 every node accepts fixed noise seeds (``allow-fixed-seed=true``) unless ``node_config`` says
@@ -23,7 +26,7 @@ import contextlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from flwr.app import Context, Error, Message, Metadata, RecordDict
+from flwr.app import ConfigRecord, Context, Error, Message, Metadata, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 from flwr.app.message.message import make_message
@@ -46,7 +49,9 @@ class LocalGrid(Grid):
         unavailable: Iterable[int] = (),
         first_node_id: int = 1,
         node_config: Mapping[int, Mapping[str, Any]] | None = None,
+        copy_content: bool = False,
     ) -> None:
+        self.copy_content = copy_content
         self._app = client_app
         self._node_ids = list(range(first_node_id, first_node_id + num_nodes))
         self.failing = set(failing)
@@ -101,9 +106,20 @@ class LocalGrid(Grid):
             elif nid in self.failing:
                 reply = Message(Error(code=1, reason=f"node {nid} failed (injected)"), reply_to=msg)
             else:
-                reply = self._app(msg, self._contexts[nid])
+                delivered = msg
+                if self.copy_content:
+                    delivered = Message(_copied(msg.content), nid, msg.metadata.message_type,
+                                        group_id=msg.metadata.group_id, ttl=msg.metadata.ttl)
+                    delivered.metadata.__dict__["_message_id"] = msg.metadata.message_id
+                reply = self._app(delivered, self._contexts[nid])
             replies.append(reply)
         return replies
+
+
+def _copied(content: RecordDict) -> RecordDict:
+    """A copy whose config records are new objects (array and metric records are shared, read-only)."""
+    return RecordDict({key: ConfigRecord(dict(rec)) if isinstance(rec, ConfigRecord) else rec
+                       for key, rec in content.items()})
 
 
 TINY_NODES = 3

@@ -12,7 +12,8 @@ from typing import Literal, get_args
 Algorithm = Literal["fedavg", "fedprox"]
 Schedule = Literal["constant", "cyclic", "stage", "iterative"]
 Clipping = Literal["per-batch", "per-sample"]
-ThreatModel = Literal["all-rounds", "final-model", "curious-server"]
+#: who sees what (docs/MATH.md §15, §20): every global model, only the last, every upload, only the secure sum
+ThreatModel = Literal["all-rounds", "final-model", "curious-server", "secure-aggregation"]
 #: every bound the accountant reports, in report order (docs/MATH.md §15)
 BoundName = Literal["paper", "composition", "final_model", "local_dp"]
 #: what a calibration can target: a bound, or whichever the threat model certifies

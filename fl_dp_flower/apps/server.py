@@ -60,7 +60,8 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Result
 
 from fl_dp_flower.apps.recovery import RunFailed, logged_failures, restore_exclusions, unfinished_round
-from fl_dp_flower.apps.threat import final_model_assumptions, node_assumptions, publishes_per_round_models
+from fl_dp_flower.apps.threat import (final_model_assumptions, node_assumptions, publishes_per_round_models,
+                                      require_runnable_threat_model)
 from fl_dp_flower.config import AppConfig, ConfigError
 from fl_dp_flower.preflight import chance_level_warning, log_preflight
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
@@ -228,6 +229,7 @@ def run_server(grid: Grid, config: AppConfig, *, fraction_evaluate: float = 0.0,
 def _run_server(grid: Grid, config: AppConfig, fraction_evaluate: float,
                 on_run_dir: Callable[[Path], None] | None) -> ServerOutcome:
     t0 = time.time()
+    require_runnable_threat_model(config)  # before any folder is made
     torch.set_num_threads(1)
     if config.seed >= 0:  # node sampling (random.sample) and model init become reproducible
         random.seed(config.seed)

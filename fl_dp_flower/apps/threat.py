@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from fl_dp_flower.config import AppConfig
+from fl_dp_flower.config import AppConfig, ConfigError
 from fl_dp_flower.privacy.bounds import smoothness_assumption
 from fl_dp_flower.reporting.console import FINAL_MODEL_ASSUMES
 
@@ -32,3 +32,18 @@ def node_assumptions(config: AppConfig) -> list[str]:
         f"an exact Gaussian sampler (noise-mode = {config.noise_mode!r}: truncated at "
         f"{'8.29' if config.noise_mode == 'secure' else '5.77'} sigma; docs/MATH.md §18)",
     ]
+
+
+def require_runnable_threat_model(config: AppConfig) -> None:
+    """Refuse a run whose threat model the run cannot deliver (ConfigError naming the key).
+
+    ``secure-aggregation`` certifies against a server that sees only the secure sum of the uploads
+    (docs/MATH.md §20). Runs do not mask their uploads yet (the SecAgg+ bridge of issue 20 is not
+    built), so the server would see every noisy upload and the certified number would not describe it;
+    the threat model is for planning and calibration (``fl-dp plan``, ``fl-dp calibrate``) until then.
+    """
+    if config.threat_model == "secure-aggregation":
+        raise ConfigError("'threat-model' = 'secure-aggregation': runs do not use secure aggregation yet, so the "
+                          "server would see every noisy upload and the secure-aggregation bound would not hold; "
+                          "use it to plan and calibrate only, and run with 'curious-server' to be certified against "
+                          "the server (docs/MATH.md §20)")

@@ -5,6 +5,7 @@ amortized O(1) per round:
 
 - ``composition``: sqrt(sum_t (gamma_t / s_t)^2)       -- every global model is visible
 - ``local_dp``:    sqrt(sum_t (Gamma_t / sigma_t)^2)  -- a curious server sees each upload
+- ``secure_aggregation``: composition's mu, only under that threat model (docs/MATH.md §20)
 - ``final_model``: online PAVA optimum (docs/MATH.md §14.3)    -- only the last model is released
 - ``paper``:       Theorem 3/4 closed form at the worst round's m and sigma (docs/MATH.md §5).
   Flagged ``sound=False`` for constant/cyclic FedAvg and FedProx (docs/MATH.md §7.3) and
@@ -31,6 +32,7 @@ from .closed_forms import paper_mu
 from .final_model import OnlineFinalModel
 from .records import BOUND_NAMES, AccountantConfig, RoundRecord
 from .sampled import SAMPLED_BOUND, SampledAccount
+from .secure_aggregation import amend_secure_aggregation
 from .schedules import step_sizes
 from .terms import RoundTerms, round_terms
 
@@ -280,6 +282,7 @@ class PrivacyAccountant:
                              assumes=assumes[name])
             for name in BOUND_NAMES
         }
+        amend_secure_aggregation(self._config.threat_model, self._config.colluders, bounds, assumes, ar_mus)
         ar_name = add_remove_certified(self._config.threat_model, ar_mus, assumes, asserted)
         add_remove = {"bound": ar_name, "mu": ar_mus[ar_name], "epsilon": gdp.epsilon(ar_mus[ar_name], d),
                       "relation": ADD_REMOVE_RELATION}

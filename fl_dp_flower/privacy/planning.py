@@ -36,6 +36,7 @@ from .bounds import (
 from .planned_bounds import planned_bounds
 from .records import BOUND_CHOICES, BOUND_NAMES, AccountantConfig, BoundChoice
 from .sampled import SAMPLED_BOUND, composed_epsilon, round_mu
+from .secure_aggregation import amend_secure_aggregation
 from .terms import drift_bound_allowed, round_terms
 from .validate import int_at_least
 
@@ -134,6 +135,7 @@ def plan(config: AccountantConfig, rounds: int) -> Plan:
     bounds = {name: BoundValue(mu=mus[name], epsilon=gdp.epsilon(mus[name], config.delta), sound=sound[name],
                                assumes=assumes[name]) for name in BOUND_NAMES}
     ar_mus = planned_bounds(config, rounds, add_remove=True)
+    amend_secure_aggregation(config.threat_model, config.colluders, bounds, assumes, ar_mus)
     ar_name = add_remove_certified(config.threat_model, ar_mus, assumes, config.assume_smooth_losses)
     add_remove = {"bound": ar_name, "mu": ar_mus[ar_name], "epsilon": gdp.epsilon(ar_mus[ar_name], config.delta)}
     return Plan(rounds=rounds, delta=config.delta, bounds=bounds, add_remove=add_remove,

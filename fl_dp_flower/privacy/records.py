@@ -118,8 +118,13 @@ def sampling_problems(threat_model: str, sampling_rate: float | None) -> list[st
     Amplification is certified only under the all-rounds threat model. The final-model bound is not
     analysed for the fixed-denominator aggregate of a random sample (its model-sensitivity factor
     does not hold there), so the final-model threat model is refused with sampling; the curious
-    server knows the sample and gets local DP without amplification.
+    server knows the sample and gets local DP without amplification; secure-aggregation is refused
+    too (the server draws the sample and could bias it, docs/MATH.md §20).
     """
+    if sampling_rate is not None and threat_model == "secure-aggregation":
+        return ["threat_model 'secure-aggregation' cannot be combined with sampling_rate (Poisson client sampling): "
+                "the server draws the sample and could bias it, so no amplification can be claimed against it; "
+                "use fixed-size sampling"]
     if sampling_rate is not None and threat_model == "final-model":
         return ["threat_model 'final-model' cannot be combined with sampling_rate (Poisson client sampling): "
                 "the final-model bound is not analysed for a sampled, fixed-denominator aggregate; use "
@@ -139,6 +144,8 @@ class AccountantConfig:
     - ``final-model``: only the final model is released -> min(composition, final_model,
       the paper's bound where it is sound).
     - ``curious-server``: the server sees each client's noisy upload -> local_dp.
+    - ``secure-aggregation``: the server sees only the secure sum of the uploads (SecAgg+) ->
+      secure_aggregation, composition's mu against the server (docs/MATH.md §20).
 
     ``assume_smooth_losses`` (default False) asserts that every (per-sample) loss is
     L-smooth with L = ``smoothness``; the bounds that rest on it certify only when set.

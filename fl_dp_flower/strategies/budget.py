@@ -21,6 +21,13 @@ the certified epsilon past the target. *When* a release happens depends on that 
   can end a curious-server run above the target: a client that ignores its instructions cannot
   be stopped by the server).
 
+- ``secure-aggregation``: the server sees the secure sum when it is unmasked (docs/MATH.md §20),
+  inside the round's ``send_and_receive`` and before the replies reach the strategy: discarding it
+  afterwards would release a round unaccounted. The check therefore runs before the broadcast with
+  the costliest sum the protocol can unmask, ``worst_clients`` contributors (the strategy passes
+  ``min-replies``; the SecAgg+ bridge never unmasks fewer, strategies/secagg.py) with uniform
+  weights, and :func:`check_replies` never discards a secure round.
+
 An under-quorum round (fewer than ``min-replies`` usable replies: no aggregate) is still
 accounted with the clients that replied, as not applied: it is charged to composition and local
 DP (where a round can only add), and left out of the final-model bound (its noise never reached
@@ -38,6 +45,9 @@ from fl_dp_flower.privacy.records import RoundRecord
 
 #: Threat models whose adversary sees each upload on arrival (budget checked before broadcast).
 UPLOAD_OBSERVING = ("curious-server",)
+#: Threat models whose adversary sees the secure sum when it is unmasked, before aggregation (checked
+#: before broadcast at the fewest contributors the protocol unmasks).
+SUM_OBSERVING = ("secure-aggregation",)
 
 
 class BudgetExhausted(FlDpError, PrivacyBudgetExhausted):
@@ -53,14 +63,20 @@ class BudgetExhausted(FlDpError, PrivacyBudgetExhausted):
         self.discarded_replies = discarded_replies
 
 
-def pre_broadcast_record(accountant: PrivacyAccountant) -> RoundRecord:
+def pre_broadcast_record(accountant: PrivacyAccountant, worst_clients: int | None = None) -> RoundRecord:
     """The next round as planned, with all ``clients`` uniformly weighted.
 
-    For ``curious-server`` this is exact (local DP does not depend on the aggregation); for the
-    other threat models it is the most private aggregation possible (a lower bound on the
-    round's cost), so exceeding with it means no set of replies can fit.
+    For ``curious-server`` this is exact (local DP does not depend on the aggregation); for
+    ``all-rounds`` and ``final-model`` it is the most private aggregation possible (a lower bound on
+    the round's cost), so exceeding with it means no set of replies can fit. For
+    ``secure-aggregation`` it is the costliest sum that can be unmasked: ``worst_clients``
+    contributors (1 when not given: local DP), an upper bound on the round's cost.
     """
-    return accountant.config.planned_round(accountant.num_releases + 1)
+    config = accountant.config
+    clients = None
+    if config.threat_model in SUM_OBSERVING:
+        clients = min(config.clients, max(1, worst_clients or 1))
+    return config.planned_round(accountant.num_releases + 1, clients)
 
 
 def _spent_text(accountant: PrivacyAccountant, budget: Budget) -> str:
@@ -69,12 +85,14 @@ def _spent_text(accountant: PrivacyAccountant, budget: Budget) -> str:
             f"bound {spent.bound}")
 
 
-def check_before_broadcast(accountant: PrivacyAccountant, budget: Budget) -> None:
-    """Raise :class:`BudgetExhausted` if the next round cannot fit whatever replies arrive."""
-    record = pre_broadcast_record(accountant)
+def check_before_broadcast(accountant: PrivacyAccountant, budget: Budget, worst_clients: int | None = None) -> None:
+    """Raise :class:`BudgetExhausted` if the next round cannot fit whatever replies arrive (for
+    ``secure-aggregation``: if the sum of ``worst_clients`` contributors would not fit)."""
+    record = pre_broadcast_record(accountant, worst_clients)
     if accountant.would_exceed(record, budget):
-        exact = accountant.config.threat_model in UPLOAD_OBSERVING
-        how = "" if exact else f" even with all {record.clients} clients replying"
+        threat = accountant.config.threat_model
+        how = (f" if only {record.clients} contributor(s) enter the secure sum" if threat in SUM_OBSERVING
+               else "" if threat in UPLOAD_OBSERVING else f" even with all {record.clients} clients replying")
         reason = (
             f"privacy budget: round {record.round} would exceed target epsilon {budget.epsilon:g} "
             f"at delta {budget.delta:g}{how} ({_spent_text(accountant, budget)}); "
@@ -87,9 +105,9 @@ def check_replies(accountant: PrivacyAccountant, budget: Budget, record: RoundRe
     """Raise :class:`BudgetExhausted` if accounting ``record`` (the replies that arrived) would
     exceed the budget; the caller then discards the round unaggregated and unaccounted.
 
-    Not used for upload-observing threat models (their rounds are spent on arrival).
+    Not used for upload- or sum-observing threat models (their rounds are spent on arrival).
     """
-    if accountant.config.threat_model in UPLOAD_OBSERVING:
+    if accountant.config.threat_model in UPLOAD_OBSERVING + SUM_OBSERVING:
         return
     if accountant.would_exceed(record, budget):
         reason = (

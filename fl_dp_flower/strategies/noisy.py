@@ -133,7 +133,7 @@ class NoisyStrategyMixin(NodeSampling):
     ) -> Iterable[Message]:
         """Budget check, then exactly ``clients-per-round`` train instructions."""
         if self.budget is not None:
-            check_before_broadcast(self.accountant, self.budget)
+            check_before_broadcast(self.accountant, self.budget, self.federation.min_replies)
         t = self.round_index
         slots, available = self._sample(grid, t)
         members = sorted(member_id(n, j, self.federation.clients_per_node) for n, js in slots.items() for j in js) \

@@ -1,0 +1,159 @@
+"""Server side of the SecAgg+ bridge (docs/ARCHITECTURE.md "Secure aggregation"; experimental).
+
+:class:`SecAggGrid` wraps the run's Grid. Train instructions (one ``send_and_receive`` per round,
+from the Message-API strategy) are not sent as they are: the four stage methods of Flower's
+``SecAggPlusWorkflow`` run over the inner Grid instead (setup, share keys, collect masked vectors
+carrying the strategy's own train content, unmask), with a small context whose ``strategy``
+hands the workflow our nodes (``configure_fit``) and takes the dequantized average back
+(``aggregate_fit``). The strategy then receives one reply per client whose masked vector entered
+the sum: its arrays are ``w_t + average update`` (the same for every reply, never one client's
+upload) and its metrics that client's echoes. Every other message passes through unchanged.
+
+The clients run ``ClientApp(mods=[secaggplus_mod, secure_upload_mod])`` (apps/secagg_mod.py), which
+upload their noisy update with weight 1, so the average is uniform over the contributors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app.message_type import MessageType
+from flwr.common import FitIns, Parameters, parameters_to_ndarrays
+from flwr.compat.common.recorddict_compat import arrayrecord_to_parameters
+from flwr.server.workflow import SecAggPlusWorkflow
+from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD
+from flwr.server.workflow.constant import Key as WorkflowKey
+from flwr.server.workflow.secure_aggregation.secaggplus_workflow import WorkflowState
+from flwr.serverapp import Grid
+
+from fl_dp_flower.training.quantize import QuantizationPlan
+
+__all__ = ["SecAggGrid", "SecureRound"]
+
+
+@dataclass
+class SecureRound:
+    """What one secure round revealed: who entered the sum, the average update, the echoes."""
+
+    contributors: list[int] = field(default_factory=list)
+    average: list[np.ndarray] = field(default_factory=list)
+    metrics: dict[int, dict[str, Any]] = field(default_factory=dict)
+    completed: bool = False
+
+
+class _Adapter:
+    """The legacy-strategy and client-manager surface the workflow's stage methods use."""
+
+    def __init__(self, messages: list[Message], parameters: Parameters) -> None:
+        self._nodes = [m.metadata.dst_node_id for m in messages]
+        self._parameters = parameters
+        self.round = SecureRound()
+
+    def configure_fit(self, server_round: int, parameters: Parameters, client_manager: Any) -> list[tuple[Any, FitIns]]:
+        return [(SimpleNamespace(node_id=nid), FitIns(self._parameters, {})) for nid in self._nodes]
+
+    def num_available(self) -> int:
+        return len(self._nodes)
+
+    def aggregate_fit(self, server_round: int, results: list[tuple[Any, Any]], failures: list[Any]) -> tuple[None, dict[str, Any]]:
+        self.round.contributors = sorted(proxy.node_id for proxy, _ in results)
+        self.round.metrics = {proxy.node_id: dict(res.metrics) for proxy, res in results}
+        if results:
+            self.round.average = parameters_to_ndarrays(results[0][1].parameters)
+        self.round.completed = True
+        return None, {}
+
+
+class SecAggGrid(Grid):
+    """A Grid whose train rounds go through SecAgg+ (module docstring); ``rounds`` keeps each round's
+    :class:`SecureRound` (what the server learned), for the ledger and for tests.
+
+    ``min_contributors``: a round whose masked vectors came from fewer clients is abandoned before
+    unmasking (nothing is revealed, the strategy gets no reply); pass the strategy's ``min-replies``,
+    the count its budget check assumes for ``secure-aggregation`` (strategies/budget.py)."""
+
+    def __init__(self, inner: Grid, plan: QuantizationPlan, *, min_contributors: int, num_shares: int | float = 1.0,
+                 reconstruction_threshold: int | float = 0.5) -> None:
+        if not (isinstance(min_contributors, int) and min_contributors >= 1):
+            raise ValueError(f"min_contributors must be an integer >= 1 (the strategy's min-replies), got "
+                             f"{min_contributors!r}")
+        self._inner = inner
+        self._min_contributors = min_contributors
+        self._plan = plan
+        self._num_shares = num_shares
+        self._threshold = reconstruction_threshold
+        self.rounds: list[SecureRound] = []
+
+    # ------------------------------------------------------------- passthrough
+    def set_run(self, run_id: Any) -> None:
+        self._inner.set_run(run_id)
+
+    @property
+    def run(self) -> Any:
+        return self._inner.run
+
+    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str,
+                       ttl: float | None = None) -> Message:
+        return self._inner.create_message(content, message_type, dst_node_id, group_id, ttl)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return self._inner.get_node_ids()
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        return self._inner.push_messages(messages)
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return self._inner.pull_messages(message_ids)
+
+    # ------------------------------------------------------------- secure rounds
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        msgs = list(messages)
+        if not msgs or any(m.metadata.message_type != MessageType.TRAIN for m in msgs):
+            return self._inner.send_and_receive(msgs, timeout=timeout)
+        return self._secure_round(msgs, timeout)
+
+    def _secure_round(self, msgs: list[Message], timeout: float | None) -> list[Message]:
+        arrays: ArrayRecord = msgs[0].content.array_records["arrays"]
+        keys = list(arrays.keys())
+        adapter = _Adapter(msgs, arrayrecord_to_parameters(arrays, keep_input=True))
+        stated = msgs[0].content.config_records["config"].get("server-round")
+        server_round = stated if isinstance(stated, int) else len(self.rounds) + 1
+        context = SimpleNamespace(
+            state=RecordDict({MAIN_CONFIGS_RECORD: ConfigRecord({WorkflowKey.CURRENT_ROUND: server_round}),
+                              MAIN_PARAMS_RECORD: arrays}),
+            strategy=adapter, client_manager=adapter, history=SimpleNamespace())
+        workflow = SecAggPlusWorkflow(self._num_shares, self._threshold, max_weight=1.0,
+                                      clipping_range=self._plan.clip_range,
+                                      quantization_range=self._plan.quantization_range,
+                                      modulus_range=self._plan.modulus_range, timeout=timeout)
+        state = WorkflowState()
+        by_node = {m.metadata.dst_node_id: m for m in msgs}
+        ok = workflow.setup_stage(self._inner, context, state)  # type: ignore[arg-type]
+        if ok:  # the collect stage carries the strategy's own train content (arrays + config)
+            for nid in state.nid_to_fitins:
+                state.nid_to_fitins[nid] = RecordDict({"arrays": by_node[nid].content.array_records["arrays"],
+                                                       "config": by_node[nid].content.config_records["config"]})
+        for stage in (workflow.share_keys_stage, workflow.collect_masked_vectors_stage):
+            ok = ok and stage(self._inner, context, state)  # type: ignore[arg-type]
+        # never unmask a sum of fewer than min_contributors: the budget was checked for that many (budget.py)
+        ok = ok and len(state.active_node_ids) >= self._min_contributors
+        ok = ok and workflow.unmask_stage(self._inner, context, state)  # type: ignore[arg-type]
+        secure = adapter.round
+        self.rounds.append(secure)
+        if not (ok and secure.completed):
+            return []  # the protocol halted: no sum was revealed, nothing to aggregate
+        model = ArrayRecord({k: Array(np.asarray(arrays[k].numpy() + secure.average[i], dtype=arrays[k].numpy().dtype))
+                             for i, k in enumerate(keys)})
+        replies = []
+        for nid in secure.contributors:
+            original = by_node[nid]
+            original.metadata.__dict__["_message_id"] = original.object_id  # as a Grid sets it on push
+            content = RecordDict({"arrays": model, "metrics": MetricRecord(secure.metrics[nid])})
+            replies.append(Message(content, reply_to=original))
+        return replies
+
