@@ -122,10 +122,10 @@ def _train_chunk(step: _Step, chunk: Sequence[Member], bsz: int) -> tuple[Params
     ys = torch.cat([m.y.to(device) for m in chunk])
     offsets, batches = 0, []
     for m in chunk:  # the same K draws, from the same stream, in the same order as local_update
-        gen, n = m.batch_generator, len(m.y)
-        draws = [torch.randperm(n, generator=gen, device=gen.device)[:bsz].to(device) for _ in step.etas]
+        gen, size = m.batch_generator, len(m.y)
+        draws = [torch.randperm(size, generator=gen, device=gen.device)[:bsz].to(device) for _ in step.etas]
         batches.append(torch.stack(draws) + offsets)
-        offsets += n
+        offsets += size
     index = torch.stack(batches)  # [c, K, B]: rows of xs
     clipped = nonfinite = 0
     for k, eta in enumerate(step.etas):
@@ -133,8 +133,8 @@ def _train_chunk(step: _Step, chunk: Sequence[Member], bsz: int) -> tuple[Params
         grads = step.gradients(params, xs[idx], ys[idx])
         lead = 2 if step.per_sample else 1  # (member, sample) or (member,)
         norm = torch.linalg.vector_norm(
-            torch.stack([torch.linalg.vector_norm(g.flatten(lead), dim=lead) for g in grads.values()]), dim=0)
-        fixed, norm, bad = zero_nonfinite(list(grads.values()), norm)  # NaN/Inf -> 0
+            torch.stack([torch.linalg.vector_norm(grads[n].flatten(lead), dim=lead) for n in params]), dim=0)
+        fixed, norm, bad = zero_nonfinite([grads[n] for n in params], norm)  # NaN/Inf -> 0
         factor = (step.clip_norm / norm.clamp_min(1e-30)).clamp(max=1.0)  # min(1, V / norm)
         clipped, nonfinite = clipped + int((norm > step.clip_norm).sum()), nonfinite + bad
         with torch.no_grad():
