@@ -10,7 +10,7 @@ second ``vmap`` over the batch), so a node pays Flower's message, process and mo
 once per cohort, not once per client. Members draw their batches and their noise from their own
 generators, in the same order as the single-client code: with the same generators the result
 equals running ``local_update`` + ``add_gaussian_noise_`` once per member (to float tolerance;
-tests/strategies/test_cohort.py, tests/training/test_cohort.py).
+tests/strategies/test_cohort.py, tests/training/test_cohort_trainer.py).
 
 Speed: members are trained in chunks (``member_chunk`` members at a time, all K steps of a chunk
 before the next), so each chunk's stacked parameters, activations and gradients stay small enough
