@@ -118,7 +118,7 @@ class AppConfig(BaseModel):
         "q in (0, 1]: the probability with which client-sampling \"poisson\" includes each client in a "
         "round; ignored with \"fixed\"."))
     clients_per_node: int = Field(1, ge=1)
-    """> 1: cohort mode, each SuperNode trains this many virtual clients at once (per-batch clipping, uniform weights; docs/cohorts.md)."""
+    """> 1: cohort mode, each SuperNode trains this many virtual clients at once (uniform weights; docs/cohorts.md)."""
     cohort_noise: CohortNoise = "summed"
     """Cohort mode: "summed" draws the noise of the members' sum at once (the same distribution); "per-member" one stream per member."""
     min_replies: int = Field(1, ge=1)
@@ -292,9 +292,6 @@ class AppConfig(BaseModel):
                 f"{self.clients_per_round}]"
             )
         if self.clients_per_node > 1:
-            if self.clipping != "per-batch":
-                problems.append(f"'clipping' = {self.clipping!r}: cohort mode ('clients-per-node' = "
-                                f"{self.clients_per_node}) supports only 'per-batch'")
             if self.weighting != "uniform":
                 problems.append(f"'weighting' = {self.weighting!r}: cohort mode ('clients-per-node' = "
                                 f"{self.clients_per_node}) needs 'uniform' (a node uploads its members' sum)")

@@ -119,8 +119,6 @@ def _train_cohort(msg: Message, context: Context, s: TrainSettings, config: AppC
     carries the sum of their noisy uploads (training.cohort). Noise: ``cohort-noise = "summed"``
     draws the sum's noise at once (the same distribution), ``"per-member"`` one stream per member."""
     nc = context.node_config
-    if s.clipping != "per-batch":
-        raise Refused("cohort mode supports per-batch clipping only")
     cpn = config.clients_per_node
     pid, parts = int(nc["partition-id"]), int(nc.get("num-partitions", config.num_partitions))
     device = _device()
@@ -136,6 +134,9 @@ def _train_cohort(msg: Message, context: Context, s: TrainSettings, config: AppC
         batch_gen.manual_seed(_derived_seed(s.seed, client, s.round_index, 1) if s.seed >= 0 else secrets.randbits(63))
         noise_seed = -1 if s.seed == -1 else _derived_seed(s.seed, client, s.round_index, 0)
         per_member = config.cohort_noise == "per-member"
+        if s.clipping == "per-sample" and s.batch_size > len(part.y_train):
+            raise Refused(f"{protocol.BATCH_SIZE}={s.batch_size} exceeds the {len(part.y_train)} local samples of "
+                          f"virtual client {client}; per-sample clipping would then use a smaller B than accounted")
         members.append(Member(part.x_train, part.y_train, batch_gen,
                               make_noise_source(config.noise_mode, device, noise_seed) if per_member else None))
     summed = None
@@ -145,8 +146,8 @@ def _train_cohort(msg: Message, context: Context, s: TrainSettings, config: AppC
     alpha = s.prox_alpha if s.algorithm == "fedprox" else 0.0
     started = time.perf_counter()
     result = cohort_update(model, members, step_sizes=etas, clip_norm=s.clip_norm, batch_size=s.batch_size,
-                           sigma=s.sigma, prox_alpha=alpha, summed_noise=summed)
-    log_nonfinite(result.nonfinite_gradients, "(member, step)")
+                           sigma=s.sigma, prox_alpha=alpha, clipping=s.clipping, summed_noise=summed)
+    log_nonfinite(result.nonfinite_gradients, "per-sample" if s.clipping == "per-sample" else "(member, step)")
     metrics = MetricRecord({
         "num-examples": sum(len(m.y) for m in members),
         **(shared_statistics(train_seconds=time.perf_counter() - started, clipped_fraction=result.clipped_fraction,

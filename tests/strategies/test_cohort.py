@@ -73,18 +73,19 @@ def _train(node_config: dict, run_config: dict, arrays: ArrayRecord, **dp) -> Me
     return client_app(Message(RecordDict({"arrays": arrays, "config": ConfigRecord(cfg)}), 7, MessageType.TRAIN), ctx)
 
 
-def test_cohort_reply_is_the_sum_of_single_client_replies():
+@pytest.mark.parametrize("clipping", ["per-batch", "per-sample"])
+def test_cohort_reply_is_the_sum_of_single_client_replies(clipping):
     """Node 1 of 3 with clients-per-node 4 trains slots [0, 2, 3] = partitions 4, 6, 7 of 12."""
     torch.manual_seed(1)
     arrays = ArrayRecord(LeNet5().state_dict())
     cohort = _train({"partition-id": 1, "num-partitions": 3}, {"clients-per-node": 4, "cohort-noise": "per-member"},
-                    arrays, **{"dp.members": [0, 2, 3]})
+                    arrays, **{"dp.members": [0, 2, 3], "dp.clipping": clipping})
     assert not cohort.has_error(), cohort.error
     m = cohort.content["metrics"]
     assert m["dp.members"] == [0, 2, 3] and "train-loss" not in m
     expected = None
     for client in (4, 6, 7):
-        single = _train({"partition-id": client, "num-partitions": 12}, {}, arrays)
+        single = _train({"partition-id": client, "num-partitions": 12}, {}, arrays, **{"dp.clipping": clipping})
         assert not single.has_error()
         got = {k: v.numpy() for k, v in single.content["arrays"].items()}
         expected = got if expected is None else {k: expected[k] + got[k] for k in got}
@@ -92,6 +93,10 @@ def test_cohort_reply_is_the_sum_of_single_client_replies():
         np.testing.assert_allclose(v.numpy(), expected[k], rtol=1e-5, atol=1e-5)
     bad = _train({"partition-id": 1, "num-partitions": 3}, {"clients-per-node": 4}, arrays, **{"dp.members": [4]})
     assert bad.has_error() and "dp.members" in bad.error.reason
+    if clipping == "per-sample":  # B above a member's data: refused, as for one client
+        big = _train({"partition-id": 1, "num-partitions": 3}, {"clients-per-node": 4}, arrays,
+                     **{"dp.members": [0], "dp.clipping": clipping, "dp.batch-size": 10_000})
+        assert big.has_error() and "dp.batch-size" in big.error.reason and "virtual client 4" in big.error.reason
 
 
 def _members(n: int) -> list[Member]:
@@ -151,3 +156,16 @@ def test_a_cohort_round_is_accounted_per_member(tmp_path):
     assert sum(len(m.content["config"]["dp.members"]) for m in sent[:len(sent) // 2]) == 8
     opened = [e["data"]["node_ids"] for e in ledger.events if e["event"] == "round-open"]
     assert opened == [sorted(r["record"]["node_ids"]) for r in ledger.rounds]
+
+
+def test_a_per_sample_cohort_round_runs_and_is_accounted(tmp_path):
+    """Per-sample clipping in cohort mode through the real apps: every member trains, the ledger
+    counts members and the round's report carries the per-sample clipping it was accounted under."""
+    cfg = tiny_config(tmp_path, **{"clients-per-node": 4, "clients-per-round": 6, "num-server-rounds": 1,
+                                   "num-partitions": 3, "clipping": "per-sample", "batch-size": 4})
+    out, _ = run_local(cfg)
+    ledger = read_ledger(out.run_dir / "ledger.jsonl")
+    (entry,) = ledger.rounds
+    assert entry["report"]["clients"] == 6 and len(set(entry["record"]["node_ids"])) == 6
+    assert entry["record"]["clipping"] == "per-sample" and entry["record"]["batch_size"] == 4
+    assert entry["report"]["bounds"]["composition"]["sound"]
