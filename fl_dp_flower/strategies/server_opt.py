@@ -26,7 +26,7 @@ of the (public) initial model, so under the all-rounds threat model (every relea
 public) and the curious-server one (every upload is seen) it is post-processing: the privacy
 report is the same with or without it (tests/strategies/test_server_opt.py checks it on the
 in-process grid). Under the final-model threat model it is refused: that bound is a property of
-the plain noisy-GD iterate (docs/MATH.md §14), which neither a momentum iterate nor an average is.
+the plain noisy-GD iterate (docs/MATH.md §2, §20), which neither a momentum iterate nor an average is.
 
 Only floating-point arrays are optimized and averaged; any other array (e.g. an integer counter)
 follows the aggregate. Buffers are float64; the released arrays keep the model's dtypes.
