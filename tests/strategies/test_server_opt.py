@@ -50,12 +50,14 @@ def _final(out) -> dict[str, torch.Tensor]:
 
 
 # ------------------------------------------------------------------ privacy report unchanged
-@pytest.mark.parametrize("extra", [
-    {"server-optimizer": "momentum", "server-lr": 0.5, "release-average": "ema", "release-ema-decay": 0.5},
-    {"server-optimizer": "adam", "server-lr": 0.01, "release-average": "tail"},
+@pytest.mark.parametrize("base, extra", [
+    ({}, {"server-optimizer": "momentum", "server-lr": 0.5, "release-average": "ema", "release-ema-decay": 0.5}),
+    ({}, {"server-optimizer": "adam", "server-lr": 0.01, "release-average": "tail"}),
+    ({"threat-model": "curious-server"}, {"server-optimizer": "momentum", "release-average": "ema"}),
+    ({"client-sampling": "poisson", "sampling-rate": 0.7}, {"server-optimizer": "momentum", "release-average": "tail"}),
 ])
-def test_privacy_report_identical_with_and_without_post_processing(tmp_path, extra):
-    base = {"num-server-rounds": 3}
+def test_privacy_report_identical_with_and_without_post_processing(tmp_path, base, extra):
+    base = {"num-server-rounds": 3, **base}
     plain, _ = run_local(tiny_config(tmp_path, **base, **{"run-name": "plain"}))
     post, _ = run_local(tiny_config(tmp_path, **base, **extra, **{"run-name": "post"}))
     assert _privacy(post) == _privacy(plain)  # every ledger line's privacy fields
