@@ -83,6 +83,48 @@ def test_ema_release_leaves_the_training_trajectory_alone(tmp_path):
     assert ema.summary["final_accuracy"] == ema.result.evaluate_metrics_serverapp[3]["accuracy"]
 
 
+def test_library_use_with_a_users_model_and_a_budget_stop():
+    """NoisyFedAvg with FederationSettings' post-processing fields on any model: the Result and the
+    strategy's saved model are the released average; the accountant's spend is the plain run's."""
+    from flwr.clientapp import ClientApp
+    from torch import nn
+
+    from fl_dp_flower import Budget, dp_train
+    from fl_dp_flower.testing import LocalGrid, task_identity
+
+    def net() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(4, 3))
+
+    def data(context):
+        g = torch.Generator().manual_seed(int(context.node_config["partition-id"]))
+        x = torch.randn(20, 4, generator=g)
+        return x, (x[:, 0] > 0).long()
+
+    settings = DPSettings(sigma=0.3, clip_norm=1.0, local_steps=2, batch_size=8, lr=0.1, seed=1)
+    config = settings.accountant_config(clients=3)
+    budget = Budget(PrivacyAccountant.from_records(config, [config.planned_round(t) for t in (1, 2)])
+                    .report().certified.epsilon * 1.0001, 1e-5)
+    results = {}
+    for name, extra in (("plain", {}), ("post", {"server_optimizer": "momentum", "release_average": "ema"})):
+        acct = PrivacyAccountant(config)
+        strategy = NoisyFedAvg(settings, acct, federation=FederationSettings(clients_per_round=3, seed=1, **extra),
+                               budget=budget)
+        app = ClientApp()
+        app.train()(dp_train(net, data))
+        with task_identity():
+            result = strategy.start(grid=LocalGrid(app, 3), initial_arrays=ArrayRecord(net().state_dict()))
+        assert acct.num_releases == 2 and strategy.stop_reason is not None
+        results[name] = (strategy.privacy_spent(), result.arrays.to_torch_state_dict(), strategy)
+    assert results["post"][0] == results["plain"][0]
+    post = results["post"][2]
+    assert post.server_update.steps == 2
+    released = post.global_arrays.to_torch_state_dict()
+    assert all(torch.equal(released[k], v) for k, v in results["post"][1].items())
+    iterate = post.server_update.iterate.to_torch_state_dict()
+    assert any(not torch.equal(released[k], iterate[k]) for k in released)  # the average, not the iterate
+
+
 # ------------------------------------------------------------------ hand computations
 def test_momentum_equals_a_hand_computation():
     upd = ServerUpdate(FederationSettings(server_optimizer="momentum", server_lr=0.5, server_momentum=0.9),
