@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from fl_dp_flower.errors import FlDpError
 from . import config_messages
 from .config_messages import AUTO_SIGMA, dash as _dash
+from .config_server import ServerUpdateConfig
 from . import protocol
 from .privacy.accountant import Budget
 from .privacy.records import SMOOTHNESS_FIELDS, AccountantConfig, colluder_problems, sampling_problems, smoothness_problems
@@ -56,8 +57,9 @@ class ConfigError(FlDpError, ValueError):
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
-class AppConfig(BaseModel):
-    """Every key of ``[tool.flwr.app.config]``; defaults equal the pyproject values."""
+class AppConfig(ServerUpdateConfig, BaseModel):
+    """Every key of ``[tool.flwr.app.config]``; defaults equal the pyproject values (the server's
+    post-processing keys come from :class:`~fl_dp_flower.config_server.ServerUpdateConfig`)."""
 
     model_config = ConfigDict(
         frozen=True,
@@ -160,6 +162,8 @@ class AppConfig(BaseModel):
     """Partitions when the node config does not say."""
     test_fraction: float = Field(0.2, gt=0, lt=1)
     """Held-out fraction of the embedded dataset (central evaluation)."""
+    validation_fraction: float = Field(0.0, ge=0, lt=1)
+    """Share of the training images set aside before partitioning (no client trains on them) for the server's 'val-accuracy' / 'val-loss': tune on those, report 'accuracy' (test); 0 = none."""
     # --- privacy budget and reporting
     target_epsilon: float = Field(0.0, ge=0, description=(
         "0 = no budget; otherwise the run stops before a round would push the certified epsilon past it "
@@ -335,7 +339,8 @@ class AppConfig(BaseModel):
             clients_per_round=self.clients_per_round, min_replies=self.min_replies,
             clients_per_node=self.clients_per_node, num_server_rounds=self.num_server_rounds,
             round_timeout=self.round_timeout, weighting=self.weighting, max_node_refusals=self.max_node_refusals,
-            seed=self.seed, client_sampling=self.client_sampling, sampling_rate=self.sampling_rate)
+            seed=self.seed, client_sampling=self.client_sampling, sampling_rate=self.sampling_rate,
+            **self.server_update_settings())
 
     def budget(self) -> Budget | None:
         """The (target-epsilon, delta) budget, or None when ``target-epsilon`` is 0."""

@@ -21,7 +21,8 @@ Every knob is a run-config key in `[tool.flwr.app.config]` of `pyproject.toml`, 
 `flwr run . --run-config "key=value ..."` (strings in single quotes) or `fl-dp-flower run key=value ...`.
 From your own code, the same settings are `DPSettings` (sigma, clip-norm, local-steps, batch-size, lr,
 schedule, clipping, algorithm, prox-alpha, seed) and `FederationSettings` (clients-per-round, min-replies,
-clients-per-node, num-server-rounds, round-timeout, weighting, max-node-refusals); `AppConfig.dp_settings()`
+clients-per-node, num-server-rounds, round-timeout, weighting, max-node-refusals, client-sampling,
+sampling-rate, and the server post-processing keys server-optimizer ... release-tail-fraction); `AppConfig.dp_settings()`
 and `AppConfig.federation_settings()` build them from a run config.
 
 | key | default | allowed | meaning |

@@ -15,8 +15,9 @@ from typing import Any
 
 from .privacy.records import AccountantConfig
 from .privacy.validate import choice, int_at_least, nonnegative, positive
-from .vocabulary import (ALGORITHMS, CLIENT_SAMPLINGS, CLIPPING_MODES, SCHEDULES, THREAT_MODELS, WEIGHTINGS, Algorithm,
-                         ClientSampling, Clipping, Schedule, ThreatModel, Weighting)
+from .vocabulary import (ALGORITHMS, CLIENT_SAMPLINGS, CLIPPING_MODES, RELEASE_AVERAGES, SCHEDULES, SERVER_OPTIMIZERS,
+                         THREAT_MODELS, WEIGHTINGS, Algorithm, ClientSampling, Clipping, ReleaseAverage, Schedule,
+                         ServerOptimizer, ThreatModel, Weighting)
 
 __all__ = ["DPSettings", "FederationSettings"]
 
@@ -109,6 +110,18 @@ class FederationSettings:
     eligible client independently with probability sampling_rate q; clients_per_round is then the
     population N the server waits for, the aggregate divides by q N_t, and the plan assumes
     floor(q N) contributions per round: docs/MATH.md §19).
+
+    Server-side post-processing of the noisy aggregate (free under the all-rounds and
+    curious-server threat models, refused under final-model; strategies/server_opt.py):
+    server_optimizer: "none" (the next model is the aggregate), "momentum" (heavy ball on the
+    pseudo-gradient w_t - aggregate, as Flower's FedAvgM) or "adam" (as Flower's FedAdam);
+    server_lr: its step size (> 0); server_momentum: momentum beta, Adam's beta_1 (in [0, 1));
+    server_adam_beta2, server_adam_eps: Adam's beta_2 (in [0, 1)) and tau (> 0).
+    release_average: the released model (evaluation, final model) is the server's iterate ("none"),
+    its bias-corrected exponential moving average with decay release_ema_decay (in (0, 1)), or
+    ("tail") the running mean of the iterates of the last ceil(release_tail_fraction * num_server_rounds)
+    planned rounds (fraction in (0, 1]; before they begin, the iterate). Clients always train from
+    the iterate.
     """
 
     clients_per_round: int = 10
@@ -121,6 +134,14 @@ class FederationSettings:
     seed: int = -1
     client_sampling: ClientSampling = "fixed"
     sampling_rate: float = 1.0
+    server_optimizer: ServerOptimizer = "none"
+    server_lr: float = 1.0
+    server_momentum: float = 0.9
+    server_adam_beta2: float = 0.99
+    server_adam_eps: float = 1e-3
+    release_average: ReleaseAverage = "none"
+    release_ema_decay: float = 0.9
+    release_tail_fraction: float = 0.5
 
     def __post_init__(self) -> None:
         int_at_least("clients_per_round", self.clients_per_round, 1)
@@ -139,6 +160,25 @@ class FederationSettings:
             raise ValueError(f"sampling_rate must be in (0, 1], got {self.sampling_rate!r}")
         if self.poisson and self.weighting != "uniform":
             raise ValueError("client_sampling 'poisson' needs weighting 'uniform' (the aggregate divides by q N)")
+        self._check_post_processing()
+
+    def _check_post_processing(self) -> None:
+        choice("server_optimizer", self.server_optimizer, SERVER_OPTIMIZERS)
+        positive("server_lr", self.server_lr)
+        for name in ("server_momentum", "server_adam_beta2"):
+            if not nonnegative(name, getattr(self, name)) < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)!r}")
+        positive("server_adam_eps", self.server_adam_eps)
+        choice("release_average", self.release_average, RELEASE_AVERAGES)
+        if not positive("release_ema_decay", self.release_ema_decay) < 1.0:
+            raise ValueError(f"release_ema_decay must be in (0, 1), got {self.release_ema_decay!r}")
+        if not positive("release_tail_fraction", self.release_tail_fraction) <= 1.0:
+            raise ValueError(f"release_tail_fraction must be in (0, 1], got {self.release_tail_fraction!r}")
+
+    @property
+    def post_processing(self) -> bool:
+        """A server optimizer or an averaged release is configured."""
+        return self.server_optimizer != "none" or self.release_average != "none"
 
     @property
     def poisson(self) -> bool:

@@ -28,6 +28,10 @@ UnfinishedRoundPolicy = Literal["refuse", "account"]
 CohortNoise = Literal["summed", "per-member"]
 #: the client's Gaussian sampler: torch.randn (float32, MT19937) or OS-entropy bytes -> float64 (secure)
 NoiseMode = Literal["standard", "secure"]
+#: the server's update from the noisy aggregate (post-processing): the aggregate itself, heavy-ball momentum, Adam
+ServerOptimizer = Literal["none", "momentum", "adam"]
+#: the released model: the server's iterate, its bias-corrected exponential moving average, or a tail average
+ReleaseAverage = Literal["none", "ema", "tail"]
 
 ALGORITHMS: tuple[str, ...] = get_args(Algorithm)
 SCHEDULES: tuple[str, ...] = get_args(Schedule)
@@ -37,3 +41,5 @@ BOUND_NAMES: tuple[str, ...] = get_args(BoundName)
 BOUND_CHOICES: tuple[str, ...] = get_args(BoundChoice)
 WEIGHTINGS: tuple[str, ...] = get_args(Weighting)
 CLIENT_SAMPLINGS: tuple[str, ...] = get_args(ClientSampling)
+SERVER_OPTIMIZERS: tuple[str, ...] = get_args(ServerOptimizer)
+RELEASE_AVERAGES: tuple[str, ...] = get_args(ReleaseAverage)

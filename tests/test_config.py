@@ -91,6 +91,15 @@ BAD = [
     ("metrics-host", "", "a non-empty string"),
     ("client-sampling", "bernoulli", "one of 'fixed', 'poisson'"),
     ("sampling-rate", 0.0, "a finite number > 0 and <= 1"),
+    ("server-optimizer", "sgd", "one of 'none', 'momentum', 'adam'"),
+    ("server-lr", 0.0, "a finite number > 0"),
+    ("server-momentum", 1.0, "a finite number >= 0 and < 1"),
+    ("server-adam-beta2", -0.5, "a finite number >= 0 and < 1"),
+    ("server-adam-eps", 0.0, "a finite number > 0"),
+    ("release-average", "swa", "one of 'none', 'ema', 'tail'"),
+    ("release-ema-decay", 1.0, "a finite number > 0 and < 1"),
+    ("release-tail-fraction", 0.0, "a finite number > 0 and <= 1"),
+    ("validation-fraction", 1.0, "a finite number >= 0 and < 1"),
 ]
 ANY_STRING = {"data-dir", "metrics-certfile", "metrics-keyfile", "metrics-auth-file"}
 

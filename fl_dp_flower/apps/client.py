@@ -85,7 +85,7 @@ def _partition(context: Context, config: AppConfig) -> Partition:
     return load_partition(
         config.dataset, str(nc.get("data-dir", config.data_dir)), int(nc["partition-id"]),
         int(nc.get("num-partitions", config.num_partitions)), config.partitioning, config.dirichlet_alpha,
-        DEFAULT_DATA_SEED, config.test_fraction,
+        DEFAULT_DATA_SEED, config.test_fraction, config.validation_fraction,
     )
 
 
@@ -129,7 +129,8 @@ def _train_cohort(msg: Message, context: Context, s: TrainSettings, config: AppC
     for j in slots:
         client = pid * cpn + j  # this virtual client's partition of parts * cpn
         part = load_partition(config.dataset, str(nc.get("data-dir", config.data_dir)), client, parts * cpn,
-                              config.partitioning, config.dirichlet_alpha, DEFAULT_DATA_SEED, config.test_fraction)
+                              config.partitioning, config.dirichlet_alpha, DEFAULT_DATA_SEED, config.test_fraction,
+                              config.validation_fraction)
         batch_gen = torch.Generator(device="cpu")
         batch_gen.manual_seed(_derived_seed(s.seed, client, s.round_index, 1) if s.seed >= 0 else secrets.randbits(63))
         noise_seed = -1 if s.seed == -1 else _derived_seed(s.seed, client, s.round_index, 0)

@@ -74,7 +74,7 @@ from fl_dp_flower.reporting.replay import round_records
 from fl_dp_flower.reporting.logfilter import FlowerDumps
 from fl_dp_flower.reporting.rounds import RoundSink
 from fl_dp_flower.strategies import ModelNotFinite, NoisyStrategyMixin, NotEnoughNodes, make_strategy
-from fl_dp_flower.training.data import DEFAULT_DATA_SEED, load_dataset
+from fl_dp_flower.training.data import DEFAULT_DATA_SEED, load_dataset, load_validation
 from fl_dp_flower.training.local_update import evaluate_model
 from fl_dp_flower.training.models import build_model
 
@@ -121,12 +121,18 @@ def make_evaluate_fn(config: AppConfig):
     """Central evaluation of the global model on the dataset's test split."""
     _, test = load_dataset(config.dataset, config.data_dir, config.test_fraction, DEFAULT_DATA_SEED)
     x, y = test.tensors
+    val = load_validation(config.dataset, config.data_dir, config.test_fraction, DEFAULT_DATA_SEED,
+                          config.validation_fraction).tensors if config.validation_fraction > 0 else None
     model = build_model(config.dataset)
 
     def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         model.load_state_dict(arrays.to_torch_state_dict())
         loss, acc = evaluate_model(model, x, y)
-        return MetricRecord({"accuracy": float(acc), "loss": float(loss)})
+        metrics = {"accuracy": float(acc), "loss": float(loss)}  # test (held-out) accuracy
+        if val is not None:  # the split to tune on (validation-fraction)
+            val_loss, val_acc = evaluate_model(model, *val)
+            metrics.update({"val-accuracy": float(val_acc), "val-loss": float(val_loss)})
+        return MetricRecord(metrics)
 
     return evaluate_fn
 
@@ -255,8 +261,9 @@ def _run_server(grid: Grid, config: AppConfig, fraction_evaluate: float,
             exporter = _start_exporter(config)
         if arrays is None:
             arrays = ArrayRecord(build_model(config.dataset).state_dict())
-        sink = RoundSink(ledger, lambda round_, saved: atomic_torch_save(
-                             {"round": round_, "state_dict": saved.to_torch_state_dict()}, run_dir / CHECKPOINT),
+        sink = RoundSink(ledger, lambda round_, saved: atomic_torch_save(  # the released model, the server's state
+                             {"round": round_, "state_dict": saved.to_torch_state_dict(),
+                              "server_update": strategy.server_update.state()}, run_dir / CHECKPOINT),
                          log, exporter, config.budget_epsilon)
         per_round_eval = publishes_per_round_models(config)
         if not per_round_eval:  # docs/MATH.md §15
@@ -265,6 +272,9 @@ def _run_server(grid: Grid, config: AppConfig, fraction_evaluate: float,
                                  fraction_evaluate=fraction_evaluate if per_round_eval else 0.0)
         if config.resume:
             restore_exclusions(strategy, read_ledger(run_dir / LEDGER).events)
+            if (run_dir / CHECKPOINT).exists():  # the server optimizer and average (server_opt.py)
+                strategy.server_update.restore(torch.load(run_dir / CHECKPOINT, map_location="cpu",
+                                                          weights_only=True).get("server_update", {}))
         remaining = max(config.num_server_rounds - accountant.num_releases, 0)
         log.info("%s: %d rounds to run (%d already accounted)", type(strategy).__name__, remaining,
                  accountant.num_releases)
@@ -341,6 +351,7 @@ def _finish(config: AppConfig, run_dir: Path, ledger: PrivacyLedger, accountant:
         "threat_model_assumes": final_model_assumptions(config) if config.threat_model == "final-model" else [],
         "final_accuracy": last_metrics.get("accuracy"),
         "final_loss": last_metrics.get("loss"),
+        "final_val_accuracy": last_metrics.get("val-accuracy"),  # validation-fraction > 0
         "warnings": [w for w in [chance_level_warning(config, last_metrics.get("accuracy"))] if w],  # near chance
         "echo_mismatches": strategy.echo_mismatches,
         "node_assumptions": node_assumptions(config),

@@ -1,29 +1,28 @@
 """Noisy-FedAvg / Noisy-FedProx on ``flwr.serverapp.strategy`` with a per-round accountant.
 
-Per round (``Strategy.start`` drives it; docs/ARCHITECTURE.md has the data flow):
-``configure_train`` (budget pre-check, sampling, the ``dp.*`` instruction), ``aggregate_train``
-(screening: :mod:`.replies`, :mod:`.screening`, :mod:`.guard`; the record of what arrived; the
-exact budget check; ``accountant.step``; aggregation), then, before any client-evaluation
-broadcast, central evaluation and the sinks (``on_round``; events go to their ``on_event``).
+Per round (``Strategy.start`` drives it; docs/ARCHITECTURE.md has the data flow): ``configure_train`` (budget
+pre-check, sampling, the ``dp.*`` instruction), ``aggregate_train`` (screening: :mod:`.replies`,
+:mod:`.screening`, :mod:`.guard`; the record of what arrived; the exact budget check; ``accountant.step``;
+aggregation), then, before any client-evaluation broadcast, central evaluation and the sinks (``on_round``;
+events go to their ``on_event``).
 
-Library use: ``NoisyFedAvg(DPSettings(...), accountant, federation=..., budget=..., sinks=[...])``
-with any initial ``ArrayRecord``; the accountant's plan must match the settings (checked, naming the
-field). The reference app builds the same objects from its run config (:func:`make_strategy`).
+Library use: ``NoisyFedAvg(DPSettings(...), accountant, federation=..., budget=..., sinks=[...])`` with any
+initial ``ArrayRecord``; the accountant's plan must match the settings (checked, naming the field). The
+reference app builds the same objects from its run config (:func:`make_strategy`).
 
-Round numbering: the schedule index t (``dp.round-index``, 0-based) is the number of rounds
-accounted so far, so after a resume it continues from the ledger; the record's ``round`` is
-t + 1. A round in which no usable reply arrived releases nothing and is not accounted; it
-does not advance t (the next round retries the same schedule position).
+Round numbering: the schedule index t (``dp.round-index``, 0-based) is the number of rounds accounted so far, so
+after a resume it continues from the ledger; the record's ``round`` is t + 1. A round in which no usable reply
+arrived releases nothing and is not accounted; it does not advance t (the next round retries the same schedule
+position).
 
-Under-quorum rounds (1 <= usable replies < ``min-replies``): the uploads were seen by the
-server, so the round is accounted with the clients that replied (composition and local DP can
-only grow), but the global model is not updated: the record says ``applied = False`` and the
-final-model bound leaves the round out (adding a noisy round would lower it although its noise
-never reached the released model, docs/MATH.md §14.3a).
+Under-quorum rounds (1 <= usable replies < ``min-replies``): the uploads were seen by the server, so the round
+is accounted with the clients that replied (composition and local DP can only grow), but the global model is not
+updated: the record says ``applied = False`` and the final-model bound leaves the round out (adding a noisy
+round would lower it although its noise never reached the released model, docs/MATH.md §14.3a).
 
-A non-finite aggregate (which screening makes impossible short of a bug) is not used: the round
-stays accounted and recorded, then :class:`ModelNotFinite` fails the run. Sampling and refusing nodes: :mod:`.sampling`.
-"""
+A non-finite aggregate (which screening makes impossible short of a bug) is not used: the round stays accounted
+and recorded, then :class:`ModelNotFinite` fails the run. Sampling and refusing nodes: :mod:`.sampling`. Server
+optimizer and averaged release (post-processing of the accounted aggregate): :mod:`.server_opt`."""
 
 from __future__ import annotations
 
@@ -49,6 +48,7 @@ from .pending import ModelNotFinite, PendingRound
 from .sampling import NodeRefusals, NodeSampling, check_plan
 from .replies import Applied, average_metrics, member_id, mismatches, reconcile, screen, weights_for
 from .screening import ScreeningRules, rules_for
+from .server_opt import ServerUpdate
 
 log = logging.getLogger("flwr").getChild(__name__)  # Flower's handlers: shows in `flwr log`
 
@@ -96,6 +96,7 @@ class NoisyStrategyMixin(NodeSampling):
         self.guard = ReplyGuard(accountant, log)  # duplicate partition ids, per-reply accountant errors
         self.residual_energies: list[tuple[int, int, float | None]] = []  # (round, node, E): tests, never published
         self.diverged: str | None = None
+        self.server_update = ServerUpdate(federation, accountant.config.threat_model)  # refused under final-model
 
     # ------------------------------------------------------------------ planning
     @property
@@ -134,7 +135,7 @@ class NoisyStrategyMixin(NodeSampling):
         """Budget check, then exactly ``clients-per-round`` train instructions."""
         if self.budget is not None:
             check_before_broadcast(self.accountant, self.budget, self.federation.min_replies)
-        t = self.round_index
+        t, arrays = self.round_index, self.server_update.broadcast(arrays)  # clients train from the iterate
         slots, available = self._sample(grid, t)
         members = sorted(member_id(n, j, self.federation.clients_per_node) for n, js in slots.items() for j in js) \
             if self.cohort else sorted(slots)
@@ -188,8 +189,7 @@ class NoisyStrategyMixin(NodeSampling):
             server_round, planned, us, self._weights(us), applied=True, quiet=True))
         self.residual_energies.extend((server_round, u.node_id, u.residual_energy) for u in usable)
         for node, reason, refused in dropped:
-            log.warning("round %d: dropped reply of node %d: %s%s", server_round, node, reason,
-                        " (refusal)" if refused else "")
+            log.warning("round %d: dropped reply of node %d: %s%s", server_round, node, reason, " (refusal)" * refused)
         self._track_refusals(server_round, usable, dropped)
         missing = len(asked) - len(usable) - len(dropped)
         if missing > 0:
@@ -217,6 +217,7 @@ class NoisyStrategyMixin(NodeSampling):
         before = self.accountant.report().certified.epsilon
         expected = self.accountant.peek(self.accountant.config.planned_round(record.round)).certified.epsilon
         report = self.accountant.step(record)
+        arrays = self.server_update.apply(reference, arrays, record.round) if arrays is not None else None
         if not aggregated and self.diverged is None:
             log.warning(
                 "round %d: %d usable clients < min-replies %d: global model kept; round accounted "

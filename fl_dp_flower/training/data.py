@@ -7,6 +7,12 @@ Datasets
 - ``mnist`` / ``cifar10``: torchvision's files in ``data_dir`` (``download=False``); the official
   train/test split is used and ``test_fraction`` is ignored.
 
+Validation split: ``validation_fraction`` f > 0 sets ``round(f * n_train)`` training images aside
+(a seeded choice) *before* partitioning: no client trains on them, and the server reports its
+accuracy on them (``val-accuracy``) beside the test accuracy, so hyperparameters can be chosen on
+data that neither the privacy guarantee's test claim nor the reported test accuracy touches.
+With f = 0 the training split is exactly what it was without the option.
+
 Pixels are scaled to [0, 1] and normalised per channel with the usual dataset mean/std. Images are
 float32 tensors N x C x H x W, labels int64 tensors N.
 
@@ -105,16 +111,40 @@ def _load_raw(name: str, data_dir: str, test_fraction: float, seed: int):
     return (*to_np(tr), *to_np(te))
 
 
+@functools.lru_cache(maxsize=4)
+def _load_split(name: str, data_dir: str, test_fraction: float, seed: int, validation_fraction: float):
+    """``_load_raw`` with ``round(validation_fraction * n_train)`` training images moved to a validation
+    split (chosen by a permutation seeded with ``seed + 1``): (x_train, y_train, x_test, y_test, x_val, y_val)."""
+    if not 0.0 <= validation_fraction < 1.0:
+        raise ValueError(f"validation-fraction must be in [0, 1), got {validation_fraction!r}")
+    xtr, ytr, xte, yte = _load_raw(name, data_dir, test_fraction, seed)
+    n_val = int(round(len(ytr) * validation_fraction))
+    if n_val >= len(ytr):
+        raise ValueError(f"validation-fraction = {validation_fraction!r} leaves no training image")
+    val = np.zeros(len(ytr), dtype=bool)
+    val[np.random.default_rng(seed + 1).permutation(len(ytr))[:n_val]] = True
+    return xtr[~val], ytr[~val], xte, yte, xtr[val], ytr[val]
+
+
 def load_dataset(
-    name: str, data_dir: str = "", test_fraction: float = 0.2, seed: int = DEFAULT_DATA_SEED
+    name: str, data_dir: str = "", test_fraction: float = 0.2, seed: int = DEFAULT_DATA_SEED,
+    validation_fraction: float = 0.0,
 ) -> tuple[TensorDataset, TensorDataset]:
-    """(train, test) TensorDatasets of normalised float32 images and int64 labels."""
-    xtr, ytr, xte, yte = _load_raw(name, data_dir, float(test_fraction), int(seed))
+    """(train, test) TensorDatasets of normalised float32 images and int64 labels (train without the
+    validation images)."""
+    xtr, ytr, xte, yte, _, _ = _load_split(name, data_dir, float(test_fraction), int(seed), float(validation_fraction))
     kind = "cifar10" if name == "cifar10" else "mnist"
     return (
         TensorDataset(_normalise(xtr, kind), torch.from_numpy(ytr)),
         TensorDataset(_normalise(xte, kind), torch.from_numpy(yte)),
     )
+
+
+def load_validation(name: str, data_dir: str = "", test_fraction: float = 0.2, seed: int = DEFAULT_DATA_SEED,
+                    validation_fraction: float = 0.0) -> TensorDataset:
+    """The validation split (empty when ``validation_fraction`` is 0)."""
+    *_, xv, yv = _load_split(name, data_dir, float(test_fraction), int(seed), float(validation_fraction))
+    return TensorDataset(_normalise(xv, "cifar10" if name == "cifar10" else "mnist"), torch.from_numpy(yv))
 
 
 def partition_indices(
@@ -170,6 +200,7 @@ def load_partition(
     alpha: float = 0.1,
     seed: int = DEFAULT_DATA_SEED,
     test_fraction: float = 0.2,
+    validation_fraction: float = 0.0,
 ) -> Partition:
     """Client ``partition_id``'s train part and test part (same scheme applied to both splits).
 
@@ -178,14 +209,15 @@ def load_partition(
     """
     if not (isinstance(partition_id, (int, np.integer)) and 0 <= partition_id < num_partitions):
         raise ValueError(f"partition-id must be in [0, {num_partitions - 1}], got {partition_id!r}")
-    xtr, ytr, xte, yte = _load_raw(name, data_dir, float(test_fraction), int(seed))
+    xtr, ytr, xte, yte, _, _ = _load_split(name, data_dir, float(test_fraction), int(seed), float(validation_fraction))
     kind = "cifar10" if name == "cifar10" else "mnist"
     out = []
     for split, (x, y) in enumerate(((xtr, ytr), (xte, yte))):  # normalise only this client's share
         # More clients than held-out images: the test split is cut into len(y) parts and client i
         # evaluates on part i mod len(y) (test parts are then shared; training parts never are).
         parts = min(num_partitions, len(y)) if split else num_partitions
-        idx = _split_indices(name, data_dir, float(test_fraction), int(seed), split, parts, scheme, alpha)
+        idx = _split_indices(name, data_dir, float(test_fraction), int(seed), split, parts, scheme, alpha,
+                             float(validation_fraction))
         idx = idx[partition_id % parts]
         out += [_normalise(x[idx], kind), torch.from_numpy(y[idx])]
     return Partition(*out)
@@ -193,8 +225,8 @@ def load_partition(
 
 @functools.lru_cache(maxsize=16)
 def _split_indices(name: str, data_dir: str, test_fraction: float, seed: int, split: int, parts: int,
-                   scheme: str, alpha: float) -> list[np.ndarray]:
+                   scheme: str, alpha: float, validation_fraction: float = 0.0) -> list[np.ndarray]:
     """partition_indices of the train (split 0) or test (split 1) labels, computed once per setting
     (a cohort node loads hundreds of partitions of the same split)."""
-    labels = _load_raw(name, data_dir, test_fraction, seed)[1 + 2 * split]
+    labels = _load_split(name, data_dir, test_fraction, seed, validation_fraction)[1 + 2 * split]
     return partition_indices(labels, parts, scheme, alpha, seed)

@@ -1,4 +1,4 @@
-"""Quantization of the noisy uploads for secure aggregation (docs/MATH.md §20.3).
+"""Quantization of the noisy uploads for secure aggregation (docs/MATH.md §20.4).
 
 SecAgg+ sums integer vectors modulo ``modulus_range``. Each client therefore maps its upload (the
 noisy update u = Delta + N(0, sigma^2 I), added before this step) to integers: clip every value to
@@ -8,7 +8,7 @@ vectors modulo the field and maps the sum back (minus the m shifts). Flower's ow
 (:mod:`flwr.common.secure_aggregation.quantization`, the functions SecAgg+ itself uses) do the
 scaling and rounding; this module chooses R and Q, counts clipped values and keeps the sum exact.
 
-Choice of R (docs/MATH.md §20.3): the clean update has L2 norm at most B = V * sum_k eta_k (every
+Choice of R (docs/MATH.md §20.4): the clean update has L2 norm at most B = V * sum_k eta_k (every
 local step moves the model by at most eta_k V, FedAvg and FedProx alike), so every coordinate has
 |Delta_j| <= B, and u_j = Delta_j + sigma Z_j is clipped only if |Z_j| > (R - B)/sigma. Over the n
 values that are quantized (parameters x clients, x rounds when stated per run) the union bound gives

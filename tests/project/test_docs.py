@@ -65,8 +65,8 @@ def test_a_budget_that_cuts_a_run_short_is_detected():
 def test_every_run_config_key_is_in_the_configuration_table():
     """The table moved from the README to docs/configuration.md (generated; tests/project/test_docs_configuration.py)."""
     readme = (ROOT / "docs" / "configuration.md").read_text()
-    documented = set(re.findall(r"^\| `([a-z-]+)`", readme, re.M))
-    documented |= set(re.findall(r"^\| `[a-z-]+`, `([a-z-]+)`", readme, re.M))
+    documented = set(re.findall(r"^\| `([a-z0-9-]+)`", readme, re.M))
+    documented |= set(re.findall(r"^\| `[a-z0-9-]+`, `([a-z0-9-]+)`", readme, re.M))
     assert set(pyproject_defaults()) <= documented, sorted(set(pyproject_defaults()) - documented)
 
 
