@@ -76,5 +76,20 @@ def test_one_tiny_point_of_each_side(script):
     assert 0.0 <= ours["accuracy"] <= 1.0 and ours["epsilon_add_remove"] < ours["epsilon"]
     theirs = script.opacus_point(8.0, seed=1, batch=256, epochs=1, lr=1.0)
     assert theirs["epsilon"] == 8.0 and 0.0 < theirs["epsilon_add_remove"] < 8.0
-    assert theirs["accuracy"] > 0.2  # one private epoch of DP-SGD at eps 8 learns something
+    assert theirs["accuracy"] > 0.2 and theirs["val_accuracy"] > 0.2  # one private epoch at eps 8 learns something
     assert math.isfinite(theirs["noise"]) and theirs["noise"] > 0
+
+
+def test_opacus_length_is_chosen_on_validation_never_on_test(script, monkeypatch):
+    """The epochs with the best validation accuracy win, even where another length has the best test accuracy."""
+    calls = []
+
+    def fake_point(epsilon, seed, batch, epochs, lr):
+        calls.append((seed, epochs))
+        return {"accuracy": {2: 0.9, 5: 0.1, 15: 0.5}[epochs], "val_accuracy": {2: 0.2, 5: 0.8, 15: 0.5}[epochs],
+                "epochs": epochs}
+
+    monkeypatch.setattr(script, "opacus_point", fake_point)
+    runs = script.opacus_runs(1.0, 3, 256, [2, 5, 15], 1.0)
+    assert [r["epochs"] for r in runs] == [5, 5, 5]
+    assert calls == [(1, 2), (1, 5), (1, 15), (2, 5), (3, 5)]
