@@ -27,6 +27,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from fl_dp_flower.errors import FlDpError
+from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.privacy.records import AccountantConfig
 from fl_dp_flower.settings import DPSettings, FederationSettings
 
@@ -56,12 +57,31 @@ class NodeRefusals:
 
 def check_plan(settings: DPSettings, config: AccountantConfig, federation: FederationSettings) -> None:
     """Raise ``ValueError`` naming each field where the accountant's plan differs from the settings,
-    the planned contributions per round and the sampler included."""
+    the planned contributions per round and the sampler included, and for a threat model no strategy
+    can certify yet."""
+    if config.threat_model == "secure-aggregation":
+        raise ValueError("threat_model 'secure-aggregation' is for planning only (plan, calibrate, `fl-dp-flower "
+                         "privacy`): its bound is for the real-valued secure sum, while SecAgg+ quantizes every "
+                         "upload and the rounding term is not certified (docs/MATH.md §20.4); a strategy on any "
+                         "Grid would claim it without that term")
     if config.sampling_rate != federation.accountant_sampling_rate:
         raise ValueError(f"the accountant's sampling_rate {config.sampling_rate!r} does not match the federation "
                          f"(client_sampling {federation.client_sampling!r}, sampling_rate {federation.sampling_rate!r}"
                          f"; expected {federation.accountant_sampling_rate!r})")
     settings.check_accountant(config, federation.planned_clients)
+
+
+def check_grid(grid: Grid, threat_model: str) -> None:
+    """Refuse the experimental SecAgg+ bridge where the server is the adversary: its replies all hold the
+    unmasked average, which the per-reply checks may drop, and a dropped round would leave a sum the
+    server has seen unaccounted (the other threat models trust the server: a dropped round releases
+    nothing to their adversary)."""
+    from .secagg import SecAggGrid
+
+    if isinstance(grid, SecAggGrid) and threat_model == "curious-server":
+        raise ValueError("the SecAgg+ bridge (SecAggGrid) is experimental and refused under threat_model "
+                         "'curious-server': a round whose replies screening drops would leave the unmasked "
+                         "sum unaccounted (docs/MATH.md §20.5)")
 
 
 def fixed_denominator_sum(usable: list[Usable], reference: ArrayRecord, denominator: float) -> ArrayRecord:
@@ -83,9 +103,10 @@ def fixed_denominator_sum(usable: list[Usable], reference: ArrayRecord, denomina
 
 class NodeSampling:
     """Sampling and refusal tracking of the noisy strategies (a mixin: needs ``federation``,
-    ``refusals``, ``min_available_nodes`` and ``_event``)."""
+    ``accountant``, ``refusals``, ``min_available_nodes`` and ``_event``)."""
 
     federation: FederationSettings
+    accountant: PrivacyAccountant
     refusals: dict[int, NodeRefusals]
     min_available_nodes: int
     _population: int = 0  # N_t of the Poisson round in flight
@@ -121,6 +142,7 @@ class NodeSampling:
         """
         c = self.federation
         cpn = c.clients_per_node
+        check_grid(grid, self.accountant.config.threat_model)
         warn_until_enough_nodes(grid, self.min_available_nodes, c)
         _, available = sample_nodes(grid, self.min_available_nodes, self.min_available_nodes)  # waits
         excluded = self.excluded_nodes

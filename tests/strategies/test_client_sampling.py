@@ -3,6 +3,8 @@ sampler, the fixed-denominator aggregate, the ledger, verify, the budget stop, p
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import json
 import math
 import random
@@ -92,6 +94,7 @@ def test_poisson_run_accounts_the_realized_counts_and_aggregates_with_q_n(tmp_pa
 def _sampler(federation: FederationSettings) -> NodeSampling:
     s = NodeSampling()
     s.federation, s.refusals, s.min_available_nodes = federation, {}, federation.nodes_needed
+    s.accountant = SimpleNamespace(config=SimpleNamespace(threat_model="all-rounds"))  # type: ignore[assignment]
     s._event = lambda kind, data: None  # type: ignore[method-assign]
     return s
 
