@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from fl_dp_flower.config import AppConfig, ConfigError
 from fl_dp_flower.privacy.bounds import smoothness_assumption
+from fl_dp_flower.privacy.secure_aggregation import NOT_YET_CERTIFIABLE
 from fl_dp_flower.reporting.console import FINAL_MODEL_ASSUMES
 
 
@@ -38,12 +39,13 @@ def require_runnable_threat_model(config: AppConfig) -> None:
     """Refuse a run whose threat model the run cannot deliver (ConfigError naming the key).
 
     ``secure-aggregation`` certifies against a server that sees only the secure sum of the uploads
-    (docs/MATH.md §20). Runs do not mask their uploads yet (the SecAgg+ bridge of issue 20 is not
-    built), so the server would see every noisy upload and the certified number would not describe it;
-    the threat model is for planning and calibration (``fl-dp plan``, ``fl-dp calibrate``) until then.
+    (docs/MATH.md §20). Runs do not mask their uploads (the SecAgg+ bridge is experimental and library
+    only), so the server would see every noisy upload, and even masked sums are quantized
+    (:data:`~fl_dp_flower.privacy.secure_aggregation.NOT_YET_CERTIFIABLE`): the threat model is for
+    planning and calibration until then. The library strategy refuses it for the same reason.
     """
     if config.threat_model == "secure-aggregation":
         raise ConfigError("'threat-model' = 'secure-aggregation': runs do not use secure aggregation yet, so the "
                           "server would see every noisy upload and the secure-aggregation bound would not hold; "
                           "use it to plan and calibrate only, and run with 'curious-server' to be certified against "
-                          "the server (docs/MATH.md §20)")
+                          f"the server (docs/MATH.md §20); and {NOT_YET_CERTIFIABLE}")

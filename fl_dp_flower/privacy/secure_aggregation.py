@@ -30,13 +30,16 @@ from __future__ import annotations
 from .bounds import BoundValue
 from .validate import int_at_least
 
-__all__ = ["SECURE_AGGREGATION_BOUND", "SECURE_AGGREGATION_THREAT", "amend_secure_aggregation",
+__all__ = ["NOT_YET_CERTIFIABLE", "SECURE_AGGREGATION_BOUND", "SECURE_AGGREGATION_THREAT", "amend_secure_aggregation",
            "secure_aggregation_assumption"]
 
 #: the name of the bound in a report's ``bounds``
 SECURE_AGGREGATION_BOUND = "secure_aggregation"
 #: the threat model it answers
 SECURE_AGGREGATION_THREAT = "secure-aggregation"
+#: why no run and no strategy certifies the bound yet (the one reason behind the app's and the library's refusal)
+NOT_YET_CERTIFIABLE = ("its bound is for the real-valued secure sum, while SecAgg+ quantizes every upload and the "
+                       "rounding term is not certified (docs/MATH.md §20.4)")
 
 
 def secure_aggregation_assumption(colluders: int) -> str:

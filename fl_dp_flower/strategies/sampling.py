@@ -29,6 +29,7 @@ from flwr.serverapp.strategy.strategy_utils import sample_nodes
 from fl_dp_flower.errors import FlDpError
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.privacy.records import AccountantConfig
+from fl_dp_flower.privacy.secure_aggregation import NOT_YET_CERTIFIABLE, SECURE_AGGREGATION_THREAT
 from fl_dp_flower.settings import DPSettings, FederationSettings
 
 from .nodes import warn_until_enough_nodes
@@ -59,11 +60,10 @@ def check_plan(settings: DPSettings, config: AccountantConfig, federation: Feder
     """Raise ``ValueError`` naming each field where the accountant's plan differs from the settings,
     the planned contributions per round and the sampler included, and for a threat model no strategy
     can certify yet."""
-    if config.threat_model == "secure-aggregation":
-        raise ValueError("threat_model 'secure-aggregation' is for planning only (plan, calibrate, `fl-dp-flower "
-                         "privacy`): its bound is for the real-valued secure sum, while SecAgg+ quantizes every "
-                         "upload and the rounding term is not certified (docs/MATH.md §20.4); a strategy on any "
-                         "Grid would claim it without that term")
+    if config.threat_model == SECURE_AGGREGATION_THREAT:
+        raise ValueError(f"threat_model '{SECURE_AGGREGATION_THREAT}' is for planning only (plan, calibrate, "
+                         f"`fl-dp-flower privacy`): {NOT_YET_CERTIFIABLE}; a strategy on any Grid would claim it "
+                         "without that term")
     if config.sampling_rate != federation.accountant_sampling_rate:
         raise ValueError(f"the accountant's sampling_rate {config.sampling_rate!r} does not match the federation "
                          f"(client_sampling {federation.client_sampling!r}, sampling_rate {federation.sampling_rate!r}"
