@@ -191,17 +191,25 @@ def _empirical_wraps(plan_step: float, sigma: float, bound: float, m: int, d: in
 
 
 def test_a_tiny_modulus_plan_wraps_no_more_often_than_stated_and_a_finer_step_would():
-    sigma, b, m, d, bits = 1.0, 1.0, 8, 1000, 12
+    """Q = 2^12, d 1000, m 8, B 1, sigma 1.8: the plan (step 2^-6) states 0.032; the simulated worst clean sum
+    wraps in 0.1 % of rounds, as scipy's exact Skellam tail says; step 2^-7 wraps in every round."""
+    sigma, b, m, d, bits = 1.8, 1.0, 8, 1000, 12
     plan = grid_plan(sigma, b, m, d, rounds=1, wrap_probability=0.05, modulus_bits=bits)
     assert isinstance(plan, GridPlan) and math.frexp(plan.step)[0] == 0.5  # a power of two
-    assert plan.modulus == 4096 and plan.wrap_bound <= 0.05
+    assert plan.step == 2.0 ** -6 and plan.modulus == 4096 and 0.01 < plan.wrap_bound <= 0.05
     assert plan.poisson_rate == pytest.approx(sigma ** 2 / (2 * plan.step ** 2), rel=1e-15)
     assert wrap_bound(plan.step / 2, sigma, b, m, d, 1, bits) > 0.05  # the smallest power of two that passes
-    rng = np.random.default_rng(20)
-    assert _empirical_wraps(plan.step, sigma, b, m, d, bits, 2000, rng) <= plan.wrap_bound
-    # a step 8x finer wraps in most rounds, and the bound says so
-    fine = plan.step / 8
-    seen = _empirical_wraps(fine, sigma, b, m, d, bits, 300, rng)
+    # the exact probability of the simulated event: |m round(B/s) + Sk(m rate)| >= Q/2 in some coordinate
+    clean, half, rate = m * math.floor(b / plan.step + 0.5), 2 ** (bits - 1), m * plan.poisson_rate
+    one = stats.skellam.sf(half - clean - 1, rate, rate) + stats.skellam.cdf(-half - clean, rate, rate)
+    exact = -math.expm1(d * math.log1p(-one))
+    assert 1e-4 < exact <= plan.wrap_bound
+    trials = 8000
+    seen = _empirical_wraps(plan.step, sigma, b, m, d, bits, trials, np.random.default_rng(20))
+    assert abs(seen - exact) <= 4 * math.sqrt(exact / trials) and seen <= plan.wrap_bound
+    # a step twice finer wraps in most rounds (the check above is not vacuous), and its bound says so
+    fine = plan.step / 2
+    seen = _empirical_wraps(fine, sigma, b, m, d, bits, 200, np.random.default_rng(21))
     assert seen > 0.5 and wrap_bound(fine, sigma, b, m, d, 1, bits) >= seen
 
 
