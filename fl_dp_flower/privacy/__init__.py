@@ -4,7 +4,7 @@ Submodules: ``validate`` (argument checks), ``schedules`` (step sizes), ``record
 inputs), ``gdp`` (Gaussian-DP numerics), ``terms`` / ``planned_terms`` (per-round sensitivities,
 recorded / planned), ``bounds`` (composition, local DP, the certified rule), ``closed_forms``,
 ``final_model``, ``planned_bounds`` (the other bounds), ``accountant`` (the stateful accountant), ``planning``
-(planned runs, calibration). The math is in docs/MATH.md.
+(planned runs, calibration), ``skellam`` (RDP of an integer secure sum with Skellam noise; not wired in yet). The math is in docs/MATH.md.
 """
 
 from fl_dp_flower.vocabulary import BOUND_NAMES, SCHEDULES

@@ -11,7 +11,7 @@ import pytest
 
 PRIVACY = [f"fl_dp_flower.privacy.{m}" for m in
            ("schedules", "records", "gdp", "terms", "planned_terms", "bounds", "closed_forms", "final_model",
-            "planned_bounds", "accountant", "planning", "sampled", "secure_aggregation")]
+            "planned_bounds", "accountant", "planning", "sampled", "secure_aggregation", "skellam")]
 REPORTING = [f"fl_dp_flower.reporting.{m}" for m in ("ledger", "console", "prometheus", "plot", "durable",
                                                                 "logfilter")]
 
