@@ -95,6 +95,13 @@ def test_the_rdp_bound_is_at_least_the_exact_divergence_of_integer_shifts(varian
                 assert exact / bound > 0.98, (list(vec), order, bound, exact)
 
 
+@pytest.mark.parametrize("variance", [1.0, 2.0, 5.0, 50.0, 500.0])
+def test_the_bound_holds_for_shifts_far_beyond_the_noise_and_order_100(variance):
+    for k in (1, 2, 5, 10, 20, 50, 100):
+        for order in (2, 5, 30, 100):
+            assert skellam_rdp(order, k, k, variance) >= _exact_divergence(k, variance, order), (k, order)
+
+
 @pytest.mark.parametrize("variance", [1e5, 1e6])
 def test_the_leading_term_approaches_the_exact_divergence_at_large_variance(variance):
     for vec in _shift_vectors(variance):
