@@ -24,6 +24,10 @@ Rounds compose (adaptively) by adding RDP; (eps, delta) comes from the conversio
 eps = min_alpha rdp(alpha) + log((alpha - 1)/alpha) - (log delta + log alpha) / (alpha - 1).
 Adjacency: replacing one sample of one honest client (as Gamma_t). Epsilon is in nats, delta a probability.
 
+Main job (Gamma 4, sigma 0.55, m 4000, c 0, 60 rounds, d 61706, s = 2^-15, delta 1e-5): eps 4.151 at order 6
+(c = 1: 4.152), against 3.8303 for the real-valued sum's exact GDP (docs/MATH.md §20.2): +8.4 %, of which the
+RDP conversion is 8.1 % (Gaussian RDP at the same orders: 4.142) and rounding + Skellam 0.2 %.
+
 :func:`grid_plan` chooses s and Q so that the integer sum wraps modulo Q with a stated small probability. A wrap
 is post-processing of the integer sum: it cannot weaken the guarantee above, only the model's utility.
 
@@ -61,7 +65,7 @@ __all__ = [
 #: integer Renyi orders (the theorem needs integers > 1): every order to 256, then coarser to 2^14. The chosen
 #: order stays below the largest for eps down to 0.003 at delta 1e-5 (Gaussian curves: order 2560 at eps 0.0023).
 #: Above eps ~21 (delta 1e-5) the smallest order 2 wins: orders in (1, 2) are not covered by the theorem, and with
-#: r(alpha) <= r(2) there they would not help (the -log(delta)/(alpha - 1) term only grows).
+#: the only bound there, r(alpha) <= r(2), would not help (the -log(delta)/(alpha - 1) term only grows).
 ORDERS: tuple[int, ...] = tuple(range(2, 257)) + tuple(range(288, 1025, 32)) + (
     1280, 1536, 1792, 2048, 2560, 3072, 3584, 4096, 5120, 6144, 7168, 8192, 10240, 12288, 14336, 16384)
 
