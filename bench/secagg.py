@@ -29,7 +29,7 @@ from fl_dp_flower.strategies import make_strategy
 from fl_dp_flower.strategies.secagg import SecAggGrid
 from fl_dp_flower.testing import LocalGrid, task_identity, tiny_config
 from fl_dp_flower.training.models import build_model
-from fl_dp_flower.training.quantize import plan_quantization
+from fl_dp_flower.training.secure_sum import plan_grid
 
 
 def one_round(m: int, secure: bool, num_shares: int | float) -> float:
@@ -42,7 +42,7 @@ def one_round(m: int, secure: bool, num_shares: int | float) -> float:
     grid = LocalGrid(app, m, config.to_run_config(), copy_content=secure)
     if secure:
         values = sum(v.numel() for v in model.state_dict().values())
-        plan = plan_quantization(config.sigma, config.clip_norm, [config.lr] * config.local_steps, values, m, 1e-9)
+        plan = plan_grid(config.sigma, config.clip_norm, [config.lr] * config.local_steps, m, values, 1)
         grid = SecAggGrid(grid, plan, min_contributors=1, num_shares=num_shares if m > num_shares else 1.0)
     started = time.perf_counter()
     with task_identity():

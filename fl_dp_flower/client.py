@@ -30,22 +30,32 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from torch import nn
 
 from .node import check_node, metrics_shared
 from .privacy.schedules import step_sizes
-from .protocol import BATCH_SIZE, PARTITION_ID, Refused, TrainInstruction, echo, refusal
+from .protocol import (BATCH_SIZE, PARTITION_ID, SECURE_SUM_RECORD, Refused, TrainInstruction, echo, refusal,
+                       sum_grid_config, sum_grid_from_config)
 from .training.local_update import LocalUpdateStats, LossFn, local_update
 from .training.noise import add_gaussian_noise_, make_noise_source
+from .training.secure_sum import SumGrid, encode_update
 
-__all__ = ["check_no_buffers", "derived_seed", "dp_train", "log_nonfinite", "noisy_local_update", "shared_statistics",
-           "train_reply"]
+__all__ = ["check_no_buffers", "derived_seed", "dp_train", "log_nonfinite", "noisy_local_update", "secure_sum_update",
+           "shared_statistics", "sum_grid", "train_reply"]
 
 log = logging.getLogger(__name__)
 
 ModelFn = Callable[[], nn.Module]
 DataFn = Callable[[Context], tuple[torch.Tensor, torch.Tensor]]
+SecureUpload = tuple[SumGrid, list[np.ndarray]]
+
+
+def sum_grid(msg: Message, config_key: str = "config") -> SumGrid | None:
+    """The grid of secure aggregation's integer upload when the train instruction asks for it
+    (``protocol.SUM_GRID_STEP``/``SUM_GRID_BITS``), else None; :class:`Refused` when malformed."""
+    found = sum_grid_from_config(msg.content.config_records[config_key])
+    return None if found is None else SumGrid(step=found[0], bits=found[1])
 
 
 def check_no_buffers(model: nn.Module) -> None:
@@ -78,6 +88,19 @@ def log_nonfinite(count: int, unit: str) -> None:
                     "(NaN/Inf loss or data); the upload stays finite and within the clipping bound", count, unit)
 
 
+def _clipped_steps(model: nn.Module, x: torch.Tensor, y: torch.Tensor, s: TrainInstruction, client: int,
+                   loss_fn: LossFn) -> LocalUpdateStats:
+    check_no_buffers(model)
+    etas = step_sizes(s.schedule, s.lr, s.round_index, s.local_steps)
+    batch_gen = torch.Generator(device="cpu")
+    batch_gen.manual_seed(derived_seed(s.seed, client, s.round_index, 1) if s.seed >= 0 else secrets.randbits(63))
+    stats = local_update(model, x, y, step_sizes=etas, clip_norm=s.clip_norm, clipping=s.clipping,
+                         batch_size=s.batch_size, prox_alpha=s.applied_prox_alpha, generator=batch_gen,
+                         loss_fn=loss_fn)
+    log_nonfinite(stats.nonfinite_gradients, "per-sample" if s.clipping == "per-sample" else "step")
+    return stats
+
+
 def noisy_local_update(model: nn.Module, x: torch.Tensor, y: torch.Tensor, instruction: TrainInstruction, *,
                        client: int = 0, loss_fn: LossFn = F.cross_entropy,
                        noise_mode: str = "standard") -> LocalUpdateStats:
@@ -85,27 +108,39 @@ def noisy_local_update(model: nn.Module, x: torch.Tensor, y: torch.Tensor, instr
     state dict, in place. ``client`` (e.g. the partition id) separates the streams of a fixed seed;
     with ``seed = -1`` batches and noise come from OS entropy. ``loss_fn(outputs, targets)`` returns
     the batch MEAN loss. ``noise_mode``: "standard" or "secure" (training/noise.py)."""
-    check_no_buffers(model)
     s = instruction
-    etas = step_sizes(s.schedule, s.lr, s.round_index, s.local_steps)
-    batch_gen = torch.Generator(device="cpu")
-    batch_gen.manual_seed(derived_seed(s.seed, client, s.round_index, 1) if s.seed >= 0 else secrets.randbits(63))
-    stats = local_update(model, x, y, step_sizes=etas, clip_norm=s.clip_norm, clipping=s.clipping,
-                         batch_size=s.batch_size, prox_alpha=s.applied_prox_alpha, generator=batch_gen,
-                         loss_fn=loss_fn)
+    stats = _clipped_steps(model, x, y, s, client, loss_fn)
     noise_seed = -1 if s.seed == -1 else derived_seed(s.seed, client, s.round_index, 0)
     device = next(model.parameters()).device
     add_gaussian_noise_(model, s.sigma, make_noise_source(noise_mode, device, noise_seed))
-    log_nonfinite(stats.nonfinite_gradients, "per-sample" if s.clipping == "per-sample" else "step")
     return stats
+
+
+def secure_sum_update(model: nn.Module, x: torch.Tensor, y: torch.Tensor, instruction: TrainInstruction,
+                      grid: SumGrid, *, client: int = 0, loss_fn: LossFn = F.cross_entropy,
+                      noise_mode: str = "standard") -> tuple[LocalUpdateStats, list[np.ndarray]]:
+    """Secure aggregation's client step (training/secure_sum.py): K clipped steps of ``instruction``,
+    then the integer upload k = (round(Delta / s) + Skellam) mod Q of the clean update Delta, in the
+    state dict's order, with Skellam noise of variance sigma^2 (parameter units) per value. ``model``
+    ends up holding the CLEAN local model: upload only the returned integers. Noise seeding as
+    :func:`noisy_local_update` (``noise_mode`` "secure" or ``seed = -1``: OS entropy)."""
+    s = instruction
+    before = {k: v.detach().to("cpu", torch.float64).numpy().copy() for k, v in model.state_dict().items()}
+    stats = _clipped_steps(model, x, y, s, client, loss_fn)
+    after = {k: v.detach().to("cpu", torch.float64).numpy() for k, v in model.state_dict().items()}
+    fixed = s.seed >= 0 and noise_mode == "standard"
+    rng = np.random.default_rng(derived_seed(s.seed, client, s.round_index, 0)) if fixed else None
+    return stats, encode_update([after[k] - before[k] for k in before], grid, s.sigma, rng)
 
 
 def train_reply(msg: Message, instruction: TrainInstruction, model: nn.Module, stats: LocalUpdateStats, *,
                 num_examples: int, share_metrics: bool = False, train_seconds: float | None = None,
-                extra_metrics: Mapping[str, Any] | None = None) -> Message:
+                extra_metrics: Mapping[str, Any] | None = None, secure_sum: SecureUpload | None = None) -> Message:
     """The train reply: the noisy model, ``num-examples``, ``extra_metrics``, the echo of the settings
     as applied and, with ``share_metrics``, the un-noised statistics (train seconds, train loss,
-    clipped fraction, non-finite gradients)."""
+    clipped fraction, non-finite gradients). With ``secure_sum`` (grid, integer upload of
+    :func:`secure_sum_update`) the reply carries the integers under ``protocol.SECURE_SUM_RECORD``
+    instead of the model (which is then clean) and echoes the grid."""
     metrics: dict[str, Any] = {"num-examples": int(num_examples)}
     if share_metrics:
         metrics.update(shared_statistics(**({"train_seconds": train_seconds} if train_seconds is not None else {}),
@@ -113,6 +148,12 @@ def train_reply(msg: Message, instruction: TrainInstruction, model: nn.Module, s
                                          nonfinite_gradients=stats.nonfinite_gradients))
     metrics.update(extra_metrics or {})
     metrics.update(echo(instruction, local_steps=stats.steps, batch_size=stats.batch_size))
+    if secure_sum is not None:
+        grid, upload = secure_sum
+        metrics.update(sum_grid_config(grid.step, grid.bits))
+        keys = list(model.state_dict().keys())
+        ints = ArrayRecord({k: Array(np.ascontiguousarray(a)) for k, a in zip(keys, upload, strict=True)})
+        return Message(RecordDict({SECURE_SUM_RECORD: ints, "metrics": MetricRecord(metrics)}), reply_to=msg)
     arrays = ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
     return Message(RecordDict({"arrays": arrays, "metrics": MetricRecord(metrics)}), reply_to=msg)
 
@@ -138,6 +179,7 @@ def dp_train(model_fn: ModelFn, data_fn: DataFn, loss_fn: LossFn = F.cross_entro
         try:
             instruction = TrainInstruction.from_message(msg, config_key)
             check_node(instruction, context.node_config)
+            grid = sum_grid(msg, config_key)
             share = metrics_shared(context.node_config)
             x, y = data_fn(context)
             if instruction.clipping == "per-sample" and instruction.batch_size > len(y):
@@ -150,9 +192,15 @@ def dp_train(model_fn: ModelFn, data_fn: DataFn, loss_fn: LossFn = F.cross_entro
         model.load_state_dict(msg.content.array_records[arrays_key].to_torch_state_dict())
         model.to(where or torch.device("cuda" if torch.cuda.is_available() else "cpu"))
         started = time.perf_counter()
-        stats = noisy_local_update(model, x, y, instruction, client=_client_index(context), loss_fn=loss_fn)
+        secure: SecureUpload | None = None
+        if grid is not None:
+            stats, upload = secure_sum_update(model, x, y, instruction, grid, client=_client_index(context),
+                                              loss_fn=loss_fn)
+            secure = (grid, upload)
+        else:
+            stats = noisy_local_update(model, x, y, instruction, client=_client_index(context), loss_fn=loss_fn)
         return train_reply(msg, instruction, model, stats, num_examples=len(y), share_metrics=share,
                            train_seconds=time.perf_counter() - started,
-                           extra_metrics={PARTITION_ID: _client_index(context)})
+                           extra_metrics={PARTITION_ID: _client_index(context)}, secure_sum=secure)
 
     return train

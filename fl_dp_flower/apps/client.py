@@ -41,7 +41,8 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fl_dp_flower import protocol
-from fl_dp_flower.client import derived_seed, log_nonfinite, noisy_local_update, shared_statistics, train_reply
+from fl_dp_flower.client import (derived_seed, log_nonfinite, noisy_local_update, secure_sum_update, shared_statistics,
+                                 sum_grid, train_reply)
 from fl_dp_flower.config import AppConfig, ConfigError
 from fl_dp_flower.node import (ALLOW_FIXED_SEED, ALLOW_FIXED_SEED_ENV, NODE_LIMITS, SHARE_METRICS,  # noqa: F401
                                SHARE_METRICS_ENV, check_node_limits, check_node_policy, fixed_seed_allowed,
@@ -172,6 +173,10 @@ def train(msg: Message, context: Context) -> Message:
         share = metrics_shared(context.node_config)
         config = run_config(context)
         slots = _cohort_slots(msg.content["config"], config)
+        grid = sum_grid(msg)
+        if slots is not None and grid is not None:
+            raise Refused(f"cohort mode ({protocol.MEMBERS}) with secure aggregation's integer upload "
+                          f"({protocol.SUM_GRID_STEP}) is not supported: one virtual client per node")
         if slots is not None:
             if "partition-id" not in context.node_config:
                 raise Refused("node config has no 'partition-id'")
@@ -189,10 +194,16 @@ def train(msg: Message, context: Context) -> Message:
     model = _global_model(msg, config, _device())
     started = time.perf_counter()
     pid = int(context.node_config["partition-id"])
-    stats = noisy_local_update(model, part.x_train, part.y_train, s, client=pid, noise_mode=config.noise_mode)
+    if grid is not None:  # secure aggregation: the integer upload, Skellam noise (training/secure_sum.py)
+        stats, upload = secure_sum_update(model, part.x_train, part.y_train, s, grid, client=pid,
+                                          noise_mode=config.noise_mode)
+        secure = (grid, upload)
+    else:
+        stats = noisy_local_update(model, part.x_train, part.y_train, s, client=pid, noise_mode=config.noise_mode)
+        secure = None
     return train_reply(msg, s, model, stats, num_examples=len(part.y_train),  # public under replace-one
                        share_metrics=share, train_seconds=time.perf_counter() - started,
-                       extra_metrics={protocol.PARTITION_ID: pid})  # the server detects two nodes given one partition
+                       extra_metrics={protocol.PARTITION_ID: pid}, secure_sum=secure)  # the server detects two nodes given one partition
 
 
 @app.evaluate()

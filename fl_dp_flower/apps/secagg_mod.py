@@ -1,62 +1,54 @@
-"""Client side of the SecAgg+ bridge (docs/ARCHITECTURE.md "Secure aggregation"; experimental).
+"""Client side of secure aggregation (docs/ARCHITECTURE.md "Secure aggregation").
 
 ``ClientApp(mods=[secaggplus_mod, secure_upload_mod])``: Flower's ``secaggplus_mod`` answers the
 protocol's setup, share-keys and unmask stages itself; at collect-masked-vectors it calls the next
-handler with the strategy's own train content (``arrays``, ``config``) and expects a legacy FitRes
-back, which it quantizes, masks and uploads (clearing the arrays). This mod sits between the two:
-it calls our train handler and turns its reply (the noisy model w_t + Delta + noise) into a FitRes
-holding the noisy **update** (Delta + noise, in the state_dict's order; bounded by B + noise, the
-range of docs/MATH.md §20.4), ``num_examples = 1`` (uniform weights with ``max_weight = 1``) and the
-reply's metrics (the echoes), which travel in the clear. A refusal or error reply passes through.
+handler with the strategy's own train content (``arrays``, ``config``, the latter with the grid
+keys ``dp.sum-grid-*`` that :class:`~fl_dp_flower.strategies.secagg.SecAggGrid` adds) and expects a
+legacy FitRes back, which it quantizes, masks and uploads. This mod sits between the two: it calls
+our train handler, whose reply holds the integer upload k = (round(Delta/s) + Skellam) mod Q
+(``protocol.SECURE_SUM_RECORD``, :func:`fl_dp_flower.client.secure_sum_update`), and hands it to
+Flower as the floats that its quantization maps to exactly k (training/secure_sum.py), weight 1
+(uniform average), with the reply's metrics (the echoes, which travel in the clear).
 
-Values outside SecAgg+'s clipping range ±R (from the protocol's setup stage) are counted and logged
-on the client (:data:`CLIPPED_LOG`); the count is not sent: it is a function of this client's own
-upload, which the server must not learn beyond the sum.
+A train handler that answers with a float model instead (one that ignores the grid) gets an error
+reply: its upload would be rounded by Flower, a term no bound accounts. A refusal or error reply
+passes through unchanged.
 """
 
 from __future__ import annotations
 
-import logging
-
 import numpy as np
-from flwr.app import Context, Message
+from flwr.app import Context, Error, Message
 from flwr.app.message_type import MessageType
 from flwr.clientapp.typing import ClientAppCallable
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
-from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, RECORD_KEY_STATE
+from flwr.common.constant import ErrorCode
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 from flwr.compat.common.recorddict_compat import fitres_to_recorddict
 
-__all__ = ["CLIPPED_LOG", "clipped_values", "secure_upload_mod"]
+from fl_dp_flower.protocol import SECURE_SUM_RECORD
+from fl_dp_flower.training.secure_sum import to_flower_values
 
-log = logging.getLogger(__name__)
-#: the client's log line when SecAgg+ will clip some of its values (count, R)
-CLIPPED_LOG = "secure aggregation: %d value(s) of this upload lie outside the quantization range +-%g and are clipped"
+__all__ = ["NOT_ON_THE_GRID", "secure_upload_mod"]
 
-
-def clipped_values(update: list[np.ndarray], clip_range: float) -> int:
-    """How many values of ``update`` Flower's quantization clips to [-R, R] (exactly: |x| > R)."""
-    return sum(int(np.count_nonzero(np.abs(a) > clip_range)) for a in update)
+#: the error reason when the train handler did not produce the integer upload
+NOT_ON_THE_GRID = ("secure aggregation: the train handler replied with a float model, not the integer upload "
+                   f"'{SECURE_SUM_RECORD}' (use fl_dp_flower.dp_train or secure_sum_update); nothing was uploaded")
 
 
 def secure_upload_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
-    """Our train reply as the legacy FitRes SecAgg+ masks: the noisy update, weight 1, the echoes."""
+    """Our train reply's integer upload as the legacy FitRes SecAgg+ masks: weight 1, the echoes."""
     if msg.metadata.message_type != MessageType.TRAIN or RECORD_KEY_CONFIGS not in msg.content.config_records \
             or "arrays" not in msg.content.array_records:
         return call_next(msg, ctxt)
     reply = call_next(msg, ctxt)
-    if reply.has_error() or "arrays" not in reply.content.array_records:
+    if reply.has_error():
         return reply
-    sent = msg.content.array_records["arrays"]
-    upload = reply.content.array_records["arrays"]
-    update = [np.asarray(upload[k].numpy(), dtype=np.float64) - np.asarray(sent[k].numpy(), dtype=np.float64)
-              for k in sent.keys()]
-    protocol_state = ctxt.state.config_records.get(RECORD_KEY_STATE)
-    clip_range = protocol_state.get("clipping_range") if protocol_state is not None else None
-    if isinstance(clip_range, float) and clip_range > 0:
-        clipped = clipped_values(update, clip_range)
-        if clipped:
-            log.warning(CLIPPED_LOG, clipped, clip_range)
+    if SECURE_SUM_RECORD not in reply.content.array_records:
+        return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=NOT_ON_THE_GRID), reply_to=msg)
+    ints = reply.content.array_records[SECURE_SUM_RECORD]
+    values = to_flower_values([np.asarray(ints[k].numpy()) for k in ints.keys()])
     metrics = dict(reply.content.metric_records["metrics"]) if "metrics" in reply.content.metric_records else {}
-    fitres = FitRes(status=Status(code=Code.OK, message="OK"), parameters=ndarrays_to_parameters(update),
+    fitres = FitRes(status=Status(code=Code.OK, message="OK"), parameters=ndarrays_to_parameters(values),
                     num_examples=1, metrics=metrics)  # type: ignore[arg-type]  # echoes: scalars and int lists
     return Message(fitres_to_recorddict(fitres, keep_input=False), reply_to=msg)

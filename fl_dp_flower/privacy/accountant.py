@@ -32,7 +32,8 @@ from .closed_forms import paper_mu
 from .final_model import OnlineFinalModel
 from .records import BOUND_NAMES, AccountantConfig, RoundRecord
 from .sampled import SAMPLED_BOUND, SampledAccount
-from .secure_aggregation import amend_secure_aggregation
+from .running_sum import RunningSum
+from .secure_aggregation import SecureSumAccount, amend_secure_aggregation, rdp_delta
 from .schedules import step_sizes
 from .terms import RoundTerms, round_terms
 
@@ -72,6 +73,8 @@ class PrivacyReport:
     add_remove: dict[str, Any] = field(default_factory=dict)
     #: Poisson client sampling (docs/MATH.md §19): rate, the unamplified epsilon, mu_clt; {} without it
     sampling: dict[str, Any] = field(default_factory=dict)
+    #: the certified bound's RDP curve (orders, nats) where it comes from RDP (the Skellam secure sum), else None
+    rdp_curve: tuple[tuple[int, ...], tuple[float, ...]] | None = None
 
     @property
     def certified(self) -> BoundValue:
@@ -79,8 +82,8 @@ class PrivacyReport:
 
     def to_dict(self) -> dict[str, Any]:
         mu = self.certified.mu
-        rdp_values = [gdp.rdp(mu, order) for order in self.rdp_orders]
-        rdp_eps = gdp.rdp_epsilon(mu, self.delta)[0] if self.rounds else 0.0
+        orders, rdp_values = self.rdp_curve or (self.rdp_orders, [gdp.rdp(mu, order) for order in self.rdp_orders])
+        rdp_eps = (self.certified.epsilon if self.rdp_curve else gdp.rdp_epsilon(mu, self.delta)[0]) if self.rounds else 0.0
         return {
             "round": self.round,
             "rounds": self.rounds,
@@ -92,7 +95,7 @@ class PrivacyReport:
             "bounds": {name: value.to_dict() for name, value in self.bounds.items()},
             "certified": {"bound": self.certified_bound, "mu": mu, "epsilon": self.certified.epsilon,
                           "assumes": list(self.certified.assumes)},
-            "rdp": {"orders": list(self.rdp_orders), "values": rdp_values, "epsilon": rdp_eps},
+            "rdp": {"orders": list(orders), "values": list(rdp_values), "epsilon": rdp_eps},
             "relation": RELATION,
             "add_remove": dict(self.add_remove),
             **({"sampling": dict(self.sampling)} if self.sampling else {}),
@@ -109,36 +112,6 @@ class PrivacySpent:
     accounting_method: str
     mu: float
     bound: str
-
-
-class _NeumaierSum:
-    """Compensated running sum (error independent of the number of terms)."""
-
-    def __init__(self) -> None:
-        self.total = 0.0
-        self.compensation = 0.0
-
-    def add(self, value: float) -> None:
-        if math.isinf(value) or math.isinf(self.total):
-            self.total += value
-            return
-        t = self.total + value
-        if abs(self.total) >= abs(value):
-            self.compensation += (self.total - t) + value
-        else:
-            self.compensation += (value - t) + self.total
-        self.total = t
-
-    @property
-    def value(self) -> float:
-        return self.total + self.compensation
-
-    def value_with(self, value: float) -> float:
-        """The value after ``add(value)``, without adding it."""
-        trial = _NeumaierSum()
-        trial.total, trial.compensation = self.total, self.compensation
-        trial.add(value)
-        return trial.value
 
 
 def _ratio_sq(numerator: float, denominator: float) -> float:
@@ -158,12 +131,12 @@ class PrivacyAccountant:
             raise TypeError("config must be an AccountantConfig")
         self._config = config
         self._records: list[RoundRecord] = []
-        self._composition = _NeumaierSum()
-        self._local = _NeumaierSum()
+        self._composition = RunningSum()
+        self._local = RunningSum()
         self._final = OnlineFinalModel()
         # the same three bounds under add/remove-one (docs/MATH.md §16)
-        self._composition_ar = _NeumaierSum()
-        self._local_ar = _NeumaierSum()
+        self._composition_ar = RunningSum()
+        self._local_ar = RunningSum()
         self._final_ar = OnlineFinalModel()
         self._uses_smoothness = False  # some round's sensitivity used the per-sample drift bound
         self._min_clients: int | None = None
@@ -172,6 +145,8 @@ class PrivacyAccountant:
         self._applied = 0  # rounds whose aggregate reached the released model
         q = config.sampling_rate  # Poisson client sampling: the amplified bound (docs/MATH.md §19)
         self._sampled = None if q is None else SampledAccount(q, config.colluders)
+        grid = config.sum_grid_step  # secure aggregation's integer sum (docs/MATH.md §20.4)
+        self._secure = None if grid is None else SecureSumAccount(grid, config.sum_dimension or 0, config.colluders)
 
     # ------------------------------------------------------------ protocol shape
     @property
@@ -194,6 +169,8 @@ class PrivacyAccountant:
         report = self.report()
         if report.certified_bound == SAMPLED_BOUND and self._sampled is not None:
             return self._sampled.replace_one.delta(epsilon)
+        if report.rdp_curve is not None:  # RDP -> delta at the best order (docs/MATH.md §20.4)
+            return rdp_delta(report.rdp_curve[1], report.rdp_curve[0], epsilon)
         return gdp.delta(report.certified.mu, epsilon)
 
     def get_privacy_spent(self, delta: float | None = None) -> PrivacySpent:
@@ -261,7 +238,8 @@ class PrivacyAccountant:
         return self._report(mus, sound, record.round, self.num_releases + 1, record.clients, delta,
                             applied=self._applied + int(record.applied),
                             ar_mus=ar_mus, uses_smoothness=self._uses_smoothness or terms.uses_smoothness,
-                            trial=self._sampled.peek(record.clients, terms) if self._sampled else None)
+                            trial=self._sampled.peek(record.clients, terms) if self._sampled else None,
+                            secure_trial=self._secure_curves(record, terms))
 
     def report(self, delta: float | None = None) -> PrivacyReport:
         """The running guarantee (epsilon at ``delta``, default the config's delta)."""
@@ -273,7 +251,7 @@ class PrivacyAccountant:
 
     def _report(self, mus: dict[str, float], sound: dict[str, bool], round_: int, rounds: int, clients: int,
                 delta: float | None = None, *, applied: int, ar_mus: dict[str, float],
-                uses_smoothness: bool, trial: Any = None) -> PrivacyReport:
+                uses_smoothness: bool, trial: Any = None, secure_trial: Any = None) -> PrivacyReport:
         d = self._config.delta if delta is None else delta
         asserted = self._config.assume_smooth_losses
         assumes = bound_assumptions(self._config.smoothness, uses_smoothness)
@@ -282,17 +260,19 @@ class PrivacyAccountant:
                              assumes=assumes[name])
             for name in BOUND_NAMES
         }
-        amend_secure_aggregation(self._config.threat_model, self._config.colluders, bounds, assumes, ar_mus)
+        amend_secure_aggregation(self._config.threat_model, self._config.colluders, bounds, assumes, ar_mus,
+                                 real_valued=self._secure is None)
         ar_name = add_remove_certified(self._config.threat_model, ar_mus, assumes, asserted)
         add_remove = {"bound": ar_name, "mu": ar_mus[ar_name], "epsilon": gdp.epsilon(ar_mus[ar_name], d),
                       "relation": ADD_REMOVE_RELATION}
         sampling = {} if self._sampled is None else self._sampled.amend(
             bounds, add_remove, self._config.threat_model, d, trial)
+        curve = None if self._secure is None else self._secure.amend(bounds, add_remove, d, secure_trial)
         return PrivacyReport(
             round=round_, rounds=rounds, delta=d, threat_model=self._config.threat_model, clients=clients,
             bounds=bounds, rounds_applied=applied, colluders=self._config.colluders,
             certified_bound=certified_bound(self._config.threat_model, bounds, asserted),
-            add_remove=add_remove, sampling=sampling,
+            add_remove=add_remove, sampling=sampling, rdp_curve=curve,
         )
 
     # -------------------------------------------------------------------- state
@@ -336,12 +316,21 @@ class PrivacyAccountant:
         self._local_ar.add(_ratio_sq(terms.client_sensitivity_add_remove, terms.sigma) if record.weights else 0.0)
         if self._sampled is not None:
             self._sampled.push(record.clients, terms)
+        if self._secure is not None:
+            self._secure.add(self._secure_curves(record, terms))
         self._uses_smoothness = self._uses_smoothness or terms.uses_smoothness
         m = max(record.clients, 1)
         self._min_clients = m if self._min_clients is None else min(self._min_clients, m)
         self._min_sigma = record.sigma if self._min_sigma is None else min(self._min_sigma, record.sigma)
         if self._as_planned:
             self._as_planned = self._matches_plan(record)
+
+    def _secure_curves(self, record: RoundRecord, terms: RoundTerms) -> Any:
+        """One round's Skellam RDP curves (replace-one, add/remove-one), or None without the integer sum."""
+        if self._secure is None:
+            return None
+        return self._secure.curves(record.clients, terms.sigma, terms.client_sensitivity,
+                                   terms.client_sensitivity_add_remove)
 
     def _matches_plan(self, record: RoundRecord) -> bool:
         """Whether ``record`` is the planned round (fields compared first; step sizes only then)."""

@@ -28,12 +28,14 @@ from fl_dp_flower.vocabulary import (ALGORITHMS, BOUND_CHOICES, BOUND_NAMES, CLI
                                      THREAT_MODELS, Algorithm, BoundChoice, BoundName, Clipping, Schedule,
                                      ThreatModel)
 
+from .plan_rules import (SMOOTHNESS_FIELDS, check_prox, colluder_problems, sampling_problems,  # noqa: F401
+                         secure_sum_problems, smoothness_problems)
 from .schedules import step_sizes
 from .validate import choice, int_at_least, nonnegative, positive
 
 __all__ = ["ALGORITHMS", "BOUND_CHOICES", "BOUND_NAMES", "CLIPPING_MODES", "SCHEDULES", "SMOOTHNESS_FIELDS",
-           "THREAT_MODELS", "AccountantConfig", "colluder_problems", "sampling_problems", "smoothness_problems", "Algorithm", "BoundChoice", "BoundName", "Clipping", "RoundRecord", "Schedule",
-           "ThreatModel"]
+           "THREAT_MODELS", "AccountantConfig", "colluder_problems", "sampling_problems", "secure_sum_problems",
+           "smoothness_problems", "Algorithm", "BoundChoice", "BoundName", "Clipping", "RoundRecord", "Schedule", "ThreatModel"]
 
 
 def _fields_of(cls: type, data: Any, what: str) -> dict[str, Any]:
@@ -49,87 +51,6 @@ def _fields_of(cls: type, data: Any, what: str) -> dict[str, Any]:
     if missing:
         raise ValueError(f"{what} lacks required field(s) {missing}")
     return dict(data)
-
-
-def check_prox(algorithm: str, prox_alpha: float | None, smoothness: float, max_step: float) -> None:
-    """FedProx's conditions: alpha given, alpha > L, and every step size eta <= 1/alpha."""
-    if algorithm != "fedprox":
-        return
-    if prox_alpha is None:
-        raise ValueError("prox_alpha is required for fedprox (must be > smoothness L)")
-    positive("prox_alpha", prox_alpha)
-    if not prox_alpha > smoothness:
-        raise ValueError(
-            f"prox_alpha must be > smoothness L = {smoothness!r} for fedprox, got {prox_alpha!r}"
-        )
-    if max_step > 1.0 / prox_alpha:
-        raise ValueError(
-            f"lr (largest step size {max_step!r}) must be <= 1/prox_alpha = {1.0 / prox_alpha!r} "
-            "for fedprox (its sensitivity bound needs every step size eta <= 1/alpha)"
-        )
-
-
-#: fields the L-smoothness rules name (callers rewrite them as CLI flags or run-config keys)
-SMOOTHNESS_FIELDS = ("assume_smooth_losses", "threat_model", "smoothness", "clipping", "local_steps")
-
-
-def smoothness_problems(threat_model: str, clipping: str, local_steps: int, smoothness: float,
-                        assume_smooth_losses: bool) -> list[str]:
-    """What the planned run asks of the L-smoothness assertion and does not have (docs/MATH.md §13, §15).
-
-    - The final-model threat model is certified only by bounds that rest on L-smooth losses, so
-      choosing it requires the explicit assertion (the shipped ReLU/max-pool models have no finite L).
-    - smoothness = 0 asserted with per-sample clipping and K >= 2 claims linear per-sample losses
-      and would divide the sensitivity by B (the rule docs/MATH.md §13 disproves for other losses):
-      refused. Without the assertion L is ignored there (theta = 1).
-    """
-    problems = []
-    if threat_model == "final-model" and not assume_smooth_losses:
-        problems.append("threat_model 'final-model' requires assume_smooth_losses = true: its bounds rest on "
-                        "L-smooth losses with L = smoothness, which ReLU/max-pool models (LeNet-5, ResNet-18) "
-                        "do not satisfy (use threat_model 'all-rounds' otherwise)")
-    if assume_smooth_losses and clipping == "per-sample" and local_steps >= 2 and smoothness == 0:
-        problems.append("smoothness = 0 with assume_smooth_losses, per-sample clipping and local_steps >= 2 "
-                        "asserts linear per-sample losses (sensitivity divided by the batch size): give the "
-                        "losses' real smoothness > 0, or drop assume_smooth_losses (theta = 1 from clipping alone)")
-    return problems
-
-
-def colluder_problems(threat_model: str, colluders: int) -> list[str]:
-    """What the final-model threat model asks of the coalition (docs/MATH.md §14.2a, §15).
-
-    The final-model bound describes an adversary who sees only the released model. A colluding
-    participant knows every global model it received (its upload is w_t + update + noise), which
-    is the all-rounds view, where only composition holds. So the final-model threat model
-    requires colluders = 0: the operator asserts that participants do not reveal the models they
-    receive; with any colluder, use the all-rounds threat model.
-    """
-    if threat_model == "final-model" and colluders != 0:
-        return [f"threat_model 'final-model' requires colluders = 0, got {colluders!r}: a colluding participant "
-                "sees every global model it receives (the all-rounds view, where only composition holds); set "
-                "colluders = 0 to assert that participants do not reveal the models they receive, or use "
-                "threat_model 'all-rounds'"]
-    return []
-
-
-def sampling_problems(threat_model: str, sampling_rate: float | None) -> list[str]:
-    """What Poisson client sampling asks of the threat model (docs/MATH.md §19.4).
-
-    Amplification is certified only under the all-rounds threat model. The final-model bound is not
-    analysed for the fixed-denominator aggregate of a random sample (its model-sensitivity factor
-    does not hold there), so the final-model threat model is refused with sampling; the curious
-    server knows the sample and gets local DP without amplification; secure-aggregation is refused
-    too (the server draws the sample and could bias it, docs/MATH.md §20).
-    """
-    if sampling_rate is not None and threat_model == "secure-aggregation":
-        return ["threat_model 'secure-aggregation' cannot be combined with sampling_rate (Poisson client sampling): "
-                "the server draws the sample and could bias it, so no amplification can be claimed against it; "
-                "use fixed-size sampling"]
-    if sampling_rate is not None and threat_model == "final-model":
-        return ["threat_model 'final-model' cannot be combined with sampling_rate (Poisson client sampling): "
-                "the final-model bound is not analysed for a sampled, fixed-denominator aggregate; use "
-                "threat_model 'all-rounds' (amplified) or fixed-size sampling"]
-    return []
 
 
 @dataclass(frozen=True)
@@ -181,6 +102,8 @@ class AccountantConfig:
     colluders: int = 1
     assume_smooth_losses: bool = False
     sampling_rate: float | None = None
+    sum_grid_step: float | None = None  # secure aggregation's integer sum: grid step s (parameter units) ...
+    sum_dimension: int | None = None  # ... and d, the values summed (docs/MATH.md §20.4; both or neither)
 
     def __post_init__(self) -> None:
         choice("algorithm", self.algorithm, ALGORITHMS)
@@ -214,7 +137,8 @@ class AccountantConfig:
         if self.sampling_rate is not None and not (positive("sampling_rate", self.sampling_rate) <= 1.0):
             raise ValueError(f"sampling_rate must be in (0, 1], got {self.sampling_rate!r}")
         for problem in colluder_problems(self.threat_model, self.colluders) + sampling_problems(
-                self.threat_model, self.sampling_rate):
+                self.threat_model, self.sampling_rate) + secure_sum_problems(self.threat_model, self.sum_grid_step,
+                                                                             self.sum_dimension):
             raise ValueError(problem)
 
     def planned_round(self, round_index: int, clients: int | None = None, *, applied: bool = True) -> "RoundRecord":

@@ -19,6 +19,16 @@ the composition mu, here certified against the server itself. A round with m_t <
 target's own noise (c_eff = m_t - 1): it costs that round's local-DP term Gamma_t / sigma_t, never
 more (SecAgg+ with more colluders than its threshold reveals single uploads: local DP still holds).
 
+**Integer sums (runs).** SecAgg+ sums integers, so a run's clients put their clean update on a grid
+of step s and add integer Skellam noise of variance sigma^2 (training/secure_sum.py); the server
+sees the exact integer sum modulo Q. Then round t is a multi-dimensional Skellam mechanism with
+variance (m_t - c_eff) sigma_t^2 / s^2 and sensitivity Gamma_t / s + sqrt(d) grid units, accounted
+by RDP (:mod:`.skellam`, Agarwal-Kairouz-Liu 2021), composed over rounds and converted to epsilon:
+:class:`SecureSumAccount`, used whenever the accountant's config names the grid
+(``sum_grid_step``, ``sum_dimension``). That bound has no Gaussian-DP parameter: its ``mu`` is
+reported as inf (no f-DP claim) and its epsilon and RDP curve come from RDP. Without a grid (plans
+for the real-valued sum) the bound is composition's mu, as above: planning only (the label says so).
+
 The final-model bound is never combined with it (the server sees every sum), and Poisson client
 sampling is refused (the server draws the sample and could bias it: no amplification is claimed;
 :func:`records.sampling_problems`).
@@ -27,19 +37,27 @@ The bound rests on :func:`secure_aggregation_assumption`, printed wherever it is
 
 from __future__ import annotations
 
-from .bounds import BoundValue
-from .validate import int_at_least
+import math
+from typing import Any
 
-__all__ = ["NOT_YET_CERTIFIABLE", "SECURE_AGGREGATION_BOUND", "SECURE_AGGREGATION_THREAT", "amend_secure_aggregation",
-           "secure_aggregation_assumption"]
+import numpy as np
+
+from .bounds import BoundValue
+from .skellam import ORDERS, SkellamRound, epsilon_from_rdp, honest_clients, skellam_assumption
+from .validate import int_at_least, positive
+
+__all__ = ["NOT_YET_CERTIFIABLE", "REAL_SUM_LABEL", "SECURE_AGGREGATION_BOUND", "SECURE_AGGREGATION_THREAT",
+           "SecureSumAccount", "amend_secure_aggregation", "rdp_delta", "secure_aggregation_assumption"]
 
 #: the name of the bound in a report's ``bounds``
 SECURE_AGGREGATION_BOUND = "secure_aggregation"
 #: the threat model it answers
 SECURE_AGGREGATION_THREAT = "secure-aggregation"
-#: why no run and no strategy certifies the bound yet (the one reason behind the app's and the library's refusal)
-NOT_YET_CERTIFIABLE = ("its bound is for the real-valued secure sum, while SecAgg+ quantizes every upload and the "
-                       "rounding term is not certified (docs/MATH.md §20.4)")
+#: why a plan without the integer grid certifies nothing (the reason behind the app's and the library's refusal)
+NOT_YET_CERTIFIABLE = ("a run certifies the integer secure sum, which needs the grid (the accountant's sum_grid_step "
+                       "and sum_dimension, and the strategy on a SecAggGrid with the same step: docs/MATH.md §20.4)")
+#: the label of the real-valued-sum bound (plans without a grid)
+REAL_SUM_LABEL = "real-valued secure sum: planning only (a run certifies the integer sum's Skellam bound)"
 
 
 def secure_aggregation_assumption(colluders: int) -> str:
@@ -50,16 +68,70 @@ def secure_aggregation_assumption(colluders: int) -> str:
             "reconstruction threshold; every client adds its own noise before masking (docs/MATH.md §20)")
 
 
+class SecureSumAccount:
+    """The running Skellam RDP of the integer secure sum, replace-one and add/remove-one, at
+    :data:`.skellam.ORDERS` (module docstring)."""
+
+    def __init__(self, step: float, dimension: int, colluders: int) -> None:
+        self.step, self.dimension = positive("sum_grid_step", step), int_at_least("sum_dimension", dimension, 1)
+        self.colluders = int_at_least("colluders", colluders, 0)
+        self.rdp = np.zeros(len(ORDERS))
+        self.rdp_add_remove = np.zeros(len(ORDERS))
+
+    def curves(self, clients: int, sigma: float, sensitivity: float,
+               sensitivity_add_remove: float) -> tuple[np.ndarray, np.ndarray]:
+        """One round's RDP curves (replace-one, add/remove-one); zeros when nothing entered the sum."""
+        if clients == 0:
+            return np.zeros(len(ORDERS)), np.zeros(len(ORDERS))
+        honest = honest_clients(clients, self.colluders)
+        return tuple(SkellamRound(g, sigma, honest, self.step, self.dimension).rdp()  # type: ignore[return-value]
+                     for g in (sensitivity, sensitivity_add_remove))
+
+    def add(self, curves: tuple[np.ndarray, np.ndarray]) -> None:
+        self.rdp = self.rdp + curves[0]
+        self.rdp_add_remove = self.rdp_add_remove + curves[1]
+
+    def amend(self, bounds: dict[str, BoundValue], add_remove: dict[str, Any], delta: float,
+              trial: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[tuple[int, ...], tuple[float, ...]]:
+        """Replace the ``secure_aggregation`` bound (and its add/remove-one entry) by the Skellam
+        bound, with ``trial`` (a round's curves) added when given; return the RDP curve (orders, nats)."""
+        rdp, rdp_ar = (self.rdp, self.rdp_add_remove) if trial is None else (self.rdp + trial[0],
+                                                                            self.rdp_add_remove + trial[1])
+        value = bounds[SECURE_AGGREGATION_BOUND]
+        replaced = (REAL_SUM_LABEL, secure_aggregation_assumption(self.colluders))
+        label = (*(a for a in value.assumes if a not in replaced), skellam_assumption(self.colluders))
+        bounds[SECURE_AGGREGATION_BOUND] = BoundValue(mu=math.inf, epsilon=_epsilon(rdp, delta), sound=value.sound,
+                                                      assumes=label)
+        if add_remove.get("bound") == SECURE_AGGREGATION_BOUND:
+            add_remove.update(mu=math.inf, epsilon=_epsilon(rdp_ar, delta))
+        return ORDERS, tuple(float(v) for v in rdp)
+
+
+def rdp_delta(rdp: tuple[float, ...], orders: tuple[int, ...], epsilon: float) -> float:
+    """The smallest delta at ``epsilon`` from an RDP curve by the conversion of :func:`.skellam.epsilon_from_rdp`
+    solved for delta: log delta = (a - 1)(r - eps + log(1 - 1/a)) - log a, minimised over the orders."""
+    a, r = np.asarray(orders, dtype=np.float64), np.asarray(rdp, dtype=np.float64)
+    log_delta = (a - 1.0) * (r - epsilon + np.log1p(-1.0 / a)) - np.log(a)
+    return float(min(1.0, math.exp(min(0.0, float(np.min(log_delta))))))
+
+
+def _epsilon(rdp: np.ndarray, delta: float) -> float:
+    return 0.0 if not np.any(rdp) else epsilon_from_rdp(rdp, ORDERS, delta)[0]
+
+
 def amend_secure_aggregation(threat_model: str, colluders: int, bounds: dict[str, BoundValue],
-                             assumes: dict[str, tuple[str, ...]], ar_mus: dict[str, float]) -> None:
+                             assumes: dict[str, tuple[str, ...]], ar_mus: dict[str, float],
+                             real_valued: bool = True) -> None:
     """Add the ``secure_aggregation`` bound to a report's ``bounds`` (and its add/remove-one mu and
     assumptions) when the threat model is secure-aggregation; nothing otherwise.
 
-    Its mu and epsilon (at the report's delta) are composition's (module docstring)."""
+    Its mu and epsilon (at the report's delta) are composition's (module docstring): the real-valued
+    sum, labelled planning only when ``real_valued``; :meth:`SecureSumAccount.amend` then replaces
+    them by the integer sum's Skellam bound."""
     if threat_model != SECURE_AGGREGATION_THREAT:
         return
     composition = bounds["composition"]
-    label = (*assumes["composition"], secure_aggregation_assumption(colluders))
+    label = (*assumes["composition"], secure_aggregation_assumption(colluders), *((REAL_SUM_LABEL,) * real_valued))
     bounds[SECURE_AGGREGATION_BOUND] = BoundValue(mu=composition.mu, epsilon=composition.epsilon,
                                                   sound=composition.sound, assumes=label)
     assumes[SECURE_AGGREGATION_BOUND] = label

@@ -22,6 +22,7 @@ import numpy as np
 from flwr.app import ArrayRecord
 
 from fl_dp_flower import protocol
+from fl_dp_flower.errors import FlDpError
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.privacy.records import RoundRecord
 
@@ -34,6 +35,10 @@ ACCOUNTANT_ERRORS = (ValueError, ArithmeticError)  # OverflowError is an Arithme
 def all_finite(arrays: ArrayRecord) -> bool:
     """Whether every value of ``arrays`` is finite."""
     return all(bool(np.all(np.isfinite(a.numpy()))) for a in arrays.values())
+
+
+class UnaccountableSum(FlDpError, RuntimeError):
+    """Secure aggregation revealed a sum whose every reply was dropped: no bound describes the round."""
 
 
 class ReplyGuard:
@@ -71,7 +76,20 @@ class ReplyGuard:
         """The replies whose round the accountant can account; the others go to ``dropped``.
 
         ``record_of(replies)``: the round's least private record of those replies (with their weights).
+        Secure aggregation: the server has seen the sum of every reply's upload, so a round whose replies
+        were all dropped cannot be left unaccounted; it fails the run (:class:`UnaccountableSum`; more
+        clients deviated than the c colluders the bound allows). Keeping only some is conservative: the
+        kept clients' noise is in the sum, the dropped ones' only adds to it.
         """
+        kept = self._accountable(usable, dropped, planned, record_of)
+        if not kept and dropped and self.accountant.config.threat_model == "secure-aggregation":
+            raise UnaccountableSum(f"a secure sum of {len(dropped)} upload(s) was revealed but every reply was "
+                                   "dropped (" + "; ".join(f"node {n}: {why}" for n, why, _ in dropped) + "): the "
+                                   "bound assumes at most c deviating clients; the run stops")
+        return kept
+
+    def _accountable(self, usable: list[Usable], dropped: Dropped, planned: Applied,
+                     record_of: Callable[[list[Usable]], RoundRecord]) -> list[Usable]:
         deviating = {id(u) for u in usable if mismatches(planned, u.applied)}
         if not deviating:
             return usable

@@ -242,10 +242,10 @@ class NoisyStrategyMixin(NodeSampling):
         """The reply checks: the run config's knobs, or ScreeningRules' defaults in library use."""
         if self.dp_config is not None:
             return rules_for(self.dp_config, planned)
-        return ScreeningRules(planned=planned, schedule=self.settings.schedule,
-                              fedprox=self.settings.algorithm == "fedprox",
-                              smoothness=self.accountant.config.smoothness,
-                              per_sample=self.settings.clipping == "per-sample")
+        a = self.accountant.config
+        return ScreeningRules(planned=planned, schedule=self.settings.schedule, fedprox=self.settings.algorithm == "fedprox",
+                              smoothness=a.smoothness, per_sample=self.settings.clipping == "per-sample",
+                              secure_sum=a.threat_model == "secure-aggregation")
 
     def _record(self, server_round: int, planned: Applied, usable: list, weights: tuple[float, ...], *,
                 applied: bool, quiet: bool = False) -> RoundRecord:

@@ -58,12 +58,15 @@ class NodeRefusals:
 
 def check_plan(settings: DPSettings, config: AccountantConfig, federation: FederationSettings) -> None:
     """Raise ``ValueError`` naming each field where the accountant's plan differs from the settings,
-    the planned contributions per round and the sampler included, and for a threat model no strategy
-    can certify yet."""
+    the planned contributions per round and the sampler included, and for secure aggregation without
+    the integer sum's grid (the real-valued sum's bound is for planning only)."""
     if config.threat_model == SECURE_AGGREGATION_THREAT:
-        raise ValueError(f"threat_model '{SECURE_AGGREGATION_THREAT}' is for planning only (plan, calibrate, "
-                         f"`fl-dp-flower privacy`): {NOT_YET_CERTIFIABLE}; a strategy on any Grid would claim it "
-                         "without that term")
+        if config.sum_grid_step is None:
+            raise ValueError(f"threat_model '{SECURE_AGGREGATION_THREAT}' without sum_grid_step is for planning only "
+                             f"(plan, calibrate, `fl-dp-flower privacy`): {NOT_YET_CERTIFIABLE}")
+        if federation.clients_per_node != 1:
+            raise ValueError(f"threat_model '{SECURE_AGGREGATION_THREAT}' needs one client per node (clients_per_node "
+                             f"= 1, got {federation.clients_per_node}): cohorts do not upload the integer sum yet")
     if config.sampling_rate != federation.accountant_sampling_rate:
         raise ValueError(f"the accountant's sampling_rate {config.sampling_rate!r} does not match the federation "
                          f"(client_sampling {federation.client_sampling!r}, sampling_rate {federation.sampling_rate!r}"
@@ -71,17 +74,27 @@ def check_plan(settings: DPSettings, config: AccountantConfig, federation: Feder
     settings.check_accountant(config, federation.planned_clients)
 
 
-def check_grid(grid: Grid, threat_model: str) -> None:
-    """Refuse the experimental SecAgg+ bridge where the server is the adversary: its replies all hold the
-    unmasked average, which the per-reply checks may drop, and a dropped round would leave a sum the
-    server has seen unaccounted (the other threat models trust the server: a dropped round releases
-    nothing to their adversary)."""
+def check_grid(grid: Grid, config: AccountantConfig) -> None:
+    """The Grid the threat model needs. ``secure-aggregation``: a :class:`~.secagg.SecAggGrid` whose grid step is
+    the accountant's (on a plain Grid the server would hold every upload, where only local DP holds); it is
+    told the accountant's dimension, which it checks against the model. ``curious-server``: no SecAggGrid (its
+    replies all hold the unmasked average, which the per-reply checks may drop, and a dropped round would
+    leave a sum the server has seen unaccounted; all-rounds and final-model trust the server: a dropped
+    round releases nothing to their adversary)."""
     from .secagg import SecAggGrid
 
-    if isinstance(grid, SecAggGrid) and threat_model == "curious-server":
-        raise ValueError("the SecAgg+ bridge (SecAggGrid) is experimental and refused under threat_model "
-                         "'curious-server': a round whose replies screening drops would leave the unmasked "
-                         "sum unaccounted (docs/MATH.md §20.5)")
+    if isinstance(grid, SecAggGrid) and config.threat_model == "curious-server":
+        raise ValueError("SecAggGrid is refused under threat_model 'curious-server': a round whose replies "
+                         "screening drops would leave the unmasked sum unaccounted (docs/MATH.md §20.5); use "
+                         f"threat_model '{SECURE_AGGREGATION_THREAT}'")
+    if config.threat_model == SECURE_AGGREGATION_THREAT:
+        if not isinstance(grid, SecAggGrid):
+            raise ValueError(f"threat_model '{SECURE_AGGREGATION_THREAT}' needs a SecAggGrid (strategies.secagg): on "
+                             f"{type(grid).__name__} the server would hold every client's upload")
+        if grid.grid.step != config.sum_grid_step:
+            raise ValueError(f"the SecAggGrid's grid step {grid.grid.step!r} is not the accountant's sum_grid_step "
+                             f"{config.sum_grid_step!r}")
+        grid.expected_dimension = config.sum_dimension
 
 
 def fixed_denominator_sum(usable: list[Usable], reference: ArrayRecord, denominator: float) -> ArrayRecord:
@@ -142,7 +155,7 @@ class NodeSampling:
         """
         c = self.federation
         cpn = c.clients_per_node
-        check_grid(grid, self.accountant.config.threat_model)
+        check_grid(grid, self.accountant.config)
         warn_until_enough_nodes(grid, self.min_available_nodes, c)
         _, available = sample_nodes(grid, self.min_available_nodes, self.min_available_nodes)  # waits
         excluded = self.excluded_nodes

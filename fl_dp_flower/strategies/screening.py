@@ -73,6 +73,9 @@ class ScreeningRules:
     echo_tolerance: float = 1.0  # (echo-tolerance) >= 1
     noise_check_alpha: float = 1e-9  # (noise-check-alpha) false-alarm rate; 0 = off
     update_bound_alpha: float = 1e-9  # (update-bound-alpha) tail probability of the noise norm bound
+    #: secure aggregation: every reply holds w_t + the average of the secure sum, not one upload, so only the
+    #: echoes are checked (the magnitude and residual-noise checks describe one client's upload)
+    secure_sum: bool = False
 
 
 def rules_for(config: AppConfig, planned: Applied) -> ScreeningRules:
@@ -80,7 +83,8 @@ def rules_for(config: AppConfig, planned: Applied) -> ScreeningRules:
     return ScreeningRules(planned=planned, schedule=config.schedule, fedprox=config.algorithm == "fedprox",
                           smoothness=config.smoothness, per_sample=config.clipping == "per-sample",
                           echo_tolerance=config.echo_tolerance, noise_check_alpha=config.noise_check_alpha,
-                          update_bound_alpha=config.update_bound_alpha)
+                          update_bound_alpha=config.update_bound_alpha,
+                          secure_sum=config.threat_model == "secure-aggregation")
 
 
 def _within(name: str, echoed: float, planned: float, tolerance: float) -> None:
@@ -200,8 +204,11 @@ def check_residual_noise(distance_sq: float, d: int, members: int, echoed: Appli
 
 def check_reply(arrays: ArrayRecord, reference: ArrayRecord, members: int, echoed: Applied,
                 rules: ScreeningRules, w_norm: float) -> float:
-    """All three checks; returns the residual energy E (for tests and the operator's DEBUG log)."""
+    """All three checks; returns the residual energy E (for tests and the operator's DEBUG log); under
+    ``rules.secure_sum`` only the echo check (E is then nan)."""
     check_echo(echoed, rules)
+    if rules.secure_sum:
+        return math.nan
     distance_sq, d = residual_sq(arrays, reference, members)
     check_magnitude(distance_sq, d, members, echoed, rules, w_norm)
     return check_residual_noise(distance_sq, d, members, echoed, rules)

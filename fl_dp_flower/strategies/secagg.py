@@ -1,16 +1,18 @@
-"""Server side of the SecAgg+ bridge (docs/ARCHITECTURE.md "Secure aggregation"; experimental).
+"""Server side of secure aggregation (docs/ARCHITECTURE.md "Secure aggregation").
 
 :class:`SecAggGrid` wraps the run's Grid. Train instructions (one ``send_and_receive`` per round,
 from the Message-API strategy) are not sent as they are: the four stage methods of Flower's
 ``SecAggPlusWorkflow`` run over the inner Grid instead (setup, share keys, collect masked vectors
-carrying the strategy's own train content, unmask), with a small context whose ``strategy``
-hands the workflow our nodes (``configure_fit``) and takes the dequantized average back
-(``aggregate_fit``). The strategy then receives one reply per client whose masked vector entered
-the sum: its arrays are ``w_t + average update`` (the same for every reply, never one client's
-upload) and its metrics that client's echoes. Every other message passes through unchanged.
+carrying the strategy's own train content plus the grid keys ``dp.sum-grid-*``, unmask), with a
+small context whose ``strategy`` hands the workflow our nodes (``configure_fit``) and takes the
+unmasked sum back (``aggregate_fit``). The sum is decoded exactly (training/secure_sum.py: the
+clients' integer uploads (round(Delta/s) + Skellam) mod Q, summed modulo 2^32, read modulo Q).
+The strategy then receives one reply per client whose masked vector entered the sum: its arrays
+are ``w_t + sum / m`` (the same for every reply, never one client's upload) and its metrics that
+client's echoes. Every other message passes through unchanged.
 
 The clients run ``ClientApp(mods=[secaggplus_mod, secure_upload_mod])`` (apps/secagg_mod.py), which
-upload their noisy update with weight 1, so the average is uniform over the contributors.
+upload their integer update with weight 1, so the average is uniform over the contributors.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from flwr.server.workflow.constant import Key as WorkflowKey
 from flwr.server.workflow.secure_aggregation.secaggplus_workflow import WorkflowState
 from flwr.serverapp import Grid
 
-from fl_dp_flower.training.quantize import QuantizationPlan
+from fl_dp_flower.protocol import sum_grid_config
+from fl_dp_flower.training.secure_sum import FLOWER_LEVELS, FLOWER_MODULUS, FLOWER_RANGE, SumGrid, decode_sum
 
 __all__ = ["SecAggGrid", "SecureRound"]
 
@@ -41,7 +44,7 @@ class SecureRound:
     """What one secure round revealed: who entered the sum, the average update, the echoes."""
 
     contributors: list[int] = field(default_factory=list)
-    average: list[np.ndarray] = field(default_factory=list)
+    average: list[np.ndarray] = field(default_factory=list)  # (sum of the rounded updates + noise) / m, float64
     metrics: dict[int, dict[str, Any]] = field(default_factory=dict)
     completed: bool = False
 
@@ -49,9 +52,10 @@ class SecureRound:
 class _Adapter:
     """The legacy-strategy and client-manager surface the workflow's stage methods use."""
 
-    def __init__(self, messages: list[Message], parameters: Parameters) -> None:
+    def __init__(self, messages: list[Message], parameters: Parameters, grid: SumGrid) -> None:
         self._nodes = [m.metadata.dst_node_id for m in messages]
         self._parameters = parameters
+        self._grid = grid
         self.round = SecureRound()
 
     def configure_fit(self, server_round: int, parameters: Parameters, client_manager: Any) -> list[tuple[Any, FitIns]]:
@@ -64,30 +68,38 @@ class _Adapter:
         self.round.contributors = sorted(proxy.node_id for proxy, _ in results)
         self.round.metrics = {proxy.node_id: dict(res.metrics) for proxy, res in results}
         if results:
-            self.round.average = parameters_to_ndarrays(results[0][1].parameters)
+            m = len(results)
+            total = decode_sum(parameters_to_ndarrays(results[0][1].parameters), m, self._grid)
+            self.round.average = [t / m for t in total]
         self.round.completed = True
         return None, {}
 
 
 class SecAggGrid(Grid):
     """A Grid whose train rounds go through SecAgg+ (module docstring); ``rounds`` keeps each round's
-    :class:`SecureRound` (what the server learned), for the ledger and for tests.
+    :class:`SecureRound` (what the server learned), for the ledger and for tests. ``grid``: the
+    integer encoding (step s, Q = 2^bits), from :func:`fl_dp_flower.privacy.skellam.grid_plan`; the
+    accountant's ``sum_grid_step``/``sum_dimension`` must name the same step (the strategy checks).
 
     ``min_contributors``: a round whose masked vectors came from fewer clients is abandoned before
     unmasking (nothing is revealed, the strategy gets no reply); pass the strategy's ``min-replies``,
     the count its budget check assumes for ``secure-aggregation`` (strategies/budget.py)."""
 
-    def __init__(self, inner: Grid, plan: QuantizationPlan, *, min_contributors: int, num_shares: int | float = 1.0,
+    def __init__(self, inner: Grid, grid: SumGrid, *, min_contributors: int, num_shares: int | float = 1.0,
                  reconstruction_threshold: int | float = 0.5) -> None:
         if not (isinstance(min_contributors, int) and min_contributors >= 1):
             raise ValueError(f"min_contributors must be an integer >= 1 (the strategy's min-replies), got "
                              f"{min_contributors!r}")
         self._inner = inner
         self._min_contributors = min_contributors
-        self._plan = plan
+        if not isinstance(grid, SumGrid):
+            raise TypeError("grid must be a fl_dp_flower.training.secure_sum.SumGrid")
+        self.grid = grid
         self._num_shares = num_shares
         self._threshold = reconstruction_threshold
         self.rounds: list[SecureRound] = []
+        #: the accountant's sum_dimension (set by the strategy, strategies.sampling.check_grid): checked each round
+        self.expected_dimension: int | None = None
 
     # ------------------------------------------------------------- passthrough
     def set_run(self, run_id: Any) -> None:
@@ -120,24 +132,28 @@ class SecAggGrid(Grid):
     def _secure_round(self, msgs: list[Message], timeout: float | None) -> list[Message]:
         arrays: ArrayRecord = msgs[0].content.array_records["arrays"]
         keys = list(arrays.keys())
-        adapter = _Adapter(msgs, arrayrecord_to_parameters(arrays, keep_input=True))
+        values = sum(int(np.prod(arrays[k].shape)) for k in keys)
+        if self.expected_dimension is not None and values != self.expected_dimension:
+            raise ValueError(f"the model has {values} values but the accountant's sum_dimension is "
+                             f"{self.expected_dimension}: its bound would not describe this sum")
+        adapter = _Adapter(msgs, arrayrecord_to_parameters(arrays, keep_input=True), self.grid)
         stated = msgs[0].content.config_records["config"].get("server-round")
         server_round = stated if isinstance(stated, int) else len(self.rounds) + 1
         context = SimpleNamespace(
             state=RecordDict({MAIN_CONFIGS_RECORD: ConfigRecord({WorkflowKey.CURRENT_ROUND: server_round}),
                               MAIN_PARAMS_RECORD: arrays}),
             strategy=adapter, client_manager=adapter, history=SimpleNamespace())
-        workflow = SecAggPlusWorkflow(self._num_shares, self._threshold, max_weight=1.0,
-                                      clipping_range=self._plan.clip_range,
-                                      quantization_range=self._plan.quantization_range,
-                                      modulus_range=self._plan.modulus_range, timeout=timeout)
+        workflow = SecAggPlusWorkflow(self._num_shares, self._threshold, max_weight=1.0, clipping_range=FLOWER_RANGE,
+                                      quantization_range=FLOWER_LEVELS, modulus_range=FLOWER_MODULUS, timeout=timeout)
         state = WorkflowState()
         by_node = {m.metadata.dst_node_id: m for m in msgs}
         ok = workflow.setup_stage(self._inner, context, state)  # type: ignore[arg-type]
         if ok:  # the collect stage carries the strategy's own train content (arrays + config)
             for nid in state.nid_to_fitins:
+                config = ConfigRecord({**by_node[nid].content.config_records["config"],
+                                       **sum_grid_config(self.grid.step, self.grid.bits)})
                 state.nid_to_fitins[nid] = RecordDict({"arrays": by_node[nid].content.array_records["arrays"],
-                                                       "config": by_node[nid].content.config_records["config"]})
+                                                       "config": config})
         for stage in (workflow.share_keys_stage, workflow.collect_masked_vectors_stage):
             ok = ok and stage(self._inner, context, state)  # type: ignore[arg-type]
         # never unmask a sum of fewer than min_contributors: the budget was checked for that many (budget.py)

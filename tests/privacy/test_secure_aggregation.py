@@ -21,7 +21,7 @@ from fl_dp_flower.config import AppConfig, ConfigError
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.privacy.planning import calibrate, plan, planned_run
 from fl_dp_flower.privacy.records import AccountantConfig, RoundRecord
-from fl_dp_flower.privacy.secure_aggregation import SECURE_AGGREGATION_BOUND, secure_aggregation_assumption
+from fl_dp_flower.privacy.secure_aggregation import REAL_SUM_LABEL, SECURE_AGGREGATION_BOUND, secure_aggregation_assumption
 
 DELTA = 1e-5
 V, LR, K, SIGMA = 1.5, 0.05, 4, 0.8
@@ -175,9 +175,10 @@ def test_the_command_line_prints_the_assumption_next_to_the_certified_number(cap
     out = json.loads(capsys.readouterr().out)
     assert out["certified"]["bound"] == SECURE_AGGREGATION_BOUND
     assert out["certified"]["mu"] == pytest.approx(out["bounds"]["composition"]["mu"], rel=1e-12)
-    assert out["certified"]["assumes"][-1] == secure_aggregation_assumption(3)
+    assert out["certified"]["assumes"][-2:] == [secure_aggregation_assumption(3), REAL_SUM_LABEL]
     assert main(argv) == 0
     text = " ".join(capsys.readouterr().out.split())  # the table wraps long lines
     assert "certified (secure_aggregation, chosen by threat model secure-aggregation" in text
     assert "assuming secure aggregation (SecAgg+): an honest-but-curious server" in text
     assert "at most c = 3 colluding participants" in text
+    assert "real-valued secure sum: planning only" in text

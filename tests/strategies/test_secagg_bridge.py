@@ -1,24 +1,31 @@
-"""The SecAgg+ bridge on the in-process grid (docs/ARCHITECTURE.md "Secure aggregation"): the real
-strategy, Flower's SecAggPlusWorkflow stages and secaggplus_mod, our ClientApp. The strategy never
-holds one client's upload, and the ledger's round record lists exactly who entered the sum, also
-when a node dies during the protocol."""
+"""Secure aggregation on the in-process grid (docs/ARCHITECTURE.md "Secure aggregation"): the real
+strategy, Flower's SecAggPlusWorkflow stages and secaggplus_mod, our ClientApp with the integer upload.
+The strategy never holds one client's upload, the sum it gets is the exact integer sum of the uploads
+(decoded modulo Q), the ledger's round record lists exactly who entered the sum, also when a node dies
+during the protocol, and the secure_aggregation bound is the Skellam bound of those who entered."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 
 import numpy as np
 import pytest
 import torch
-from flwr.app import ArrayRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.app.message_type import MessageType
 from flwr.client.mod import secaggplus_mod
 from flwr.clientapp import ClientApp
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 
 from fl_dp_flower.apps.client import train as our_train
-from fl_dp_flower.apps.secagg_mod import CLIPPED_LOG, secure_upload_mod
+from fl_dp_flower.apps.secagg_mod import NOT_ON_THE_GRID, secure_upload_mod
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.privacy.secure_aggregation import SECURE_AGGREGATION_BOUND
+from fl_dp_flower.privacy.skellam import ORDERS, SkellamRound, epsilon_from_rdp
+from fl_dp_flower.privacy.terms import round_terms
+from fl_dp_flower.protocol import SECURE_SUM_RECORD
 from fl_dp_flower.reporting import PrivacyLedger
 from fl_dp_flower.reporting.ledger import read_ledger
 from fl_dp_flower.reporting.rounds import RoundSink
@@ -27,9 +34,10 @@ from fl_dp_flower.strategies import make_strategy
 from fl_dp_flower.strategies.secagg import SecAggGrid
 from fl_dp_flower.testing import LocalGrid, tiny_config
 from fl_dp_flower.training.models import build_model
-from fl_dp_flower.training.quantize import plan_quantization
+from fl_dp_flower.training.secure_sum import SumGrid
 
 STAGES = ("setup", "share_keys", "collect_masked_vectors", "unmask")
+GRID = SumGrid(step=2.0**-16, bits=30)
 
 
 class _DyingGrid(LocalGrid):
@@ -46,23 +54,36 @@ class _DyingGrid(LocalGrid):
         return super().send_and_receive(messages, timeout=timeout)
 
 
-def _run(tmp_path, nodes: int, dies: dict[int, str], min_contributors: int = 1, clip_range: float | None = None,
-         threat_model: str = "all-rounds"):
+def _centred(k: np.ndarray) -> np.ndarray:
+    return np.where(k >= GRID.modulus // 2, k - GRID.modulus, k).astype(np.int64)
+
+
+def _run(tmp_path, nodes: int, dies: dict[int, str], *, min_contributors: int = 1,
+         threat_model: str = "secure-aggregation", grid: SumGrid = GRID, train=our_train, plain: bool = False,
+         step: float | None = None):
     torch.set_num_threads(1)
-    uploads: dict[int, dict[str, np.ndarray]] = {}
+    uploads: dict[int, list[np.ndarray]] = {}
 
     def recording_train(msg, ctx):
-        reply = our_train(msg, ctx)
-        uploads[ctx.node_id] = {k: v.numpy().copy() for k, v in reply.content["arrays"].items()}
+        reply = train(msg, ctx)
+        if SECURE_SUM_RECORD in reply.content.array_records:
+            ints = reply.content[SECURE_SUM_RECORD]
+            uploads[ctx.node_id] = [_centred(ints[k].numpy()) for k in ints.keys()]
         return reply
 
     app = ClientApp(mods=[secaggplus_mod, secure_upload_mod])
     app.train()(recording_train)
     config = tiny_config(tmp_path, **{"clients-per-round": nodes, "num-partitions": nodes, "num-server-rounds": 1,
-                                      "noise-check-alpha": 0.0, "threat-model": threat_model,
-                                      "colluding-clients": 1})
-    accountant = PrivacyAccountant(config.accountant_config())
-    ledger = PrivacyLedger.create(tmp_path / "ledger.jsonl", accountant_config=config.accountant_config().to_dict(),
+                                      "threat-model": threat_model, "colluding-clients": 1})
+    model = build_model(config.dataset)
+    initial = {k: v.numpy().copy() for k, v in model.state_dict().items()}
+    values = sum(v.size for v in initial.values())
+    accountant_config = config.accountant_config()
+    if threat_model == "secure-aggregation":
+        accountant_config = dataclasses.replace(accountant_config, sum_grid_step=step or GRID.step,
+                                                sum_dimension=values)
+    accountant = PrivacyAccountant(accountant_config)
+    ledger = PrivacyLedger.create(tmp_path / "ledger.jsonl", accountant_config=accountant_config.to_dict(),
                                   app_config=config.to_run_config())
     sink = RoundSink(ledger, lambda round_, arrays: None, logging.getLogger("test"))
     strategy = make_strategy(config, accountant, sinks=[sink])
@@ -75,45 +96,44 @@ def _run(tmp_path, nodes: int, dies: dict[int, str], min_contributors: int = 1, 
         return aggregate(server_round, replies)
 
     strategy.aggregate_train = spy
-    model = build_model(config.dataset)
-    initial = {k: v.numpy().copy() for k, v in model.state_dict().items()}
-    values = sum(v.size for v in initial.values())
-    plan = plan_quantization(sigma=config.sigma, clip_norm=config.clip_norm, step_sizes=[config.lr] * config.local_steps,
-                             parameters=values, clients=nodes, clip_probability=1e-9)
-    if clip_range is not None:
-        plan = dataclasses.replace(plan, clip_range=clip_range)
-    grid = SecAggGrid(_DyingGrid(app, nodes, config.to_run_config(), dies=dies), plan,
-                      min_contributors=min_contributors)
-    strategy.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()), num_rounds=1)
-    ledger.close()
-    return accountant, grid, seen, uploads, initial, plan
+    inner = _DyingGrid(app, nodes, config.to_run_config(), dies=dies)
+    run_grid = inner if plain else SecAggGrid(inner, grid, min_contributors=min_contributors)
+    try:
+        strategy.start(grid=run_grid, initial_arrays=ArrayRecord(model.state_dict()), num_rounds=1)
+    finally:
+        ledger.close()
+    return accountant, run_grid, seen, uploads, initial, config
 
 
 @pytest.mark.parametrize("dies", [{}, {5: "collect_masked_vectors", 4: "unmask"}])
-def test_the_strategy_sees_only_the_sum_and_the_ledger_lists_who_entered_it(tmp_path, dies):
-    accountant, grid, seen, uploads, initial, plan = _run(tmp_path, 5, dies)
+def test_the_strategy_sees_only_the_exact_sum_and_certifies_its_skellam_bound(tmp_path, dies):
+    accountant, grid, seen, uploads, initial, config = _run(tmp_path, 5, dies)
     entered = [n for n in range(1, 6) if dies.get(n) != "collect_masked_vectors"]  # masked vector arrived
     assert grid.rounds[0].contributors == entered
+    assert sorted(uploads) == entered  # node 4 trained and uploaded, then died before unmasking: in the sum
     record = accountant.records[0]
     line = read_ledger(tmp_path / "ledger.jsonl").rounds[0]
-    assert line["record"]["node_ids"] == entered and line["report"]["certified"]["bound"] == "composition"
+    assert line["record"]["node_ids"] == entered and list(record.node_ids) == entered
     assert verify_ledger(tmp_path / "ledger.jsonl").ok
-    assert list(record.node_ids) == entered and record.weights == pytest.approx([1 / len(entered)] * len(entered))
-    # the secure_aggregation bound is computed from the record (who entered the sum) but nothing certifies it
-    # yet: the rounding of the quantized sum is not accounted (docs/MATH.md §20.4)
-    assert SECURE_AGGREGATION_BOUND not in accountant.report().bounds
-    assert sorted(uploads) == entered  # node 4 trained and uploaded, then died before unmasking: in the sum
-    # every reply the strategy got holds the same arrays: w_0 + the average update of those who entered
+    # every reply holds the same arrays: w_0 + s * (exact integer sum of the entered uploads) / m, in float32
     assert len(seen) == len(entered)
-    for key, w0 in initial.items():
+    for i, (key, w0) in enumerate(initial.items()):
         got = [r.content["arrays"][key].numpy() for r in seen]
         for g in got[1:]:
             np.testing.assert_array_equal(g, got[0])
-        average = np.mean([uploads[n][key] - w0 for n in entered], axis=0)
-        # float32 model arithmetic plus rounding below one quantization step per value
-        np.testing.assert_allclose(got[0], w0 + average, atol=plan.step + 1e-5)
-        for n in entered:  # never one client's upload: it differs from the average by its own noise
-            assert np.max(np.abs(got[0] - uploads[n][key])) > 0.1
+        exact = sum(uploads[n][i] for n in entered) * GRID.step / len(entered)
+        np.testing.assert_array_equal(got[0], (w0.astype(np.float64) + exact).astype(np.float32))
+        for n in entered:  # never one client's upload
+            assert np.max(np.abs(got[0] - (w0 + uploads[n][i] * GRID.step))) > 0.1
+    # the certified bound: the Skellam RDP of the m - c honest clients, computed here from its parts
+    report = accountant.report()
+    assert report.certified_bound == SECURE_AGGREGATION_BOUND and math.isinf(report.certified.mu)
+    terms = round_terms(record, config.smoothness, 1, False)
+    d = sum(v.size for v in initial.values())
+    curve = SkellamRound(terms.client_sensitivity, config.sigma, len(entered) - 1, GRID.step, d).rdp()
+    assert report.certified.epsilon == pytest.approx(epsilon_from_rdp(curve, ORDERS, config.delta)[0], rel=1e-12)
+    assert line["report"]["certified"]["bound"] == SECURE_AGGREGATION_BOUND
+    assert any("Skellam" in a for a in report.certified.assumes)
 
 
 def test_a_sum_of_fewer_than_min_contributors_is_never_unmasked(tmp_path):
@@ -122,25 +142,36 @@ def test_a_sum_of_fewer_than_min_contributors_is_never_unmasked(tmp_path):
     assert seen == [] and accountant.num_releases == 0
 
 
-def test_values_outside_the_range_are_counted_on_the_client(tmp_path, caplog):
-    caplog.set_level(logging.WARNING, logger="fl_dp_flower.apps.secagg_mod")
-    _, _, _, uploads, initial, _ = _run(tmp_path, 3, {}, clip_range=0.6)
-    logged = sorted(r.args[0] for r in caplog.records if r.msg == CLIPPED_LOG)
-    expected = sorted(sum(int(np.count_nonzero(np.abs(u[k] - initial[k]) > 0.6)) for k in initial)
-                      for u in uploads.values())
-    assert logged == expected and all(n > 0 for n in expected)  # sigma 0.5: a good share lies beyond 0.6
+def test_a_train_handler_that_uploads_a_float_model_is_stopped_on_the_client(tmp_path):
+    """A handler ignoring the grid would have its noisy floats rounded by Flower (an unaccounted term): the mod
+    answers with an error instead, so no masked vector is sent."""
+    model = build_model(tiny_config(tmp_path).dataset)
+    msg = Message(RecordDict({"arrays": ArrayRecord(model.state_dict()), RECORD_KEY_CONFIGS: ConfigRecord({})}),
+                  dst_node_id=1, message_type=MessageType.TRAIN)
+    reply = secure_upload_mod(msg, None, lambda m, c: Message(RecordDict({"arrays": m.content["arrays"]}),
+                                                              reply_to=m))
+    assert reply.has_error() and reply.error.reason == NOT_ON_THE_GRID
 
 
-def test_no_strategy_certifies_the_secure_aggregation_bound_yet(tmp_path):
-    """On a plain Grid the strategy would hold every upload and still claim the sum's bound; on SecAggGrid it
-    would claim it for a quantized sum: refused in library use, naming the threat model (review finding)."""
+def test_secure_aggregation_on_a_plain_grid_is_refused(tmp_path):
+    """On a plain Grid the server would hold every upload and still claim the sum's bound."""
+    with pytest.raises(ValueError, match="needs a SecAggGrid"):
+        _run(tmp_path, 3, {}, plain=True)
+
+
+def test_a_grid_step_other_than_the_accountants_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="is not the accountant's sum_grid_step"):
+        _run(tmp_path, 3, {}, step=2.0**-10)
+
+
+def test_secure_aggregation_without_the_grid_is_planning_only(tmp_path):
     config = tiny_config(tmp_path, **{"threat-model": "secure-aggregation"})
-    with pytest.raises(ValueError, match="'secure-aggregation' is for planning only"):
+    with pytest.raises(ValueError, match="without sum_grid_step is for planning only"):
         make_strategy(config, PrivacyAccountant(config.accountant_config()), sinks=[])
 
 
-def test_the_bridge_is_refused_where_the_server_is_the_adversary(tmp_path):
+def test_the_bridge_is_refused_where_the_server_is_the_adversary_of_each_upload(tmp_path):
     """Under curious-server a round whose replies (all the unmasked average) screening drops would leave a
-    sum the server saw unaccounted: the bridge refuses to run."""
+    sum the server saw unaccounted: refused, pointing to the secure-aggregation threat model."""
     with pytest.raises(ValueError, match="refused under threat_model 'curious-server'"):
         _run(tmp_path, 3, {}, threat_model="curious-server")

@@ -1,0 +1,109 @@
+"""The rules a planned run must satisfy beyond each field's own range: FedProx's step-size
+condition, the L-smoothness assertion, the coalition of the final-model threat model, Poisson
+sampling's threat models and secure aggregation's grid (docs/MATH.md §13, §14.2a, §15, §19.4, §20.4).
+
+Each ``*_problems`` function returns the problems as sentences naming the fields (empty: none), so
+the accountant's config, the app's run config and the CLI word them for their own keys.
+"""
+
+from __future__ import annotations
+
+from .validate import int_at_least, positive
+
+__all__ = ["SMOOTHNESS_FIELDS", "check_prox", "colluder_problems", "sampling_problems", "secure_sum_problems",
+           "smoothness_problems"]
+
+
+def check_prox(algorithm: str, prox_alpha: float | None, smoothness: float, max_step: float) -> None:
+    """FedProx's conditions: alpha given, alpha > L, and every step size eta <= 1/alpha."""
+    if algorithm != "fedprox":
+        return
+    if prox_alpha is None:
+        raise ValueError("prox_alpha is required for fedprox (must be > smoothness L)")
+    positive("prox_alpha", prox_alpha)
+    if not prox_alpha > smoothness:
+        raise ValueError(
+            f"prox_alpha must be > smoothness L = {smoothness!r} for fedprox, got {prox_alpha!r}"
+        )
+    if max_step > 1.0 / prox_alpha:
+        raise ValueError(
+            f"lr (largest step size {max_step!r}) must be <= 1/prox_alpha = {1.0 / prox_alpha!r} "
+            "for fedprox (its sensitivity bound needs every step size eta <= 1/alpha)"
+        )
+
+
+#: fields the L-smoothness rules name (callers rewrite them as CLI flags or run-config keys)
+SMOOTHNESS_FIELDS = ("assume_smooth_losses", "threat_model", "smoothness", "clipping", "local_steps")
+
+
+def smoothness_problems(threat_model: str, clipping: str, local_steps: int, smoothness: float,
+                        assume_smooth_losses: bool) -> list[str]:
+    """What the planned run asks of the L-smoothness assertion and does not have (docs/MATH.md §13, §15).
+
+    - The final-model threat model is certified only by bounds that rest on L-smooth losses, so
+      choosing it requires the explicit assertion (the shipped ReLU/max-pool models have no finite L).
+    - smoothness = 0 asserted with per-sample clipping and K >= 2 claims linear per-sample losses
+      and would divide the sensitivity by B (the rule docs/MATH.md §13 disproves for other losses):
+      refused. Without the assertion L is ignored there (theta = 1).
+    """
+    problems = []
+    if threat_model == "final-model" and not assume_smooth_losses:
+        problems.append("threat_model 'final-model' requires assume_smooth_losses = true: its bounds rest on "
+                        "L-smooth losses with L = smoothness, which ReLU/max-pool models (LeNet-5, ResNet-18) "
+                        "do not satisfy (use threat_model 'all-rounds' otherwise)")
+    if assume_smooth_losses and clipping == "per-sample" and local_steps >= 2 and smoothness == 0:
+        problems.append("smoothness = 0 with assume_smooth_losses, per-sample clipping and local_steps >= 2 "
+                        "asserts linear per-sample losses (sensitivity divided by the batch size): give the "
+                        "losses' real smoothness > 0, or drop assume_smooth_losses (theta = 1 from clipping alone)")
+    return problems
+
+
+def colluder_problems(threat_model: str, colluders: int) -> list[str]:
+    """What the final-model threat model asks of the coalition (docs/MATH.md §14.2a, §15).
+
+    The final-model bound describes an adversary who sees only the released model. A colluding
+    participant knows every global model it received (its upload is w_t + update + noise), which
+    is the all-rounds view, where only composition holds. So the final-model threat model
+    requires colluders = 0: the operator asserts that participants do not reveal the models they
+    receive; with any colluder, use the all-rounds threat model.
+    """
+    if threat_model == "final-model" and colluders != 0:
+        return [f"threat_model 'final-model' requires colluders = 0, got {colluders!r}: a colluding participant "
+                "sees every global model it receives (the all-rounds view, where only composition holds); set "
+                "colluders = 0 to assert that participants do not reveal the models they receive, or use "
+                "threat_model 'all-rounds'"]
+    return []
+
+
+def sampling_problems(threat_model: str, sampling_rate: float | None) -> list[str]:
+    """What Poisson client sampling asks of the threat model (docs/MATH.md §19.4).
+
+    Amplification is certified only under the all-rounds threat model. The final-model bound is not
+    analysed for the fixed-denominator aggregate of a random sample (its model-sensitivity factor
+    does not hold there), so the final-model threat model is refused with sampling; the curious
+    server knows the sample and gets local DP without amplification; secure-aggregation is refused
+    too (the server draws the sample and could bias it, docs/MATH.md §20).
+    """
+    if sampling_rate is not None and threat_model == "secure-aggregation":
+        return ["threat_model 'secure-aggregation' cannot be combined with sampling_rate (Poisson client sampling): "
+                "the server draws the sample and could bias it, so no amplification can be claimed against it; "
+                "use fixed-size sampling"]
+    if sampling_rate is not None and threat_model == "final-model":
+        return ["threat_model 'final-model' cannot be combined with sampling_rate (Poisson client sampling): "
+                "the final-model bound is not analysed for a sampled, fixed-denominator aggregate; use "
+                "threat_model 'all-rounds' (amplified) or fixed-size sampling"]
+    return []
+
+
+def secure_sum_problems(threat_model: str, step: float | None, dimension: int | None) -> list[str]:
+    """What the grid fields of an accountant config ask: both or neither, only under secure-aggregation."""
+    if step is None and dimension is None:
+        return []
+    if threat_model != "secure-aggregation":
+        return ["sum_grid_step and sum_dimension are for threat_model 'secure-aggregation', not "
+                f"{threat_model!r}"]
+    if step is None or dimension is None:
+        return ["sum_grid_step and sum_dimension come together (the grid step s and the number of values d)"]
+    positive("sum_grid_step", step)
+    int_at_least("sum_dimension", dimension, 1)
+    return []
