@@ -55,7 +55,7 @@ def sum_grid(msg: Message, config_key: str = "config") -> SumGrid | None:
     """The grid of secure aggregation's integer upload when the train instruction asks for it
     (``protocol.SUM_GRID_STEP``/``SUM_GRID_BITS``), else None; :class:`Refused` when malformed."""
     found = sum_grid_from_config(msg.content.config_records[config_key])
-    return None if found is None else SumGrid(step=found[0], bits=found[1])
+    return None if found is None else SumGrid(step=found)
 
 
 def check_no_buffers(model: nn.Module) -> None:
@@ -120,7 +120,7 @@ def secure_sum_update(model: nn.Module, x: torch.Tensor, y: torch.Tensor, instru
                       grid: SumGrid, *, client: int = 0, loss_fn: LossFn = F.cross_entropy,
                       noise_mode: str = "standard") -> tuple[LocalUpdateStats, list[np.ndarray]]:
     """Secure aggregation's client step (training/secure_sum.py): K clipped steps of ``instruction``,
-    then the integer upload k = (round(Delta / s) + Skellam) mod Q of the clean update Delta, in the
+    then the integer upload k = clamp(round(Delta / s) + Skellam) + 2^29 of the clean update Delta, in the
     state dict's order, with Skellam noise of variance sigma^2 (parameter units) per value. ``model``
     ends up holding the CLEAN local model: upload only the returned integers. Noise seeding as
     :func:`noisy_local_update` (``noise_mode`` "secure" or ``seed = -1``: OS entropy)."""
@@ -130,7 +130,10 @@ def secure_sum_update(model: nn.Module, x: torch.Tensor, y: torch.Tensor, instru
     after = {k: v.detach().to("cpu", torch.float64).numpy() for k, v in model.state_dict().items()}
     fixed = s.seed >= 0 and noise_mode == "standard"
     rng = np.random.default_rng(derived_seed(s.seed, client, s.round_index, 0)) if fixed else None
-    return stats, encode_update([after[k] - before[k] for k in before], grid, s.sigma, rng)
+    upload, clamped = encode_update([after[k] - before[k] for k in before], grid, s.sigma, rng)
+    if clamped:  # the grid plan makes this astronomically unlikely; the accountant charges its probability
+        log.warning("secure aggregation: %d value(s) of this upload were clamped to the range Flower passes", clamped)
+    return stats, upload
 
 
 def train_reply(msg: Message, instruction: TrainInstruction, model: nn.Module, stats: LocalUpdateStats, *,
@@ -150,7 +153,7 @@ def train_reply(msg: Message, instruction: TrainInstruction, model: nn.Module, s
     metrics.update(echo(instruction, local_steps=stats.steps, batch_size=stats.batch_size))
     if secure_sum is not None:
         grid, upload = secure_sum
-        metrics.update(sum_grid_config(grid.step, grid.bits))
+        metrics.update(sum_grid_config(grid.step))
         keys = list(model.state_dict().keys())
         ints = ArrayRecord({k: Array(np.ascontiguousarray(a)) for k, a in zip(keys, upload, strict=True)})
         return Message(RecordDict({SECURE_SUM_RECORD: ints, "metrics": MetricRecord(metrics)}), reply_to=msg)

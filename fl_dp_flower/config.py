@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from fl_dp_flower.errors import FlDpError
 from . import config_messages
 from .config_messages import AUTO_SIGMA, dash as _dash
+from .config_secagg import SecureAggregationConfig
 from .config_server import ServerUpdateConfig
 from . import protocol
 from .privacy.accountant import Budget
@@ -57,7 +58,7 @@ class ConfigError(FlDpError, ValueError):
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
-class AppConfig(ServerUpdateConfig, BaseModel):
+class AppConfig(ServerUpdateConfig, SecureAggregationConfig, BaseModel):
     """Every key of ``[tool.flwr.app.config]``; defaults equal the pyproject values (the server's
     post-processing keys come from :class:`~fl_dp_flower.config_server.ServerUpdateConfig`)."""
 
@@ -171,7 +172,7 @@ class AppConfig(ServerUpdateConfig, BaseModel):
     delta: float = Field(1e-5, gt=0, lt=1)
     """delta of every reported epsilon and of the budget."""
     threat_model: ThreatModel = "all-rounds"
-    """Who sees what: "all-rounds" (every global model), "final-model" (only the last), "curious-server" (every upload), "secure-aggregation" (only the secure sum: planning only for now)."""
+    """Who sees what: "all-rounds" (every global model), "final-model" (only the last), "curious-server" (every upload), "secure-aggregation" (only the secure sum: SecAgg+ with integer uploads, docs/MATH.md §20)."""
     colluding_clients: int = Field(
         1, ge=0,
         description="c, the participating clients (virtual clients in cohort mode) that collude with the "
@@ -235,6 +236,9 @@ class AppConfig(ServerUpdateConfig, BaseModel):
             provisional = handler({**data, "sigma": 1.0})
         except ValidationError:
             return handler({**data, "sigma": 1.0})  # the other keys' errors, as without "auto"
+        if data.get("threat-model") == "secure-aggregation":
+            raise ValueError(f"'sigma' = {AUTO_SIGMA!r} is not available with threat-model 'secure-aggregation' (its "
+                             "grid depends on sigma): give sigma (`fl-dp-flower privacy` plans it)")
         from .privacy.planning import calibrate_sigma  # numpy/scipy: only for "auto"
 
         try:
@@ -369,6 +373,7 @@ class AppConfig(ServerUpdateConfig, BaseModel):
             iterative_z=self.iterative_z if self.schedule == "iterative" and self.iterative_z > 0 else None,
             assume_smooth_losses=self.assume_smooth_losses,
             colluders=self.colluding_clients,
+            **self.secure_sum_fields(),
         )
 
 

@@ -43,9 +43,8 @@ PROX_ALPHA = "dp.prox-alpha"
 SEED = "dp.seed"
 PARTITION_ID = "dp.partition-id"  # echoed: the node's data partition (the server detects duplicates)
 MEMBERS = "dp.members"  # cohort mode: the virtual-client slots a node trains (instruction and echo)
-#: secure aggregation (training/secure_sum.py): the integer grid of the upload (instruction and echo)
+#: secure aggregation (training/secure_sum.py): the step of the upload's integer grid (instruction and echo)
 SUM_GRID_STEP = "dp.sum-grid-step"
-SUM_GRID_BITS = "dp.sum-grid-bits"
 #: the reply's ArrayRecord holding the integer upload under secure aggregation (instead of "arrays")
 SECURE_SUM_RECORD = "secure-sum"
 
@@ -154,25 +153,20 @@ class TrainInstruction:
         return cls.from_config(msg.content.config_records[config_key])
 
 
-def sum_grid_config(step: float, bits: int) -> dict[str, Any]:
-    """The train ConfigRecord entries that ask for the integer upload of secure aggregation."""
-    return {SUM_GRID_STEP: float(step), SUM_GRID_BITS: int(bits)}
+def sum_grid_config(step: float) -> dict[str, Any]:
+    """The train ConfigRecord entry that asks for the integer upload of secure aggregation."""
+    return {SUM_GRID_STEP: float(step)}
 
 
-def sum_grid_from_config(cfg: Mapping[str, Any]) -> tuple[float, int] | None:
-    """(grid step, bits) when the instruction asks for secure aggregation's integer upload, else None;
-    :class:`Refused` naming the key when only one is present or a value is malformed."""
-    present = [k for k in (SUM_GRID_STEP, SUM_GRID_BITS) if k in cfg]
-    if not present:
+def sum_grid_from_config(cfg: Mapping[str, Any]) -> float | None:
+    """The grid step when the instruction asks for secure aggregation's integer upload, else None;
+    :class:`Refused` naming the key when it is malformed."""
+    if SUM_GRID_STEP not in cfg:
         return None
-    if len(present) == 1:
-        raise Refused(f"train config has {present[0]!r} without {({SUM_GRID_STEP, SUM_GRID_BITS} - set(present)).pop()!r}")
-    step, bits = _get(cfg, SUM_GRID_STEP, float), _get(cfg, SUM_GRID_BITS, int)
+    step: float = _get(cfg, SUM_GRID_STEP, float)
     if not (step > 0 and math.frexp(step)[0] == 0.5):
         raise Refused(f"{SUM_GRID_STEP} must be a power of two > 0, got {step!r}")
-    if not 2 <= bits <= 30:
-        raise Refused(f"{SUM_GRID_BITS} must be in [2, 30], got {bits!r}")
-    return step, bits
+    return step
 
 
 def echo(instruction: TrainInstruction, *, local_steps: int, batch_size: int) -> dict[str, Any]:

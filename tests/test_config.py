@@ -100,6 +100,9 @@ BAD = [
     ("release-ema-decay", 1.0, "a finite number > 0 and < 1"),
     ("release-tail-fraction", 0.0, "a finite number > 0 and <= 1"),
     ("validation-fraction", 1.0, "a finite number >= 0 and < 1"),
+    ("secagg-num-shares", -1, "an integer >= 0"),
+    ("secagg-threshold", 0.0, "a finite number > 0 and <= 1"),
+    ("secagg-wrap-probability", 1.0, "a finite number > 0 and < 1"),
 ]
 ANY_STRING = {"data-dir", "metrics-certfile", "metrics-keyfile", "metrics-auth-file"}
 

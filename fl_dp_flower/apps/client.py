@@ -43,6 +43,7 @@ from flwr.clientapp import ClientApp
 from fl_dp_flower import protocol
 from fl_dp_flower.client import (derived_seed, log_nonfinite, noisy_local_update, secure_sum_update, shared_statistics,
                                  sum_grid, train_reply)
+from fl_dp_flower.apps.secagg_mod import secure_aggregation_mod
 from fl_dp_flower.config import AppConfig, ConfigError
 from fl_dp_flower.node import (ALLOW_FIXED_SEED, ALLOW_FIXED_SEED_ENV, NODE_LIMITS, SHARE_METRICS,  # noqa: F401
                                SHARE_METRICS_ENV, check_node_limits, check_node_policy, fixed_seed_allowed,
@@ -62,7 +63,7 @@ TrainSettings = TrainInstruction  # the dp.* keys of a train instruction (fl_dp_
 parse_train_config = TrainInstruction.from_config
 _derived_seed = derived_seed
 
-app = ClientApp()
+app = ClientApp(mods=[secure_aggregation_mod])  # SecAgg+ rounds (threat-model secure-aggregation)
 
 
 def _device() -> torch.device:

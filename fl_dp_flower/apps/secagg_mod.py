@@ -1,11 +1,14 @@
 """Client side of secure aggregation (docs/ARCHITECTURE.md "Secure aggregation").
 
+``ClientApp(mods=[secure_aggregation_mod])`` is all a ClientApp needs (the reference app has it): SecAgg+
+messages go through Flower's ``secaggplus_mod`` and :func:`secure_upload_mod`, every other message
+passes unchanged. In detail, ``secure_aggregation_mod`` is
 ``ClientApp(mods=[secaggplus_mod, secure_upload_mod])``: Flower's ``secaggplus_mod`` answers the
 protocol's setup, share-keys and unmask stages itself; at collect-masked-vectors it calls the next
 handler with the strategy's own train content (``arrays``, ``config``, the latter with the grid
 keys ``dp.sum-grid-*`` that :class:`~fl_dp_flower.strategies.secagg.SecAggGrid` adds) and expects a
 legacy FitRes back, which it quantizes, masks and uploads. This mod sits between the two: it calls
-our train handler, whose reply holds the integer upload k = (round(Delta/s) + Skellam) mod Q
+our train handler, whose reply holds the integer upload k = clamp(round(Delta/s) + Skellam) + 2^29
 (``protocol.SECURE_SUM_RECORD``, :func:`fl_dp_flower.client.secure_sum_update`), and hands it to
 Flower as the floats that its quantization maps to exactly k (training/secure_sum.py), weight 1
 (uniform average), with the reply's metrics (the echoes, which travel in the clear).
@@ -20,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 from flwr.app import Context, Error, Message
 from flwr.app.message_type import MessageType
+from flwr.client.mod import secaggplus_mod
 from flwr.clientapp.typing import ClientAppCallable
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 from flwr.common.constant import ErrorCode
@@ -29,7 +33,7 @@ from flwr.compat.common.recorddict_compat import fitres_to_recorddict
 from fl_dp_flower.protocol import SECURE_SUM_RECORD
 from fl_dp_flower.training.secure_sum import to_flower_values
 
-__all__ = ["NOT_ON_THE_GRID", "secure_upload_mod"]
+__all__ = ["NOT_ON_THE_GRID", "secure_aggregation_mod", "secure_upload_mod"]
 
 #: the error reason when the train handler did not produce the integer upload
 NOT_ON_THE_GRID = ("secure aggregation: the train handler replied with a float model, not the integer upload "
@@ -52,3 +56,10 @@ def secure_upload_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable)
     fitres = FitRes(status=Status(code=Code.OK, message="OK"), parameters=ndarrays_to_parameters(values),
                     num_examples=1, metrics=metrics)  # type: ignore[arg-type]  # echoes: scalars and int lists
     return Message(fitres_to_recorddict(fitres, keep_input=False), reply_to=msg)
+
+
+def secure_aggregation_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
+    """SecAgg+ train messages through ``secaggplus_mod`` then :func:`secure_upload_mod`; others unchanged."""
+    if msg.metadata.message_type == MessageType.TRAIN and RECORD_KEY_CONFIGS in msg.content.config_records:
+        return secaggplus_mod(msg, ctxt, lambda m, c: secure_upload_mod(m, c, call_next))
+    return call_next(msg, ctxt)

@@ -61,7 +61,7 @@ from flwr.serverapp.strategy import Result
 
 from fl_dp_flower.apps.recovery import RunFailed, logged_failures, restore_exclusions, unfinished_round
 from fl_dp_flower.apps.threat import (final_model_assumptions, node_assumptions, publishes_per_round_models,
-                                      require_runnable_threat_model)
+                                      run_grid)
 from fl_dp_flower.config import AppConfig, ConfigError
 from fl_dp_flower.preflight import chance_level_warning, log_preflight
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
@@ -179,7 +179,9 @@ def _open_ledger(config: AppConfig, run_dir: Path) -> tuple[PrivacyLedger, Priva
                     ", ".join(map(str, lost)))
     accountant = PrivacyAccountant.from_records(acct_cfg, records)
     if unfinished is not None:
-        record = acct_cfg.planned_round(unfinished, applied=False)
+        # secure aggregation: the smallest sum SecAggGrid unmasks (min-replies contributors), the costliest
+        smallest = min(acct_cfg.clients, config.min_replies) if config.threat_model == "secure-aggregation" else None
+        record = acct_cfg.planned_round(unfinished, smallest, applied=False)
         report = accountant.step(record)
         ledger.append_round(round=unfinished, record=record.to_dict(), report=report.to_dict(),
                             metrics={"dp-unfinished-accounted": 1})
@@ -235,7 +237,6 @@ def run_server(grid: Grid, config: AppConfig, *, fraction_evaluate: float = 0.0,
 def _run_server(grid: Grid, config: AppConfig, fraction_evaluate: float,
                 on_run_dir: Callable[[Path], None] | None) -> ServerOutcome:
     t0 = time.time()
-    require_runnable_threat_model(config)  # before any folder is made
     torch.set_num_threads(1)
     if config.seed >= 0:  # node sampling (random.sample) and model init become reproducible
         random.seed(config.seed)
@@ -279,7 +280,7 @@ def _run_server(grid: Grid, config: AppConfig, fraction_evaluate: float,
         log.info("%s: %d rounds to run (%d already accounted)", type(strategy).__name__, remaining,
                  accountant.num_releases)
         try:
-            result = strategy.start(grid=grid, initial_arrays=arrays, num_rounds=remaining,
+            result = strategy.start(grid=run_grid(grid, config), initial_arrays=arrays, num_rounds=remaining,
                                     evaluate_fn=make_evaluate_fn(config) if per_round_eval else None)
         except (NotEnoughNodes, ModelNotFinite) as exc:
             log.error("%s", exc)

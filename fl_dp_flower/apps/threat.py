@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
-from fl_dp_flower.config import AppConfig, ConfigError
+from fl_dp_flower.config import AppConfig
 from fl_dp_flower.privacy.bounds import smoothness_assumption
-from fl_dp_flower.privacy.secure_aggregation import NOT_YET_CERTIFIABLE
+from flwr.serverapp import Grid
+
 from fl_dp_flower.reporting.console import FINAL_MODEL_ASSUMES
 
 
@@ -27,6 +28,10 @@ def final_model_assumptions(config: AppConfig) -> list[str]:
 
 def node_assumptions(config: AppConfig) -> list[str]:
     """What every certified number assumes of the nodes and their sampler (printed with it)."""
+    if config.threat_model == "secure-aggregation":
+        return ["honest nodes: every client in the sum ran the update it echoes and added its own integer Skellam "
+                "noise of variance sigma^2 before masking (not screened: the server sees only the sum)",
+                "an exact Poisson sampler (numpy's, PCG64 seeded from OS entropy; docs/MATH.md §20.4)"]
     return [
         "honest nodes: every aggregated client ran the update it echoes and added its own N(0, sigma^2) "
         f"(replies screened for it at noise-check-alpha = {config.noise_check_alpha:g}; docs/MATH.md §17)",
@@ -35,17 +40,15 @@ def node_assumptions(config: AppConfig) -> list[str]:
     ]
 
 
-def require_runnable_threat_model(config: AppConfig) -> None:
-    """Refuse a run whose threat model the run cannot deliver (ConfigError naming the key).
+def run_grid(grid: Grid, config: AppConfig) -> Grid:
+    """The Grid the run's strategy uses: under ``secure-aggregation`` every train round goes through SecAgg+
+    (:class:`~fl_dp_flower.strategies.secagg.SecAggGrid`, the run's integer grid, at least ``min-replies``
+    contributors per unmasked sum); otherwise ``grid`` itself."""
+    if config.threat_model != "secure-aggregation":
+        return grid
+    from fl_dp_flower.strategies.secagg import SecAggGrid
 
-    ``secure-aggregation`` certifies against a server that sees only the secure sum of the uploads
-    (docs/MATH.md §20). Runs do not mask their uploads (the SecAgg+ bridge is experimental and library
-    only), so the server would see every noisy upload, and even masked sums are quantized
-    (:data:`~fl_dp_flower.privacy.secure_aggregation.NOT_YET_CERTIFIABLE`): the threat model is for
-    planning and calibration until then. The library strategy refuses it for the same reason.
-    """
-    if config.threat_model == "secure-aggregation":
-        raise ConfigError("'threat-model' = 'secure-aggregation': runs do not use secure aggregation yet, so the "
-                          "server would see every noisy upload and the secure-aggregation bound would not hold; "
-                          "use it to plan and calibrate only, and run with 'curious-server' to be certified against "
-                          f"the server (docs/MATH.md §20); and {NOT_YET_CERTIFIABLE}")
+    args = config.secagg_workflow_args()
+    if isinstance(args["num_shares"], int) and args["num_shares"] >= config.clients_per_round:
+        args["num_shares"] = 1.0  # every other client of the round
+    return SecAggGrid(grid, config.secure_sum_grid(), min_contributors=config.min_replies, **args)

@@ -169,8 +169,8 @@ class PrivacyAccountant:
         report = self.report()
         if report.certified_bound == SAMPLED_BOUND and self._sampled is not None:
             return self._sampled.replace_one.delta(epsilon)
-        if report.rdp_curve is not None:  # RDP -> delta at the best order (docs/MATH.md §20.4)
-            return rdp_delta(report.rdp_curve[1], report.rdp_curve[0], epsilon)
+        if report.rdp_curve is not None and self._secure is not None:  # RDP -> delta (docs/MATH.md §20.4)
+            return rdp_delta(report.rdp_curve[1], report.rdp_curve[0], epsilon, self._secure.log_clamp)
         return gdp.delta(report.certified.mu, epsilon)
 
     def get_privacy_spent(self, delta: float | None = None) -> PrivacySpent:
@@ -330,7 +330,7 @@ class PrivacyAccountant:
         if self._secure is None:
             return None
         return self._secure.curves(record.clients, terms.sigma, terms.client_sensitivity,
-                                   terms.client_sensitivity_add_remove)
+                                   terms.client_sensitivity_add_remove, record.clip_norm * math.fsum(record.step_sizes))
 
     def _matches_plan(self, record: RoundRecord) -> bool:
         """Whether ``record`` is the planned round (fields compared first; step sizes only then)."""

@@ -92,6 +92,25 @@ def _replayed_plan(config: AccountantConfig, rounds: int) -> Plan:
                 add_remove=dict(r.add_remove))
 
 
+def _searched_sigma(config: AccountantConfig, rounds: int, target_epsilon: float) -> float:
+    """The smallest sigma (to 1e-6 relative) at which the certified bound of ``rounds`` planned rounds is
+    <= ``target_epsilon``, by bisection on the replayed plan (the Skellam secure sum: its epsilon comes
+    from RDP and decreases in sigma; the grid step stays the config's)."""
+    def fits(sigma: float) -> bool:
+        return plan(dataclasses.replace(config, sigma=sigma), rounds).certified.epsilon <= target_epsilon
+
+    hi = config.sigma
+    while not fits(hi):
+        hi *= 2.0
+    lo = hi / 2.0
+    while fits(lo) and lo > 1e-300:
+        lo /= 2.0
+    while hi - lo > 1e-6 * hi:
+        mid = math.sqrt(lo * hi)
+        lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+    return hi
+
+
 def _sampled_sigma(config: AccountantConfig, rounds: int, target_epsilon: float) -> float:
     """The smallest sigma (to 1e-6 relative, rounded up) at which the ``sampled`` bound of ``rounds``
     planned rounds is <= ``target_epsilon``: mu_t is proportional to 1/sigma, epsilon decreases in sigma."""
@@ -125,7 +144,7 @@ def _sampled_sigma(config: AccountantConfig, rounds: int, target_epsilon: float)
 def plan(config: AccountantConfig, rounds: int) -> Plan:
     """Every bound after ``rounds`` identical planned rounds, at ``config.delta``."""
     int_at_least("rounds", rounds, 1)
-    if config.sampling_rate is not None:
+    if config.sampling_rate is not None or config.sum_grid_step is not None:
         return _replayed_plan(config, rounds)
     mus = planned_bounds(config, rounds)
     sound = {name: paper_is_sound(config.algorithm, config.schedule) if name == "paper" else True
@@ -156,8 +175,8 @@ def calibrate(config: AccountantConfig, rounds: int, target_epsilon: float,
         raise ValueError(f"bound must be one of {BOUND_CHOICES}, got {bound!r}")
     reference = plan(config, rounds)
     name = reference.certified_bound if bound == "certified" else bound
-    if name == SAMPLED_BOUND:  # its epsilon is not a function of one mu: search sigma
-        sigma = _sampled_sigma(config, rounds, target_epsilon)
+    if name == SAMPLED_BOUND or math.isinf(reference.bounds[name].mu):  # epsilon not a function of one mu
+        sigma = (_sampled_sigma if name == SAMPLED_BOUND else _searched_sigma)(config, rounds, target_epsilon)
         value = plan(dataclasses.replace(config, sigma=sigma), rounds).bounds[name]
         return Calibration(sigma=sigma, bound=name, mu=value.mu, epsilon=value.epsilon, sound=value.sound,
                            assumes=value.assumes)

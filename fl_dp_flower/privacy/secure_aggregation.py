@@ -21,7 +21,7 @@ more (SecAgg+ with more colluders than its threshold reveals single uploads: loc
 
 **Integer sums (runs).** SecAgg+ sums integers, so a run's clients put their clean update on a grid
 of step s and add integer Skellam noise of variance sigma^2 (training/secure_sum.py); the server
-sees the exact integer sum modulo Q. Then round t is a multi-dimensional Skellam mechanism with
+sees the exact integer sum modulo 2^32. Then round t is a multi-dimensional Skellam mechanism with
 variance (m_t - c_eff) sigma_t^2 / s^2 and sensitivity Gamma_t / s + sqrt(d) grid units, accounted
 by RDP (:mod:`.skellam`, Agarwal-Kairouz-Liu 2021), composed over rounds and converted to epsilon:
 :class:`SecureSumAccount`, used whenever the accountant's config names the grid
@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from .bounds import BoundValue
-from .skellam import ORDERS, SkellamRound, epsilon_from_rdp, honest_clients, skellam_assumption
+from .skellam import ORDERS, SkellamRound, epsilon_from_rdp, honest_clients, log_clamp_bound, skellam_assumption
 from .validate import int_at_least, positive
 
 __all__ = ["NOT_YET_CERTIFIABLE", "REAL_SUM_LABEL", "SECURE_AGGREGATION_BOUND", "SECURE_AGGREGATION_THREAT",
@@ -70,53 +70,79 @@ def secure_aggregation_assumption(colluders: int) -> str:
 
 class SecureSumAccount:
     """The running Skellam RDP of the integer secure sum, replace-one and add/remove-one, at
-    :data:`.skellam.ORDERS` (module docstring)."""
+    :data:`.skellam.ORDERS`, and the log of a bound on P(some client clamped some value), which widens
+    delta (module docstring; docs/MATH.md §20.4)."""
 
     def __init__(self, step: float, dimension: int, colluders: int) -> None:
         self.step, self.dimension = positive("sum_grid_step", step), int_at_least("sum_dimension", dimension, 1)
         self.colluders = int_at_least("colluders", colluders, 0)
         self.rdp = np.zeros(len(ORDERS))
         self.rdp_add_remove = np.zeros(len(ORDERS))
+        self.log_clamp = -math.inf
 
-    def curves(self, clients: int, sigma: float, sensitivity: float,
-               sensitivity_add_remove: float) -> tuple[np.ndarray, np.ndarray]:
-        """One round's RDP curves (replace-one, add/remove-one); zeros when nothing entered the sum."""
+    def curves(self, clients: int, sigma: float, sensitivity: float, sensitivity_add_remove: float,
+               update_bound: float) -> Curves:
+        """One round's RDP curves (replace-one, add/remove-one) and log clamp bound (clients x d values whose
+        clean part is at most ``update_bound`` = V sum_k eta_k); zeros / -inf when nothing entered the sum."""
         if clients == 0:
-            return np.zeros(len(ORDERS)), np.zeros(len(ORDERS))
+            return np.zeros(len(ORDERS)), np.zeros(len(ORDERS)), -math.inf
         honest = honest_clients(clients, self.colluders)
-        return tuple(SkellamRound(g, sigma, honest, self.step, self.dimension).rdp()  # type: ignore[return-value]
-                     for g in (sensitivity, sensitivity_add_remove))
+        ro, ar = (SkellamRound(g, sigma, honest, self.step, self.dimension).rdp()
+                  for g in (sensitivity, sensitivity_add_remove))
+        return ro, ar, log_clamp_bound(self.step, sigma, update_bound, clients, self.dimension)
 
-    def add(self, curves: tuple[np.ndarray, np.ndarray]) -> None:
+    def add(self, curves: Curves) -> None:
         self.rdp = self.rdp + curves[0]
         self.rdp_add_remove = self.rdp_add_remove + curves[1]
+        self.log_clamp = float(np.logaddexp(self.log_clamp, curves[2]))
 
     def amend(self, bounds: dict[str, BoundValue], add_remove: dict[str, Any], delta: float,
-              trial: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[tuple[int, ...], tuple[float, ...]]:
-        """Replace the ``secure_aggregation`` bound (and its add/remove-one entry) by the Skellam
-        bound, with ``trial`` (a round's curves) added when given; return the RDP curve (orders, nats)."""
-        rdp, rdp_ar = (self.rdp, self.rdp_add_remove) if trial is None else (self.rdp + trial[0],
-                                                                            self.rdp_add_remove + trial[1])
+              trial: Curves | None = None) -> tuple[tuple[int, ...], tuple[float, ...]]:
+        """Replace the ``secure_aggregation`` bound (and its add/remove-one entry) by the Skellam bound, with
+        ``trial`` (a round's curves) added when given, and mark the Gaussian bounds as not describing this
+        run; return the certified RDP curve (orders, nats)."""
+        rdp, rdp_ar, log_clamp = (self.rdp, self.rdp_add_remove, self.log_clamp) if trial is None else (
+            self.rdp + trial[0], self.rdp_add_remove + trial[1], float(np.logaddexp(self.log_clamp, trial[2])))
         value = bounds[SECURE_AGGREGATION_BOUND]
         replaced = (REAL_SUM_LABEL, secure_aggregation_assumption(self.colluders))
         label = (*(a for a in value.assumes if a not in replaced), skellam_assumption(self.colluders))
-        bounds[SECURE_AGGREGATION_BOUND] = BoundValue(mu=math.inf, epsilon=_epsilon(rdp, delta), sound=value.sound,
-                                                      assumes=label)
+        for name, other in list(bounds.items()):
+            if name != SECURE_AGGREGATION_BOUND:
+                bounds[name] = BoundValue(mu=other.mu, epsilon=other.epsilon, sound=False,
+                                          assumes=(*other.assumes, GAUSSIAN_ONLY))
+        bounds[SECURE_AGGREGATION_BOUND] = BoundValue(mu=math.inf, epsilon=_epsilon(rdp, delta, log_clamp),
+                                                      sound=value.sound, assumes=label)
         if add_remove.get("bound") == SECURE_AGGREGATION_BOUND:
-            add_remove.update(mu=math.inf, epsilon=_epsilon(rdp_ar, delta))
+            add_remove.update(mu=math.inf, epsilon=_epsilon(rdp_ar, delta, log_clamp))
         return ORDERS, tuple(float(v) for v in rdp)
 
 
-def rdp_delta(rdp: tuple[float, ...], orders: tuple[int, ...], epsilon: float) -> float:
+Curves = tuple[np.ndarray, np.ndarray, float]
+#: the label added to the Gaussian bounds of a run whose noise is Skellam (they do not describe it)
+GAUSSIAN_ONLY = "Gaussian noise: not this run's integer Skellam noise (only secure_aggregation describes it)"
+#: the share of delta set aside for a client's clamp (docs/MATH.md §20.4)
+CLAMP_SHARE = 1e-6
+
+
+def _epsilon(rdp: np.ndarray, delta: float, log_clamp: float) -> float:
+    """epsilon of the RDP curve at delta (1 - CLAMP_SHARE), valid at delta when the clamps fit the rest:
+    (1 + e^eps) P(clamp) <= CLAMP_SHARE delta (a coupling: the clamped mechanism differs from the Skellam
+    one only on the clamp event); inf (no claim) otherwise."""
+    if not np.any(rdp):
+        return 0.0
+    eps = epsilon_from_rdp(rdp, ORDERS, delta * (1.0 - CLAMP_SHARE))[0]
+    fits = float(np.logaddexp(0.0, eps)) + log_clamp <= math.log(CLAMP_SHARE * delta)
+    return eps if fits else math.inf
+
+
+def rdp_delta(rdp: tuple[float, ...], orders: tuple[int, ...], epsilon: float, log_clamp: float = -math.inf) -> float:
     """The smallest delta at ``epsilon`` from an RDP curve by the conversion of :func:`.skellam.epsilon_from_rdp`
-    solved for delta: log delta = (a - 1)(r - eps + log(1 - 1/a)) - log a, minimised over the orders."""
+    solved for delta, log delta = (a - 1)(r - eps + log(1 - 1/a)) - log a minimised over the orders, plus
+    (1 + e^eps) P(clamp) (``log_clamp``: its log)."""
     a, r = np.asarray(orders, dtype=np.float64), np.asarray(rdp, dtype=np.float64)
     log_delta = (a - 1.0) * (r - epsilon + np.log1p(-1.0 / a)) - np.log(a)
-    return float(min(1.0, math.exp(min(0.0, float(np.min(log_delta))))))
-
-
-def _epsilon(rdp: np.ndarray, delta: float) -> float:
-    return 0.0 if not np.any(rdp) else epsilon_from_rdp(rdp, ORDERS, delta)[0]
+    clamp = float(np.logaddexp(0.0, epsilon)) + log_clamp
+    return float(min(1.0, math.exp(float(np.logaddexp(min(0.0, float(np.min(log_delta))), min(0.0, clamp))))))
 
 
 def amend_secure_aggregation(threat_model: str, colluders: int, bounds: dict[str, BoundValue],

@@ -47,6 +47,7 @@ import numpy as np
 from .validate import int_at_least, nonnegative, positive
 
 __all__ = [
+    "CLIENT_HALF_RANGE",
     "ORDERS",
     "GridPlan",
     "SkellamRound",
@@ -54,6 +55,8 @@ __all__ = [
     "epsilon_from_rdp",
     "grid_plan",
     "honest_clients",
+    "log_clamp_bound",
+    "log_skellam_tail_bound",
     "rounded_sensitivity",
     "skellam_assumption",
     "skellam_epsilon",
@@ -256,9 +259,37 @@ def skellam_tail_bound(threshold: float, rate: float) -> float:
         return 1.0
     if lam == 0.0 or math.isinf(k):
         return 0.0
+    return math.exp(log_skellam_tail_bound(k, lam))
+
+
+def log_skellam_tail_bound(threshold: float, rate: float) -> float:
+    """The natural log of :func:`skellam_tail_bound` (finite where the bound itself underflows to 0; -inf for
+    rate 0 or an infinite threshold, 0 for a threshold <= 0). Same arguments."""
+    lam = nonnegative("rate", rate)
+    k = math.ceil(float(threshold)) if math.isfinite(float(threshold)) else float(threshold)
+    if k <= 0:
+        return 0.0
+    if lam == 0.0 or math.isinf(k):
+        return -math.inf
     u = k / (2.0 * lam)
-    exponent = 2.0 * lam * (u * math.asinh(u) - u * u / (1.0 + math.sqrt(1.0 + u * u)))
-    return math.exp(-exponent)
+    return -2.0 * lam * (u * math.asinh(u) - u * u / (1.0 + math.sqrt(1.0 + u * u)))
+
+
+#: the largest |integer| one client's upload may hold: Flower's SecAgg+ quantization takes values in [0, 2^30)
+CLIENT_HALF_RANGE = 2**29
+
+
+def log_clamp_bound(step: float, sigma: float, update_bound: float, clients: int, dimension: int) -> float:
+    """log of an upper bound on P(some client's integer a = round(Delta/s) + Sk of one round leaves
+    [-2^29, 2^29)), where the client clamps it (training/secure_sum.py): |round(Delta_j/s)| <= B/s + 1/2, so a
+    clamp needs |Sk| >= 2^29 - B/s - 1/2 (two Chernoff tails, union over clients x dimension values).
+    Unlike a wrap, a clamp changes one client's upload: the accountant adds it to delta (docs/MATH.md §20.4)."""
+    s, sig, b = positive("step", step), positive("sigma", sigma), positive("update_bound", update_bound)
+    m, d = int_at_least("clients", clients, 1), int_at_least("dimension", dimension, 1)
+    margin = CLIENT_HALF_RANGE - (b / s + 0.5)
+    if margin <= 0:
+        return 0.0
+    return min(0.0, math.log(2.0 * m * d) + log_skellam_tail_bound(margin, sig * sig / (2.0 * s * s)))
 
 
 def _plan_inputs(sigma: float, update_bound: float, clients: int, dimension: int, rounds: int,
@@ -329,7 +360,7 @@ class GridPlan:
 
 
 def grid_plan(sigma: float, update_bound: float, clients: int, dimension: int, rounds: int,
-              wrap_probability: float, modulus_bits: int = 30) -> GridPlan:
+              wrap_probability: float, modulus_bits: int = 32) -> GridPlan:
     """The smallest power-of-two step s (finest grid) whose wrap bound is at most ``wrap_probability``.
 
     A power of two keeps float arithmetic on grid values exact. The bound (:func:`wrap_bound`) is a Chernoff bound
@@ -352,6 +383,9 @@ def grid_plan(sigma: float, update_bound: float, clients: int, dimension: int, r
     # margin > 0 needs s > m B / (Q/2 - m/2): start one power of two below it
     exponent = math.floor(math.log2(m * b / (half - m / 2.0))) - 1
     top = math.floor(math.log2(sig))
+    # lam = sigma^2 / (2 s^2) < 2^31: numpy's Poisson sampler loses accuracy at larger rates (float64
+    # cancellation in its acceptance test: variance 3 % low at 1.7e14), so the grid is never finer than sigma/2^16
+    exponent = max(exponent, top - 15)
     while exponent <= top:
         s = math.ldexp(1.0, exponent)
         bound = wrap_bound(s, sig, b, m, d, t, bits)

@@ -16,13 +16,15 @@ sampled; when fewer than ``min-replies`` remain, the run fails with :class:`NotE
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord
+from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
@@ -32,8 +34,9 @@ from fl_dp_flower.privacy.records import AccountantConfig
 from fl_dp_flower.privacy.secure_aggregation import NOT_YET_CERTIFIABLE, SECURE_AGGREGATION_THREAT
 from fl_dp_flower.settings import DPSettings, FederationSettings
 
+from .guard import UnaccountableSum
 from .nodes import warn_until_enough_nodes
-from .replies import Usable, average_arrays
+from .replies import Usable, average_arrays, screen
 
 log = logging.getLogger("flwr").getChild(__name__)
 
@@ -74,14 +77,17 @@ def check_plan(settings: DPSettings, config: AccountantConfig, federation: Feder
     settings.check_accountant(config, federation.planned_clients)
 
 
-def check_grid(grid: Grid, config: AccountantConfig) -> None:
+def check_grid(grid: Grid, config: AccountantConfig, min_replies: int = 1,
+               admit: Callable[[dict[int, dict[str, Any]]], list[tuple[int, str]]] | None = None) -> None:
     """The Grid the threat model needs. ``secure-aggregation``: a :class:`~.secagg.SecAggGrid` whose grid step is
-    the accountant's (on a plain Grid the server would hold every upload, where only local DP holds); it is
-    told the accountant's dimension, which it checks against the model. ``curious-server``: no SecAggGrid (its
+    the accountant's (on a plain Grid the server would hold every upload, where only local DP holds), at least
+    ``min_replies`` contributors per sum; it is told the accountant's dimension (checked against the model),
+    the colluders (SecAgg+'s threshold must exceed them; :data:`~.secagg.HONEST_MINIMUM` others per sum) and
+    ``admit``, the strategy's check of the contributors' echoes before a sum is unmasked. ``curious-server``: no SecAggGrid (its
     replies all hold the unmasked average, which the per-reply checks may drop, and a dropped round would
     leave a sum the server has seen unaccounted; all-rounds and final-model trust the server: a dropped
     round releases nothing to their adversary)."""
-    from .secagg import SecAggGrid
+    from .secagg import HONEST_MINIMUM, SecAggGrid
 
     if isinstance(grid, SecAggGrid) and config.threat_model == "curious-server":
         raise ValueError("SecAggGrid is refused under threat_model 'curious-server': a round whose replies "
@@ -94,7 +100,12 @@ def check_grid(grid: Grid, config: AccountantConfig) -> None:
         if grid.grid.step != config.sum_grid_step:
             raise ValueError(f"the SecAggGrid's grid step {grid.grid.step!r} is not the accountant's sum_grid_step "
                              f"{config.sum_grid_step!r}")
-        grid.expected_dimension = config.sum_dimension
+        if grid.min_contributors < min_replies:
+            raise ValueError(f"the SecAggGrid's min_contributors {grid.min_contributors} is below min-replies "
+                             f"{min_replies}: the budget is checked for sums of at least min-replies clients")
+        grid.expected_dimension, grid.colluders, grid.honest_minimum = (config.sum_dimension, config.colluders,
+                                                                       HONEST_MINIMUM)
+        grid.admit = admit
 
 
 def fixed_denominator_sum(usable: list[Usable], reference: ArrayRecord, denominator: float) -> ArrayRecord:
@@ -143,6 +154,25 @@ class NodeSampling:
         """Nodes no longer sampled, with their last refusal reason."""
         return {n: r.last_reason for n, r in self.refusals.items() if r.excluded_at_round is not None}
 
+    def _secure_admission(self, echoes: dict[int, dict[str, Any]]) -> list[tuple[int, str]]:
+        """Secure aggregation, before a sum is unmasked: the contributors the round's screening would drop
+        (echoes, partition ids, the accountant), as (node, reason). Their replies carry the echoes and the
+        broadcast model (the arrays are not checked on secure sums)."""
+        pending = self._round  # type: ignore[attr-defined]  # NoisyStrategyMixin's round state
+        by_node = {m.metadata.dst_node_id: m for m in pending.sent}
+        replies = [Message(RecordDict({"arrays": pending.reference, "metrics": MetricRecord(metrics)}),
+                           reply_to=by_node[nid]) for nid, metrics in echoes.items()]
+        strategy: Any = self
+        usable, dropped = screen(replies, asked={n: m.metadata.message_id for n, m in by_node.items()},
+                                 reference=pending.reference, arrays_key=strategy.arrayrecord_key,
+                                 fedprox=strategy.settings.algorithm == "fedprox", slots=pending.slots,
+                                 clients_per_node=1, rules=strategy._screening_rules(pending.planned))
+        usable = strategy.guard.check_partitions(usable, dropped)
+        with contextlib.suppress(UnaccountableSum):  # nothing is revealed yet: the sum is simply not unmasked
+            strategy.guard.accountable(usable, dropped, pending.planned, lambda us: strategy._record(
+                pending.server_round, pending.planned, us, strategy._weights(us), applied=True, quiet=True))
+        return [(node, why) for node, why, _ in dropped]
+
     def _sample(self, grid: Grid, t: int) -> tuple[dict[int, tuple[int, ...]], list[int]]:
         """``clients-per-round`` distinct clients of eligible nodes (Poisson: each eligible client with
         probability q), grouped by node: node -> its sampled member slots (``(0,)`` outside cohort
@@ -155,7 +185,7 @@ class NodeSampling:
         """
         c = self.federation
         cpn = c.clients_per_node
-        check_grid(grid, self.accountant.config)
+        check_grid(grid, self.accountant.config, c.min_replies, self._secure_admission)
         warn_until_enough_nodes(grid, self.min_available_nodes, c)
         _, available = sample_nodes(grid, self.min_available_nodes, self.min_available_nodes)  # waits
         excluded = self.excluded_nodes

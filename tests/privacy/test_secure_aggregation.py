@@ -21,7 +21,8 @@ from fl_dp_flower.config import AppConfig, ConfigError
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.privacy.planning import calibrate, plan, planned_run
 from fl_dp_flower.privacy.records import AccountantConfig, RoundRecord
-from fl_dp_flower.privacy.secure_aggregation import REAL_SUM_LABEL, SECURE_AGGREGATION_BOUND, secure_aggregation_assumption
+from fl_dp_flower.privacy.secure_aggregation import SECURE_AGGREGATION_BOUND, secure_aggregation_assumption
+from fl_dp_flower.privacy.skellam import skellam_assumption
 
 DELTA = 1e-5
 V, LR, K, SIGMA = 1.5, 0.05, 4, 0.8
@@ -145,11 +146,12 @@ def test_poisson_client_sampling_is_refused():
         _config(1, sampling_rate=0.2)
     with pytest.raises(ConfigError, match="secure-aggregation.*client-sampling"):
         AppConfig.from_run_config({"threat-model": "secure-aggregation", "client-sampling": "poisson",
-                                   "sampling-rate": 0.2})
+                                   "sampling-rate": 0.2, "clients-per-round": 5, "min-replies": 5})
 
 
 def test_the_run_config_accepts_it_for_planning_with_its_colluders():
-    config = AppConfig.from_run_config({"threat-model": "secure-aggregation", "colluding-clients": 2})
+    config = AppConfig.from_run_config({"threat-model": "secure-aggregation", "colluding-clients": 2,
+                                        "clients-per-round": 6, "min-replies": 6})
     acc_config = config.accountant_config()
     assert acc_config.threat_model == "secure-aggregation" and acc_config.colluders == 2
     assert plan(acc_config, 3).certified_bound == SECURE_AGGREGATION_BOUND
@@ -170,15 +172,17 @@ def test_the_command_line_prints_the_assumption_next_to_the_certified_number(cap
     from fl_dp_flower.cli import main
 
     argv = ["privacy", "--sigma", "1", "--clients-per-round", "50", "--threat-model", "secure-aggregation",
-            "--colluding-clients", "3"]
+            "--colluding-clients", "3", "--min-replies", "7"]
     assert main([*argv, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["certified"]["bound"] == SECURE_AGGREGATION_BOUND
-    assert out["certified"]["mu"] == pytest.approx(out["bounds"]["composition"]["mu"], rel=1e-12)
-    assert out["certified"]["assumes"][-2:] == [secure_aggregation_assumption(3), REAL_SUM_LABEL]
+    # the run's integer sum (the app's model and grid): the Skellam bound, a little above the real-valued sum's
+    assert math.isinf(float(out["certified"]["mu"]))
+    assert out["bounds"]["composition"]["epsilon"] < out["certified"]["epsilon"]
+    assert out["certified"]["epsilon"] < 1.1 * out["bounds"]["composition"]["epsilon"]
+    assert out["certified"]["assumes"][-1] == skellam_assumption(3)
     assert main(argv) == 0
     text = " ".join(capsys.readouterr().out.split())  # the table wraps long lines
     assert "certified (secure_aggregation, chosen by threat model secure-aggregation" in text
-    assert "assuming secure aggregation (SecAgg+): an honest-but-curious server" in text
+    assert "Skellam secure sum" in text and "honest-but-curious server" in text
     assert "at most c = 3 colluding participants" in text
-    assert "real-valued secure sum: planning only" in text

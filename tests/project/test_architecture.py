@@ -11,7 +11,8 @@ import pytest
 
 PRIVACY = [f"fl_dp_flower.privacy.{m}" for m in
            ("schedules", "records", "gdp", "terms", "planned_terms", "bounds", "closed_forms", "final_model",
-            "planned_bounds", "accountant", "planning", "sampled", "secure_aggregation", "skellam")]
+            "planned_bounds", "accountant", "planning", "sampled", "secure_aggregation", "skellam", "plan_rules",
+            "running_sum")]
 REPORTING = [f"fl_dp_flower.reporting.{m}" for m in ("ledger", "console", "prometheus", "plot", "durable",
                                                                 "logfilter")]
 

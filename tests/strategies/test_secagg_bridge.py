@@ -22,8 +22,8 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 from fl_dp_flower.apps.client import train as our_train
 from fl_dp_flower.apps.secagg_mod import NOT_ON_THE_GRID, secure_upload_mod
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
-from fl_dp_flower.privacy.secure_aggregation import SECURE_AGGREGATION_BOUND
-from fl_dp_flower.privacy.skellam import ORDERS, SkellamRound, epsilon_from_rdp
+from fl_dp_flower.privacy.secure_aggregation import CLAMP_SHARE, SECURE_AGGREGATION_BOUND
+from fl_dp_flower.privacy.skellam import CLIENT_HALF_RANGE, ORDERS, SkellamRound, epsilon_from_rdp
 from fl_dp_flower.privacy.terms import round_terms
 from fl_dp_flower.protocol import SECURE_SUM_RECORD
 from fl_dp_flower.reporting import PrivacyLedger
@@ -31,13 +31,13 @@ from fl_dp_flower.reporting.ledger import read_ledger
 from fl_dp_flower.reporting.rounds import RoundSink
 from fl_dp_flower.reporting.verify import verify_ledger
 from fl_dp_flower.strategies import make_strategy
-from fl_dp_flower.strategies.secagg import SecAggGrid
+from fl_dp_flower.strategies.secagg import HONEST_MINIMUM, SecAggGrid
 from fl_dp_flower.testing import LocalGrid, tiny_config
 from fl_dp_flower.training.models import build_model
 from fl_dp_flower.training.secure_sum import SumGrid
 
 STAGES = ("setup", "share_keys", "collect_masked_vectors", "unmask")
-GRID = SumGrid(step=2.0**-16, bits=30)
+GRID = SumGrid(step=2.0**-16)
 
 
 class _DyingGrid(LocalGrid):
@@ -55,12 +55,12 @@ class _DyingGrid(LocalGrid):
 
 
 def _centred(k: np.ndarray) -> np.ndarray:
-    return np.where(k >= GRID.modulus // 2, k - GRID.modulus, k).astype(np.int64)
+    return k.astype(np.int64) - CLIENT_HALF_RANGE
 
 
-def _run(tmp_path, nodes: int, dies: dict[int, str], *, min_contributors: int = 1,
+def _run(tmp_path, nodes: int, dies: dict[int, str], *, min_contributors: int | None = None,
          threat_model: str = "secure-aggregation", grid: SumGrid = GRID, train=our_train, plain: bool = False,
-         step: float | None = None):
+         step: float | None = None, colluders: int = 1, node_config: dict | None = None):
     torch.set_num_threads(1)
     uploads: dict[int, list[np.ndarray]] = {}
 
@@ -74,7 +74,8 @@ def _run(tmp_path, nodes: int, dies: dict[int, str], *, min_contributors: int = 
     app = ClientApp(mods=[secaggplus_mod, secure_upload_mod])
     app.train()(recording_train)
     config = tiny_config(tmp_path, **{"clients-per-round": nodes, "num-partitions": nodes, "num-server-rounds": 1,
-                                      "threat-model": threat_model, "colluding-clients": 1})
+                                      "threat-model": threat_model, "colluding-clients": colluders,
+                                      "min-replies": min(nodes, colluders + 4)})
     model = build_model(config.dataset)
     initial = {k: v.numpy().copy() for k, v in model.state_dict().items()}
     values = sum(v.size for v in initial.values())
@@ -96,8 +97,8 @@ def _run(tmp_path, nodes: int, dies: dict[int, str], *, min_contributors: int = 
         return aggregate(server_round, replies)
 
     strategy.aggregate_train = spy
-    inner = _DyingGrid(app, nodes, config.to_run_config(), dies=dies)
-    run_grid = inner if plain else SecAggGrid(inner, grid, min_contributors=min_contributors)
+    inner = _DyingGrid(app, nodes, config.to_run_config(), dies=dies, node_config=node_config or {})
+    run_grid = inner if plain else SecAggGrid(inner, grid, min_contributors=min_contributors or config.min_replies)
     try:
         strategy.start(grid=run_grid, initial_arrays=ArrayRecord(model.state_dict()), num_rounds=1)
     finally:
@@ -105,12 +106,12 @@ def _run(tmp_path, nodes: int, dies: dict[int, str], *, min_contributors: int = 
     return accountant, run_grid, seen, uploads, initial, config
 
 
-@pytest.mark.parametrize("dies", [{}, {5: "collect_masked_vectors", 4: "unmask"}])
+@pytest.mark.parametrize("dies", [{}, {6: "collect_masked_vectors", 5: "unmask"}])
 def test_the_strategy_sees_only_the_exact_sum_and_certifies_its_skellam_bound(tmp_path, dies):
-    accountant, grid, seen, uploads, initial, config = _run(tmp_path, 5, dies)
-    entered = [n for n in range(1, 6) if dies.get(n) != "collect_masked_vectors"]  # masked vector arrived
+    accountant, grid, seen, uploads, initial, config = _run(tmp_path, 6, dies)
+    entered = [n for n in range(1, 7) if dies.get(n) != "collect_masked_vectors"]  # masked vector arrived
     assert grid.rounds[0].contributors == entered
-    assert sorted(uploads) == entered  # node 4 trained and uploaded, then died before unmasking: in the sum
+    assert sorted(uploads) == entered  # node 5 trained and uploaded, then died before unmasking: in the sum
     record = accountant.records[0]
     line = read_ledger(tmp_path / "ledger.jsonl").rounds[0]
     assert line["record"]["node_ids"] == entered and list(record.node_ids) == entered
@@ -131,14 +132,15 @@ def test_the_strategy_sees_only_the_exact_sum_and_certifies_its_skellam_bound(tm
     terms = round_terms(record, config.smoothness, 1, False)
     d = sum(v.size for v in initial.values())
     curve = SkellamRound(terms.client_sensitivity, config.sigma, len(entered) - 1, GRID.step, d).rdp()
-    assert report.certified.epsilon == pytest.approx(epsilon_from_rdp(curve, ORDERS, config.delta)[0], rel=1e-12)
+    expected = epsilon_from_rdp(curve, ORDERS, config.delta * (1 - CLAMP_SHARE))[0]  # delta's clamp share aside
+    assert report.certified.epsilon == pytest.approx(expected, rel=1e-12)
     assert line["report"]["certified"]["bound"] == SECURE_AGGREGATION_BOUND
     assert any("Skellam" in a for a in report.certified.assumes)
 
 
 def test_a_sum_of_fewer_than_min_contributors_is_never_unmasked(tmp_path):
-    accountant, grid, seen, uploads, _, _ = _run(tmp_path, 4, {4: "collect_masked_vectors"}, min_contributors=4)
-    assert len(uploads) == 3 and not grid.rounds[0].completed  # three masked vectors arrived, none unmasked
+    accountant, grid, seen, uploads, _, _ = _run(tmp_path, 6, {6: "collect_masked_vectors"}, min_contributors=6)
+    assert len(uploads) == 5 and not grid.rounds[0].completed  # five masked vectors arrived, none unmasked
     assert seen == [] and accountant.num_releases == 0
 
 
@@ -156,18 +158,19 @@ def test_a_train_handler_that_uploads_a_float_model_is_stopped_on_the_client(tmp
 def test_secure_aggregation_on_a_plain_grid_is_refused(tmp_path):
     """On a plain Grid the server would hold every upload and still claim the sum's bound."""
     with pytest.raises(ValueError, match="needs a SecAggGrid"):
-        _run(tmp_path, 3, {}, plain=True)
+        _run(tmp_path, 5, {}, plain=True)
 
 
 def test_a_grid_step_other_than_the_accountants_is_refused(tmp_path):
     with pytest.raises(ValueError, match="is not the accountant's sum_grid_step"):
-        _run(tmp_path, 3, {}, step=2.0**-10)
+        _run(tmp_path, 5, {}, step=2.0**-10)
 
 
 def test_secure_aggregation_without_the_grid_is_planning_only(tmp_path):
-    config = tiny_config(tmp_path, **{"threat-model": "secure-aggregation"})
+    config = tiny_config(tmp_path, **{"threat-model": "secure-aggregation", "clients-per-round": 5, "min-replies": 5})
+    real_valued = dataclasses.replace(config.accountant_config(), sum_grid_step=None, sum_dimension=None)
     with pytest.raises(ValueError, match="without sum_grid_step is for planning only"):
-        make_strategy(config, PrivacyAccountant(config.accountant_config()), sinks=[])
+        make_strategy(config, PrivacyAccountant(real_valued), sinks=[])
 
 
 def test_the_bridge_is_refused_where_the_server_is_the_adversary_of_each_upload(tmp_path):
@@ -175,3 +178,29 @@ def test_the_bridge_is_refused_where_the_server_is_the_adversary_of_each_upload(
     sum the server saw unaccounted: refused, pointing to the secure-aggregation threat model."""
     with pytest.raises(ValueError, match="refused under threat_model 'curious-server'"):
         _run(tmp_path, 3, {}, threat_model="curious-server")
+
+
+def test_a_coalition_as_large_as_the_secagg_threshold_is_refused(tmp_path):
+    """With every other client as neighbour and threshold 0.5, SecAgg+ rebuilds masks from 4 of 8 shares: 4
+    colluders could unmask one upload (review finding), so the run stops before any upload is sent."""
+    with pytest.raises(ValueError, match="does not exceed the 4 colluding clients"):
+        _run(tmp_path, 8, {}, colluders=4)
+
+
+def test_a_sum_with_fewer_than_four_clients_outside_the_coalition_is_never_unmasked(tmp_path):
+    """Flower's masks come from 32-bit seeds: with <= 3 honest contributors a server can brute-force one
+    client's masks (review finding), so such a sum is not unmasked and nothing is accounted (the run config
+    already asks min-replies - colluding-clients >= 4; the grid holds the line for library use too)."""
+    accountant, grid, seen, uploads, _, _ = _run(tmp_path, 5, {5: "collect_masked_vectors"})
+    assert len(uploads) == 4 and not grid.rounds[0].completed  # 4 contributors, c = 1: 3 honest
+    assert seen == [] and accountant.num_releases == 0
+    assert grid.honest_minimum == HONEST_MINIMUM == 4
+
+
+def test_a_sum_with_a_contributor_the_strategy_would_drop_is_never_unmasked(tmp_path, caplog):
+    """Two nodes with one partition: the strategy would drop one reply after the fact while its upload sits in
+    the sum (review finding: the sample would count twice). The echoes are checked before unmasking instead."""
+    caplog.set_level(logging.ERROR, logger="fl_dp_flower.strategies.secagg")
+    accountant, grid, seen, _, _, _ = _run(tmp_path, 6, {}, node_config={6: {"partition-id": 0}})
+    assert not grid.rounds[0].completed and seen == [] and accountant.num_releases == 0
+    assert any("not unmasked: node 6 would be dropped" in r.getMessage() for r in caplog.records)

@@ -8,6 +8,7 @@ import pytest
 from flwr.common.secure_aggregation.ndarrays_arithmetic import factor_combine, factor_extract, parameters_mod
 from flwr.common.secure_aggregation.quantization import dequantize, quantize
 
+from fl_dp_flower.privacy.skellam import CLIENT_HALF_RANGE
 from fl_dp_flower.training.secure_sum import (FLOWER_LEVELS, FLOWER_MODULUS, FLOWER_RANGE, SumGrid, decode_sum,
                                               encode_update, skellam_noise, to_flower_values)
 
@@ -29,58 +30,75 @@ def _through_flower(encoded_per_client: list[list[np.ndarray]]) -> list[np.ndarr
     return out
 
 
+def _encode(update, grid, sigma, seed):
+    return encode_update(update, grid, sigma, rng=np.random.default_rng(seed))[0]
+
+
 @pytest.mark.parametrize("clients", [1, 3, 4, 7])
 def test_the_decoded_sum_is_the_exact_integer_sum(clients):
-    grid = SumGrid(step=2.0**-12, bits=20)
+    grid = SumGrid(step=2.0**-12)
     rng = np.random.default_rng(clients)
     updates = [[rng.normal(0, 3.0, size=(5, 4)), rng.normal(0, 3.0, size=7)] for _ in range(clients)]
-    enc = [encode_update(u, grid, sigma=0.5, rng=np.random.default_rng(100 + i)) for i, u in enumerate(updates)]
-    # the clients' integers before the modulus: the same draws again
+    enc = [_encode(u, grid, 0.5, 100 + i) for i, u in enumerate(updates)]
+    # the clients' integers before the offset: the same draws again
     ints = [[np.rint(d / grid.step).astype(np.int64) + skellam_noise(d.shape, grid.poisson_rate(0.5), r)
              for d in u] for u, r in ((u, np.random.default_rng(100 + i)) for i, u in enumerate(updates))]
     decoded = decode_sum(_through_flower(enc), clients, grid)
     for j in range(2):
         exact = sum(c[j] for c in ints)
-        assert np.all(np.abs(exact) < grid.modulus // 2)
         np.testing.assert_array_equal(decoded[j], exact.astype(np.float64) * grid.step)
 
 
-def test_sums_that_wrap_the_field_decode_exactly():
-    """Integers near Q - 1 from many clients wrap 2^32 many times over; (sum mod 2^32) mod Q is still exact."""
-    grid = SumGrid(step=1.0, bits=30)
+def test_what_the_server_sees_is_a_function_of_the_sum_alone():
+    """No per-client carry (review finding): uploads with one sum give one field element, whatever the signs."""
+    a = [np.array([5, -5, CLIENT_HALF_RANGE - 1]), np.array([-5, 5, -(CLIENT_HALF_RANGE - 1)])]
+    b = [np.array([0, 0, 0]), np.array([0, 0, 0])]
+    seen = [_through_flower([[x + CLIENT_HALF_RANGE] for x in pair])[0] for pair in (a, b)]
+    np.testing.assert_array_equal(seen[0], seen[1])
+    np.testing.assert_array_equal(decode_sum([seen[0]], 2, SumGrid(step=1.0))[0], [0, 0, 0])
+
+
+def test_sums_beyond_the_field_wrap_modulo_2_to_the_32():
+    """Sums of many near-extreme integers wrap 2^32: the decoded value is the sum modulo 2^32, centred."""
+    grid = SumGrid(step=1.0)
     n = 9
-    ks = [[np.array([grid.modulus - 1, grid.modulus - 2, 5], dtype=np.int64)] for _ in range(n)]
+    top = CLIENT_HALF_RANGE - 1
+    ks = [[np.array([top, -CLIENT_HALF_RANGE, 5]) + CLIENT_HALF_RANGE] for _ in range(n)]
     decoded = decode_sum(_through_flower(ks), n, grid)
-    np.testing.assert_array_equal(decoded[0], [-n, -2 * n, 5 * n])
+    exact = np.array([n * top, -n * CLIENT_HALF_RANGE, 5 * n])
+    wrapped = (exact + 2**31) % 2**32 - 2**31
+    np.testing.assert_array_equal(decoded[0], wrapped)
+    assert wrapped[0] != exact[0]  # the test exercises a wrap
+
+
+def test_values_beyond_the_client_range_are_clamped_and_counted():
+    grid = SumGrid(step=1.0)
+    enc, clamped = encode_update([np.array([3.0 * CLIENT_HALF_RANGE, -3.0 * CLIENT_HALF_RANGE, 7.0])], grid,
+                                 1e-9, rng=np.random.default_rng(0))
+    assert clamped == 2
+    np.testing.assert_array_equal(enc[0], [2 * CLIENT_HALF_RANGE - 1, 0, CLIENT_HALF_RANGE + 7])
 
 
 def test_the_skellam_noise_has_variance_sigma_squared_in_parameter_units():
-    grid = SumGrid(step=2.0**-8, bits=30)
+    grid = SumGrid(step=2.0**-8)
     sigma = 0.3
-    zero = [np.zeros(200_000)]
-    enc = encode_update(zero, grid, sigma, rng=np.random.default_rng(0))[0]
-    centred = np.where(enc >= grid.modulus // 2, enc - grid.modulus, enc) * grid.step
+    enc = _encode([np.zeros(200_000)], grid, sigma, 0)[0]
+    centred = (enc - CLIENT_HALF_RANGE) * grid.step
     assert abs(centred.mean()) < 0.005 and centred.var() == pytest.approx(sigma**2, rel=0.02)
-    assert np.all(np.mod(centred / grid.step, 1) == 0)  # on the grid
 
 
 def test_rounding_is_to_the_nearest_grid_point():
-    grid = SumGrid(step=0.25, bits=16)
-    rate = grid.poisson_rate(1e-9)  # practically no noise: lam ~ 1e-17
-    enc = encode_update([np.array([0.1, 0.13, -0.37, 2.0])], grid, 1e-9, rng=np.random.default_rng(1))[0]
-    assert rate < 1e-15
-    np.testing.assert_array_equal(np.where(enc >= 2**15, enc - 2**16, enc), [0, 1, -1, 8])
+    grid = SumGrid(step=0.25)
+    enc = _encode([np.array([0.1, 0.13, -0.37, 2.0])], grid, 1e-9, 1)[0]
+    np.testing.assert_array_equal(enc - CLIENT_HALF_RANGE, [0, 1, -1, 8])
 
 
-@pytest.mark.parametrize("kwargs, message", [({"step": 0.3, "bits": 10}, "power of two"),
-                                             ({"step": -1.0, "bits": 10}, "step"),
-                                             ({"step": 0.5, "bits": 31}, r"bits must be in \[2, 30\]"),
-                                             ({"step": 0.5, "bits": 1}, "bits")])
-def test_bad_grids_are_refused_naming_the_field(kwargs, message):
+@pytest.mark.parametrize("step, message", [(0.3, "power of two"), (-1.0, "step")])
+def test_bad_grids_are_refused_naming_the_field(step, message):
     with pytest.raises(ValueError, match=message):
-        SumGrid(**kwargs)
+        SumGrid(step=step)
 
 
 def test_a_non_finite_update_is_refused():
     with pytest.raises(ValueError, match="non-finite"):
-        encode_update([np.array([np.nan])], SumGrid(step=1.0, bits=8), 1.0)
+        encode_update([np.array([np.nan])], SumGrid(step=1.0), 1.0)

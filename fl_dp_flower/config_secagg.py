@@ -1,0 +1,88 @@
+"""The run-config keys of secure aggregation (threat-model "secure-aggregation"; docs/MATH.md §20).
+
+:class:`~fl_dp_flower.config.AppConfig` inherits these fields (defined here, once, validated like every
+other key). Under ``threat-model = "secure-aggregation"`` the server runs every train round through
+Flower's SecAgg+ (:class:`~fl_dp_flower.strategies.secagg.SecAggGrid`), the clients upload their clean
+update on an integer grid plus Skellam noise (training/secure_sum.py), and the accountant certifies the
+Skellam bound of the integer sum (:mod:`fl_dp_flower.privacy.secure_aggregation`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .config_messages import dash
+
+__all__ = ["SecureAggregationConfig"]
+
+
+class SecureAggregationConfig(BaseModel):
+    """The secure-aggregation keys (a base of AppConfig, same model settings)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", alias_generator=dash, populate_by_name=True,
+                              allow_inf_nan=False, coerce_numbers_to_str=True, use_attribute_docstrings=True)
+
+    secagg_num_shares: int = Field(0, ge=0, description=(
+        "SecAgg+ neighbours of each client (Flower's num_shares): 0 = every other client of the round (the "
+        "strongest: any coalition below the threshold learns nothing; cost grows with the square of the "
+        "clients per round); otherwise an integer >= 3 (cheaper; a client's masks are shared with that many "
+        "neighbours only)."))
+    secagg_threshold: float = Field(0.5, gt=0, le=1, description=(
+        "SecAgg+'s reconstruction threshold as a fraction of the shares (Flower's reconstruction_threshold): "
+        "a dropped client's masks are rebuilt from that many neighbours, and a coalition that large can "
+        "unmask one upload, so 'colluding-clients' must stay below it (docs/MATH.md §20.3)."))
+    secagg_wrap_probability: float = Field(1e-9, gt=0, lt=1, description=(
+        "Bound on the probability that some value of some round's secure sum leaves the decodable range "
+        "(2^30 grid steps): it sets the grid step, the finest power of two that meets it. A wrap costs that "
+        "round's accuracy, never privacy (the sum modulo 2^30 is post-processing of the exact integer sum)."))
+
+    @model_validator(mode="after")
+    def _secure_aggregation_needs(self) -> Any:
+        if self.secagg_num_shares in (1, 2):
+            raise ValueError("'secagg-num-shares' must be 0 (every other client) or an integer >= 3, got "
+                             f"{self.secagg_num_shares}")
+        if getattr(self, "threat_model", None) != "secure-aggregation":
+            return self
+        if getattr(self, "clients_per_node", 1) != 1:
+            raise ValueError("threat-model 'secure-aggregation' needs 'clients-per-node' = 1: cohorts do not "
+                             "upload the integer sum yet")
+        c: Any = self
+        if c.min_replies - c.colluding_clients < 4:
+            raise ValueError(f"threat-model 'secure-aggregation' needs 'min-replies' - 'colluding-clients' >= 4 (got "
+                             f"{c.min_replies} - {c.colluding_clients}): Flower's SecAgg+ masks come from 32-bit seeds, "
+                             "so a sum with 3 or fewer contributors outside the coalition could be brute-forced "
+                             "(docs/MATH.md §20.3)")
+        if 0 < self.secagg_num_shares < 5:
+            raise ValueError("threat-model 'secure-aggregation' needs 'secagg-num-shares' = 0 or >= 5 (fewer neighbours "
+                             "let a server brute-force Flower's 32-bit mask seeds along the ring; docs/MATH.md §20.3)")
+        return self
+
+    def secure_sum_grid(self) -> Any:
+        """The integer grid of this run's uploads (training/secure_sum.py ``plan_grid``), None unless the
+        threat model is secure-aggregation: the clean update bound of the largest round (round 1's step
+        sizes), clients-per-round uploads of the model's values, num-server-rounds rounds."""
+        if getattr(self, "threat_model", None) != "secure-aggregation":
+            return None
+        from .privacy.schedules import step_sizes  # numpy-free; torch only below (the model's size)
+        from .training.models import parameter_count
+        from .training.secure_sum import plan_grid
+
+        c: Any = self
+        etas = step_sizes(c.schedule, c.lr, 0, c.local_steps)
+        return plan_grid(c.sigma, c.clip_norm, etas, c.clients_per_round, parameter_count(c.dataset),
+                         c.num_server_rounds, c.secagg_wrap_probability)
+
+    def secure_sum_fields(self) -> dict[str, Any]:
+        """The accountant config's ``sum_grid_step`` and ``sum_dimension`` ({} outside secure aggregation)."""
+        grid = self.secure_sum_grid()
+        if grid is None:
+            return {}
+        from .training.models import parameter_count
+
+        return {"sum_grid_step": grid.step, "sum_dimension": parameter_count(getattr(self, "dataset"))}
+
+    def secagg_workflow_args(self) -> dict[str, Any]:
+        """SecAggGrid's num_shares and reconstruction_threshold (Flower's conventions: 1.0 = all)."""
+        return {"num_shares": self.secagg_num_shares or 1.0, "reconstruction_threshold": self.secagg_threshold}
