@@ -12,8 +12,9 @@ Layers (docs/ARCHITECTURE.md has the data flow):
 - ``fl_dp_flower.launcher``    ``fl-dp-flower run``: the main job in Flower's simulation engine
 
 The public API (below, ``__all__``) is what your own Flower app uses: settings, the strategies,
-the client side (``dp_train``), the accountant and planning, the sinks, and an adapter for
-Flower's own DP wrappers. Names are imported lazily, so ``import fl_dp_flower`` stays cheap
+the client side (``dp_train``), the accountant and planning, the sinks, secure aggregation
+(``SecAggGrid`` around your Grid, ``secure_aggregation_mod`` in your ClientApp, ``plan_grid``), and an
+adapter for Flower's own DP wrappers. Names are imported lazily, so ``import fl_dp_flower`` stays cheap
 (no torch, no flwr until a name that needs them is used).
 """
 
@@ -44,6 +45,9 @@ _PUBLIC = {
     "open_ledger": "fl_dp_flower.reporting.rounds",
     "FlowerGDPAccountant": "fl_dp_flower.interop",
     "FlDpError": "fl_dp_flower.errors",
+    "SecAggGrid": "fl_dp_flower.strategies.secagg",
+    "secure_aggregation_mod": "fl_dp_flower.apps.secagg_mod",
+    "plan_grid": "fl_dp_flower.training.secure_sum",
 }
 
 __all__ = [
@@ -60,14 +64,18 @@ __all__ = [
     "PrivacySink",
     "PrometheusSink",
     "RoundOutcome",
+    "SecAggGrid",
     "TrainInstruction",
     "calibrate",
     "dp_train",
     "open_ledger",
     "plan",
+    "plan_grid",
+    "secure_aggregation_mod",
 ]
 
 if TYPE_CHECKING:
+    from fl_dp_flower.apps.secagg_mod import secure_aggregation_mod
     from fl_dp_flower.client import dp_train
     from fl_dp_flower.errors import FlDpError
     from fl_dp_flower.interop import FlowerGDPAccountant
@@ -78,6 +86,8 @@ if TYPE_CHECKING:
                                                open_ledger)
     from fl_dp_flower.settings import DPSettings, FederationSettings
     from fl_dp_flower.strategies.noisy import NoisyFedAvg, NoisyFedProx
+    from fl_dp_flower.strategies.secagg import SecAggGrid
+    from fl_dp_flower.training.secure_sum import plan_grid
 
 
 def __getattr__(name: str) -> Any:

@@ -38,7 +38,7 @@ from .privacy.schedules import step_sizes
 from .protocol import (BATCH_SIZE, PARTITION_ID, SECURE_SUM_RECORD, Refused, TrainInstruction, echo, refusal,
                        sum_grid_config, sum_grid_from_config)
 from .training.local_update import LocalUpdateStats, LossFn, local_update
-from .training.noise import add_gaussian_noise_, make_noise_source
+from .training.noise import FIXED_SEED_WARNING, add_gaussian_noise_, make_noise_source
 from .training.secure_sum import SumGrid, encode_update
 
 __all__ = ["check_no_buffers", "derived_seed", "dp_train", "log_nonfinite", "noisy_local_update", "secure_sum_update",
@@ -129,6 +129,8 @@ def secure_sum_update(model: nn.Module, x: torch.Tensor, y: torch.Tensor, instru
     stats = _clipped_steps(model, x, y, s, client, loss_fn)
     after = {k: v.detach().to("cpu", torch.float64).numpy() for k, v in model.state_dict().items()}
     fixed = s.seed >= 0 and noise_mode == "standard"
+    if fixed:
+        log.warning(FIXED_SEED_WARNING)
     rng = np.random.default_rng(derived_seed(s.seed, client, s.round_index, 0)) if fixed else None
     upload, clamped = encode_update([after[k] - before[k] for k in before], grid, s.sigma, rng)
     if clamped:  # the grid plan makes this astronomically unlikely; the accountant charges its probability

@@ -86,6 +86,11 @@ def gaussian_noised(t: torch.Tensor, sigma: float, source: torch.Generator | Sec
     return t + float(sigma) * torch.randn(t.shape, generator=source, device=t.device, dtype=t.dtype)
 
 
+#: logged whenever noise is drawn from a fixed seed (the Gaussian generators here, the Skellam one of secure_sum)
+FIXED_SEED_WARNING = ("Noise generator seeded with a fixed seed: the noise is reproducible. Use this for "
+                      "experiments only; with a known seed the noise can be removed and gives NO privacy.")
+
+
 def make_generator(device: torch.device | str = "cpu", seed: int | None = None) -> torch.Generator:
     """A torch.Generator on ``device``; seed None/-1 = OS entropy, otherwise reproducible (+ WARNING)."""
     gen = torch.Generator(device=torch.device(device))
@@ -94,10 +99,7 @@ def make_generator(device: torch.device | str = "cpu", seed: int | None = None) 
     else:
         if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
             raise ValueError(f"seed must be None, -1 or an integer >= 0, got {seed!r}")
-        log.warning(
-            "Noise generator seeded with a fixed seed: the noise is reproducible. Use this for "
-            "experiments only; with a known seed the noise can be removed and gives NO privacy."
-        )
+        log.warning(FIXED_SEED_WARNING)
         gen.manual_seed(seed)
     return gen
 
