@@ -128,7 +128,7 @@ _THREAT_RULE = {
     "all-rounds": "composition, amplified ('sampled') with Poisson client sampling (the adversary sees every global model)",
     "final-model": "the smallest certifiable final-model bound",
     "curious-server": "local_dp (the server sees every upload)",
-    "secure-aggregation": "secure_aggregation: composition against a server that sees only the secure sum (SecAgg+)",
+    "secure-aggregation": "secure_aggregation: the Skellam bound against a server that sees only the secure sum (SecAgg+)",
 }
 
 

@@ -3,8 +3,9 @@
 Mechanism (one round t). Each client i rounds its CLEAN update Delta_i (parameter units) to the grid of step s
 (nearest rounding, deterministic): a_i = round(Delta_i / s) (grid units, integers), adds its own integer noise
 Sk(lam) = Poisson(lam) - Poisson(lam) with lam = sigma^2 / (2 s^2) (variance 2 lam = sigma^2 / s^2 grid units^2,
-i.e. sigma^2 in parameter units), reduces mod Q = 2^modulus_bits and SecAgg+ sums mod 2^32. The server learns
-(sum_i a_i + sum_i Sk_i) mod Q: a post-processing of the exact integer sum. A sum of independent Skellams is
+i.e. sigma^2 in parameter units), clamps to [-2^29, 2^29) (:data:`CLIENT_HALF_RANGE`; the accountant charges the
+clamp's probability to delta, :func:`log_clamp_bound`) and uploads it offset by 2^29; SecAgg+ sums mod 2^32. The
+server learns (sum_i a_i + sum_i Sk_i) mod 2^32: a post-processing of the exact integer sum. A sum of independent Skellams is
 Skellam exactly, so against the server and a coalition of c participants (which subtracts its own values) round t
 is the multi-dimensional Skellam mechanism with per-coordinate variance (grid units^2)
 
@@ -24,12 +25,13 @@ Rounds compose (adaptively) by adding RDP; (eps, delta) comes from the conversio
 eps = min_alpha rdp(alpha) + log((alpha - 1)/alpha) - (log delta + log alpha) / (alpha - 1).
 Adjacency: replacing one sample of one honest client (as Gamma_t). Epsilon is in nats, delta a probability.
 
-Main job (Gamma 4, sigma 0.55, m 4000, c 0, 60 rounds, d 61706, s = 2^-15, delta 1e-5): eps 4.151 at order 6
-(c = 1: 4.152), against 3.8303 for the real-valued sum's exact GDP (docs/MATH.md §20.2): +8.4 %, of which the
-RDP conversion is 8.1 % (Gaussian RDP at the same orders: 4.142) and rounding + Skellam 0.2 %.
+Main job (Gamma 4, sigma 0.55, m 4000, c 0, 60 rounds, d 61706, s = 2^-16, delta 1e-5): eps 4.147 at order 6,
+against 3.8303 for the real-valued sum's exact GDP (docs/MATH.md §20.2): +8.3 %, of which the RDP conversion is
+8.1 % (Gaussian RDP at the same orders: 4.142) and rounding + Skellam 0.1 %.
 
-:func:`grid_plan` chooses s and Q so that the integer sum wraps modulo Q with a stated small probability. A wrap
-is post-processing of the integer sum: it cannot weaken the guarantee above, only the model's utility.
+:func:`grid_plan` chooses s so that the integer sum wraps modulo Q = 2^modulus_bits (2^32 for SecAgg+) with a
+stated small probability. A wrap is post-processing of the integer sum: it cannot weaken the guarantee above,
+only the model's utility.
 
 Only math, numpy and scipy are used.
 """
@@ -81,7 +83,7 @@ def skellam_assumption(colluders: int) -> str:
     c = int_at_least("colluders", colluders, 0)
     return (f"Skellam secure sum: every client rounds its clean update to the grid (nearest) and adds its own "
             f"integer Skellam noise on its device before masking; an honest-but-curious server that sees only "
-            f"the sum modulo Q; at most c = {c} colluding participants, fewer than SecAgg+'s reconstruction "
+            f"the sum modulo 2^32; at most c = {c} colluding participants, fewer than SecAgg+'s reconstruction "
             "threshold; RDP of Agarwal-Kairouz-Liu 2021 (Thm 3.5) converted at integer orders (docs/MATH.md §20)")
 
 
