@@ -181,7 +181,7 @@ class PrivacyAccountant:
             epsilon=report.certified.epsilon,
             delta=d,
             num_releases=self.num_releases,
-            accounting_method=ACCOUNTING_METHOD,
+            accounting_method=ACCOUNTING_METHOD if report.rdp_curve is None else "skellam-rdp",
             mu=mu,
             bound=report.certified_bound,
         )

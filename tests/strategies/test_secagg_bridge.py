@@ -136,6 +136,9 @@ def test_the_strategy_sees_only_the_exact_sum_and_certifies_its_skellam_bound(tm
     assert report.certified.epsilon == pytest.approx(expected, rel=1e-12)
     assert line["report"]["certified"]["bound"] == SECURE_AGGREGATION_BOUND
     assert any("Skellam" in a for a in report.certified.assumes)
+    spent = accountant.get_privacy_spent()
+    assert spent.accounting_method == "skellam-rdp" and spent.epsilon == report.certified.epsilon
+    assert accountant.get_delta(spent.epsilon) == pytest.approx(config.delta, rel=1e-3)  # the RDP curve inverted
 
 
 def test_a_sum_of_fewer_than_min_contributors_is_never_unmasked(tmp_path):
