@@ -111,7 +111,8 @@ def one_run(overrides: dict[str, Any], seed: int, validation: float, epsilon: fl
     if "ema:0.8" in curves and curves["ema:0.8"]["test"] != trained:  # the replay is the run's own release
         raise SystemExit(f"replayed ema:0.8 {curves['ema:0.8']['test']} differs from the run's {trained}")
     return {"overrides": overrides, "seed": seed, "m": m, "sigma": rc["sigma"], "lr": rc["lr"],
-            "rounds": rc["num-server-rounds"], "epsilon": certified["epsilon"], "seconds": seconds, "curves": curves}
+            "rounds": rc["num-server-rounds"], "epsilon": certified["epsilon"], "seconds": seconds, "curves": curves,
+            "iterates": [(r, w.to_numpy_ndarrays()) for r, w in iterates]}
 
 
 def summarise(runs: list[dict[str, Any]], releases: list[str], show_test: bool, after: int) -> None:
@@ -141,6 +142,7 @@ def main() -> None:
     parser.add_argument("--releases", nargs="+", default=["none", "ema:0.7", "ema:0.8", "ema:0.9", "tail:0.33"])
     parser.add_argument("--after", type=int, default=20, help="rounds after this one are checked against 0.80")
     parser.add_argument("--out", type=Path, default=Path("outputs/main-sweep"))
+    parser.add_argument("--keep-iterates", action="store_true", help="save each run's iterates (.npz beside its JSON)")
     parser.add_argument("--show-test", action="store_true", help="print test accuracy (for the chosen setting only)")
     args = parser.parse_args()
     overrides = {k: _value(v) for k, _, v in (item.partition("=") for item in args.set)}
@@ -156,6 +158,12 @@ def main() -> None:
                 continue
             raise SystemExit(f"{path} lacks releases {missing}: delete it to rerun")
         run = one_run(overrides, seed, args.validation_fraction, args.epsilon, args.releases)
+        iterates = run.pop("iterates")
+        if args.keep_iterates:  # to replay other release averages later (about 15 MB per 60 rounds)
+            import numpy as np
+
+            np.savez_compressed(path.with_suffix(".npz"), **{f"{r}/{i}": a for r, arrays in iterates
+                                                               for i, a in enumerate(arrays)})
         path.write_text(json.dumps(run))
         runs.append(run)
         print(f"seed {seed}: {run['seconds']:.0f} s, final val " +
