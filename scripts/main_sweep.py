@@ -10,7 +10,7 @@ The training trajectory does not depend on the release average (tests/strategies
 so each run's iterates are captured once and every release average of ``--releases`` is computed
 from them by the package's own ``ServerUpdate`` and evaluated by the server's own evaluation
 function, on the validation images (to choose) and the test images (to report, for the chosen
-setting only). Results go to ``--out`` (one JSON per run) and a table on stdout.
+setting only). Means ± sample standard deviations over the seeds. Results go to ``--out`` (one JSON per run) and a table on stdout.
 
 Run: .venv/bin/python scripts/main_sweep.py --seeds 0 1 2 --set lr=1.5 [--releases ema:0.8 ema:0.9 tail:0.5]
 (one run: about 2 to 4 minutes on the shared 2-core machine; one thread)
@@ -151,12 +151,12 @@ def summarise(runs: list[dict[str, Any]], releases: list[str], show_test: bool, 
     for spec in releases:
         vals = [r["curves"][spec]["val"] for r in runs]
         final = [v[-1] for v in vals]
-        line = (f"| {spec} | {statistics.fmean(final):.3f} ± {statistics.pstdev(final):.3f} | "
+        line = (f"| {spec} | {statistics.fmean(final):.3f} ± {(statistics.stdev(final) if len(final) > 1 else 0.0):.3f} | "
                 f"{min(min(v[third:]) for v in vals):.3f} | {sum(sum(x < 0.8 for x in v[third:]) for v in vals)} |")
         if show_test:
             tests = [r["curves"][spec]["test"] for r in runs]
             tf = [t[-1] for t in tests]
-            line += f" {statistics.fmean(tf):.3f} ± {statistics.pstdev(tf):.3f} | {min(min(t[third:]) for t in tests):.3f} |"
+            line += f" {statistics.fmean(tf):.3f} ± {(statistics.stdev(tf) if len(tf) > 1 else 0.0):.3f} | {min(min(t[third:]) for t in tests):.3f} |"
         print(line)
 
 
