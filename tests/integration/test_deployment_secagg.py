@@ -30,6 +30,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+import torch
 
 from deploy_harness import QUIET, Federation, kill_tree, pids_with_marker, wait_until
 from fl_dp_flower.reporting import read_ledger
@@ -169,3 +170,12 @@ def test_secure_aggregation_survives_a_supernode_killed_mid_protocol(fed5, tmp_p
     assert "dropped reply of node" not in logs and "Traceback" not in logs, logs[-4000:]
     assert "not unmasked" not in logs
     assert verify_ledger(ledger).ok
+
+    # the sum was unmasked right: a mask left in (the victim's pairwise masks, when it is left out) makes the
+    # decoded values near-uniform residues, most of them beyond 2^28 grid steps / m (here ~ 2^28 * 2^-16 / 4 = 1024);
+    # the real model stays within a few units (initial weights, 2 updates of norm <= lr K V, noise sigma / sqrt(m))
+    step = contents.header["accountant_config"]["sum_grid_step"]
+    torch.set_num_threads(1)
+    final = torch.load(out / "secagg-kill" / "final_model.pt", weights_only=True)
+    largest = max(float(v.abs().max()) for v in final.values())
+    assert largest < 50.0 < 2**28 * step / NODES, (largest, step)
