@@ -15,9 +15,10 @@ the ServerApp log and the victim's own log, and checks the ledger against it.
 tolerated by Flower 1.41: every survivor's unmask step fails looking up its share, so nothing is
 unmasked and the round is void. That case is not exercised here.)
 
-Slow: about 3.5 min without the kill on 2 busy cores (every message spawns a ClientApp process importing
-torch: 40 of them per round), plus the SuperLink's 37-60 s heartbeat expiry before the victim's
-Node Unavailable reply closes its stage. Waits fail only after minutes *without progress*.
+Slow: on 2 busy cores (every message spawns a ClientApp process importing torch: 20 per round) the 5
+SuperNodes are online after ~25 s and each round takes 80-125 s, round 2 including the SuperLink's 37-60 s
+heartbeat expiry before the victim's Node Unavailable reply closes its stage: ~4.5 min in all (measured
+250-256 s for the test body). Waits fail only after minutes *without progress*.
 """
 
 from __future__ import annotations
