@@ -15,6 +15,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from fl_dp_flower.privacy.bounds import rests_on_smoothness
 from fl_dp_flower.vocabulary import BOUND_NAMES as _REPORTED
 
 # the sound bounds first, the paper's stated bound (often not a guarantee) last
@@ -134,9 +135,10 @@ def summary_table(history: list[dict[str, Any]], max_rows: int | None = None) ->
             if bound is None:
                 cells.append("")
                 continue
-            mark = ("" if bound.get("sound") else "*") + ("†" if bound.get("assumes") else "")
+            conditional = rests_on_smoothness(bound.get("assumes") or ())
+            mark = ("" if bound.get("sound") else "*") + ("†" if conditional else "")
             any_unsound = any_unsound or not bound.get("sound")
-            any_conditional = any_conditional or bool(bound.get("assumes"))
+            any_conditional = any_conditional or conditional
             cells.append(fmt_num(bound["epsilon"]) + mark)
         table.add_row(*cells)
     notes = []
