@@ -15,7 +15,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .config_messages import dash
 
-__all__ = ["SecureAggregationConfig"]
+__all__ = ["SecureAggregationConfig", "secagg_threshold"]
+
+
+def secagg_threshold(fraction: float, shares: int) -> int:
+    """SecAgg+'s reconstruction threshold as Flower 1.41 computes it: max(2, round(fraction x shares))."""
+    return max(2, round(fraction * shares))
 
 
 class SecureAggregationConfig(BaseModel):
@@ -57,6 +62,17 @@ class SecureAggregationConfig(BaseModel):
         if 0 < self.secagg_num_shares < 5:
             raise ValueError("threat-model 'secure-aggregation' needs 'secagg-num-shares' = 0 or >= 5 (fewer neighbours "
                              "let a server brute-force Flower's 32-bit mask seeds along the ring; docs/MATH.md §20.3)")
+        k = self.secagg_num_shares
+        if k and c.colluding_clients > k - 4:
+            raise ValueError(f"threat-model 'secure-aggregation' needs 'colluding-clients' <= 'secagg-num-shares' - 4 (got "
+                             f"{c.colluding_clients} with {k}): a client is masked only against its {k - 1} neighbours, "
+                             "so colluders among them could read its upload (docs/MATH.md §20.3)")
+        threshold = secagg_threshold(self.secagg_threshold, k or c.min_replies)
+        if c.colluding_clients >= threshold:
+            raise ValueError(f"threat-model 'secure-aggregation' needs SecAgg+'s reconstruction threshold above "
+                             f"'colluding-clients' ({c.colluding_clients}): max(2, round('secagg-threshold' x shares)) = "
+                             f"{threshold} with {k or c.min_replies} shares ('secagg-num-shares', or 'min-replies' when it "
+                             "is 0); a coalition that large can unmask one upload")
         return self
 
     def secure_sum_grid(self) -> Any:

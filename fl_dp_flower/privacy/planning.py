@@ -92,25 +92,6 @@ def _replayed_plan(config: AccountantConfig, rounds: int) -> Plan:
                 add_remove=dict(r.add_remove))
 
 
-def _searched_sigma(config: AccountantConfig, rounds: int, target_epsilon: float) -> float:
-    """The smallest sigma (to 1e-6 relative) at which the certified bound of ``rounds`` planned rounds is
-    <= ``target_epsilon``, by bisection on the replayed plan (the Skellam secure sum: its epsilon comes
-    from RDP and decreases in sigma; the grid step stays the config's)."""
-    def fits(sigma: float) -> bool:
-        return plan(dataclasses.replace(config, sigma=sigma), rounds).certified.epsilon <= target_epsilon
-
-    hi = config.sigma
-    while not fits(hi):
-        hi *= 2.0
-    lo = hi / 2.0
-    while fits(lo) and lo > 1e-300:
-        lo /= 2.0
-    while hi - lo > 1e-6 * hi:
-        mid = math.sqrt(lo * hi)
-        lo, hi = (lo, mid) if fits(mid) else (mid, hi)
-    return hi
-
-
 def _sampled_sigma(config: AccountantConfig, rounds: int, target_epsilon: float) -> float:
     """The smallest sigma (to 1e-6 relative, rounded up) at which the ``sampled`` bound of ``rounds``
     planned rounds is <= ``target_epsilon``: mu_t is proportional to 1/sigma, epsilon decreases in sigma."""
@@ -175,8 +156,12 @@ def calibrate(config: AccountantConfig, rounds: int, target_epsilon: float,
         raise ValueError(f"bound must be one of {BOUND_CHOICES}, got {bound!r}")
     reference = plan(config, rounds)
     name = reference.certified_bound if bound == "certified" else bound
-    if name == SAMPLED_BOUND or math.isinf(reference.bounds[name].mu):  # epsilon not a function of one mu
-        sigma = (_sampled_sigma if name == SAMPLED_BOUND else _searched_sigma)(config, rounds, target_epsilon)
+    if config.sum_grid_step is not None:
+        raise ValueError("calibrate does not take an integer secure sum (sum_grid_step): its grid is planned from sigma "
+                         "(training.secure_sum.plan_grid), so calibrate the plan without it, plan the grid for that "
+                         "sigma and check the result with plan()")
+    if name == SAMPLED_BOUND:  # its epsilon is not a function of one mu: search sigma
+        sigma = _sampled_sigma(config, rounds, target_epsilon)
         value = plan(dataclasses.replace(config, sigma=sigma), rounds).bounds[name]
         return Calibration(sigma=sigma, bound=name, mu=value.mu, epsilon=value.epsilon, sound=value.sound,
                            assumes=value.assumes)

@@ -171,6 +171,7 @@ class NodeSampling:
         with contextlib.suppress(UnaccountableSum):  # nothing is revealed yet: the sum is simply not unmasked
             strategy.guard.accountable(usable, dropped, pending.planned, lambda us: strategy._record(
                 pending.server_round, pending.planned, us, strategy._weights(us), applied=True, quiet=True))
+        self._track_refusals(pending.server_round, [], dropped)  # a node refused here is excluded like any other
         return [(node, why) for node, why, _ in dropped]
 
     def _sample(self, grid: Grid, t: int) -> tuple[dict[int, tuple[int, ...]], list[int]]:

@@ -161,10 +161,13 @@ class SecAggGrid(Grid):
         state = WorkflowState()
         by_node = {m.metadata.dst_node_id: m for m in msgs}
         ok = workflow.setup_stage(self._inner, context, state)  # type: ignore[arg-type]
-        if ok and self.colluders >= state.threshold:
-            raise ValueError(f"SecAgg+'s reconstruction threshold {state.threshold} (of {state.num_shares} shares) "
-                             f"does not exceed the {self.colluders} colluding clients: a coalition that large can "
-                             "unmask one upload; raise 'secagg-threshold' or 'secagg-num-shares'")
+        bounded = isinstance(self._num_shares, int) and self._num_shares > 1  # a ring of num_shares - 1 neighbours
+        if ok and (self.colluders >= state.threshold or (bounded and self.colluders > state.num_shares - 4)):
+            log.error("secure round %s: not run: the %d colluding clients reach SecAgg+'s reconstruction threshold %d "
+                      "(of %d shares) or leave a client fewer than 3 honest neighbours; raise 'secagg-threshold' or "
+                      "'secagg-num-shares' (docs/MATH.md §20.3)", server_round, self.colluders, state.threshold,
+                      state.num_shares)
+            ok = False
         if ok:  # the collect stage carries the strategy's own train content (arrays + config)
             for nid in state.nid_to_fitins:
                 config = ConfigRecord({**by_node[nid].content.config_records["config"],

@@ -60,7 +60,8 @@ def _centred(k: np.ndarray) -> np.ndarray:
 
 def _run(tmp_path, nodes: int, dies: dict[int, str], *, min_contributors: int | None = None,
          threat_model: str = "secure-aggregation", grid: SumGrid = GRID, train=our_train, plain: bool = False,
-         step: float | None = None, colluders: int = 1, node_config: dict | None = None):
+         step: float | None = None, colluders: int = 1, node_config: dict | None = None,
+         accountant_colluders: int | None = None, rounds: int = 1, **extra):
     torch.set_num_threads(1)
     uploads: dict[int, list[np.ndarray]] = {}
 
@@ -73,7 +74,8 @@ def _run(tmp_path, nodes: int, dies: dict[int, str], *, min_contributors: int | 
 
     app = ClientApp(mods=[secaggplus_mod, secure_upload_mod])
     app.train()(recording_train)
-    config = tiny_config(tmp_path, **{"clients-per-round": nodes, "num-partitions": nodes, "num-server-rounds": 1,
+    config = tiny_config(tmp_path, **{"clients-per-round": nodes, "num-partitions": nodes, "num-server-rounds": rounds,
+                                      **extra,
                                       "threat-model": threat_model, "colluding-clients": colluders,
                                       "min-replies": min(nodes, colluders + 4)})
     model = build_model(config.dataset)
@@ -82,7 +84,8 @@ def _run(tmp_path, nodes: int, dies: dict[int, str], *, min_contributors: int | 
     accountant_config = config.accountant_config()
     if threat_model == "secure-aggregation":
         accountant_config = dataclasses.replace(accountant_config, sum_grid_step=step or GRID.step,
-                                                sum_dimension=values)
+                                                sum_dimension=values,
+                                                colluders=accountant_colluders or accountant_config.colluders)
     accountant = PrivacyAccountant(accountant_config)
     ledger = PrivacyLedger.create(tmp_path / "ledger.jsonl", accountant_config=accountant_config.to_dict(),
                                   app_config=config.to_run_config())
@@ -100,7 +103,7 @@ def _run(tmp_path, nodes: int, dies: dict[int, str], *, min_contributors: int | 
     inner = _DyingGrid(app, nodes, config.to_run_config(), dies=dies, node_config=node_config or {})
     run_grid = inner if plain else SecAggGrid(inner, grid, min_contributors=min_contributors or config.min_replies)
     try:
-        strategy.start(grid=run_grid, initial_arrays=ArrayRecord(model.state_dict()), num_rounds=1)
+        strategy.start(grid=run_grid, initial_arrays=ArrayRecord(model.state_dict()), num_rounds=rounds)
     finally:
         ledger.close()
     return accountant, run_grid, seen, uploads, initial, config
@@ -183,11 +186,27 @@ def test_the_bridge_is_refused_where_the_server_is_the_adversary_of_each_upload(
         _run(tmp_path, 3, {}, threat_model="curious-server")
 
 
-def test_a_coalition_as_large_as_the_secagg_threshold_is_refused(tmp_path):
+def test_a_coalition_as_large_as_the_secagg_threshold_is_refused(tmp_path, caplog):
     """With every other client as neighbour and threshold 0.5, SecAgg+ rebuilds masks from 4 of 8 shares: 4
-    colluders could unmask one upload (review finding), so the run stops before any upload is sent."""
-    with pytest.raises(ValueError, match="does not exceed the 4 colluding clients"):
-        _run(tmp_path, 8, {}, colluders=4)
+    colluders could unmask one upload (review finding). The run config refuses it; in library use the grid
+    runs no such round (nothing is sent beyond the key setup, nothing accounted)."""
+    with pytest.raises(ValueError, match="reconstruction threshold above 'colluding-clients'"):
+        tiny_config(tmp_path, **{"threat-model": "secure-aggregation", "clients-per-round": 8, "num-partitions": 8,
+                                 "colluding-clients": 4, "min-replies": 8})
+    caplog.set_level(logging.ERROR, logger="fl_dp_flower.strategies.secagg")
+    accountant, grid, seen, uploads, _, _ = _run(tmp_path, 8, {}, colluders=3, accountant_colluders=4)
+    assert not grid.rounds[0].completed and seen == [] and uploads == {} and accountant.num_releases == 0
+    assert any("reach SecAgg+'s reconstruction threshold 4" in r.getMessage() for r in caplog.records)
+
+
+def test_colluders_among_a_bounded_neighbourhood_are_refused():
+    """secagg-num-shares 5: each client is masked against 4 neighbours only; 2 colluders could be 2 of them and
+    the config asks c <= num_shares - 4 (second review finding)."""
+    from fl_dp_flower.config import AppConfig
+
+    with pytest.raises(ValueError, match="'colluding-clients' <= 'secagg-num-shares' - 4"):
+        AppConfig.from_run_config({"threat-model": "secure-aggregation", "secagg-num-shares": 5,
+                                   "colluding-clients": 2, "clients-per-round": 10, "min-replies": 8})
 
 
 def test_a_sum_with_fewer_than_four_clients_outside_the_coalition_is_never_unmasked(tmp_path):
@@ -207,3 +226,13 @@ def test_a_sum_with_a_contributor_the_strategy_would_drop_is_never_unmasked(tmp_
     accountant, grid, seen, _, _, _ = _run(tmp_path, 6, {}, node_config={6: {"partition-id": 0}})
     assert not grid.rounds[0].completed and seen == [] and accountant.num_releases == 0
     assert any("not unmasked: node 6 would be dropped" in r.getMessage() for r in caplog.records)
+
+
+def test_a_node_the_admission_check_rejects_is_excluded_like_a_refusing_node(tmp_path):
+    """Second review finding: a contributor rejected before unmasking must count as a refusal, or it voids
+    every round it is sampled in. With max-node-refusals 2 node 6 (a duplicated partition) is excluded
+    after two void rounds and the third round's sum of nodes 1-5 is unmasked and accounted."""
+    accountant, grid, seen, _, _, _ = _run(tmp_path, 6, {}, node_config={6: {"partition-id": 0}}, rounds=3,
+                                           **{"max-node-refusals": 2, "min-replies": 5})
+    assert [r.completed for r in grid.rounds] == [False, False, True]
+    assert grid.rounds[2].contributors == [1, 2, 3, 4, 5] and accountant.num_releases == 1
