@@ -95,15 +95,21 @@ class Scraper:
         self._thread.join(5)
 
 
-@pytest.fixture
-def fed(tmp_path):
-    federation = Federation(tmp_path / "fed")
+def running_federation(path: Path, **kw):
+    """A Federation with its SuperLink started (``kw``: e.g. ``supernode_keys``), stopped afterwards; nothing
+    of ours may survive it (a generator for fixtures)."""
+    federation = Federation(path, **kw)
     try:
         federation.start_superlink()
         yield federation
     finally:
         federation.stop()
     assert pids_with_marker(federation.marker) == []  # nothing of ours survives
+
+
+@pytest.fixture
+def fed(tmp_path):
+    yield from running_federation(tmp_path / "fed")
 
 
 def ledger_rounds(path: Path) -> list[dict]:

@@ -33,10 +33,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from deploy_harness import QUIET, Federation, kill_tree, pids_with_marker, wait_until
+from deploy_harness import QUIET, kill_tree, wait_until
 from fl_dp_flower.reporting import read_ledger
 from fl_dp_flower.reporting.verify import verify_ledger
-from test_deployment import ledger_rounds, node_config, run_config_str
+from test_deployment import ledger_rounds, node_config, run_config_str, running_federation
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -49,13 +49,7 @@ SECAGG_RESULTS = re.compile(r"aggregate_fit: received (\d+) results and (\d+) fa
 
 @pytest.fixture
 def fed5(tmp_path):
-    federation = Federation(tmp_path / "fed", supernode_keys=NODES)
-    try:
-        federation.start_superlink()
-        yield federation
-    finally:
-        federation.stop()
-    assert pids_with_marker(federation.marker) == []  # nothing of ours survives
+    yield from running_federation(tmp_path / "fed", supernode_keys=NODES)
 
 
 def node_messages(log: str, what: str) -> dict[int, int]:
