@@ -46,7 +46,7 @@ from .budget import BudgetExhausted, check_before_broadcast, check_replies
 from .guard import ReplyGuard, all_finite
 from .pending import ModelNotFinite, PendingRound
 from .sampling import NodeRefusals, NodeSampling, check_plan
-from .replies import Applied, average_metrics, member_id, mismatches, reconcile, screen, weights_for
+from .replies import Applied, average_metrics, member_id, mismatches, reconcile, weights_for
 from .screening import ScreeningRules, rules_for
 from .server_opt import ServerUpdate
 
@@ -179,14 +179,8 @@ class NoisyStrategyMixin(NodeSampling):
             raise RuntimeError(f"round {server_round} was not configured by this strategy")
         reference, planned = pending.reference, pending.planned
         asked = {m.metadata.dst_node_id: m.metadata.message_id for m in pending.sent}
-        usable, dropped = screen(
-            list(replies), asked=asked, reference=reference, arrays_key=self.arrayrecord_key,
-            fedprox=self.settings.algorithm == "fedprox", slots=pending.slots,
-            clients_per_node=self.federation.clients_per_node, rules=self._screening_rules(planned),
-        )
-        usable = self.guard.check_partitions(usable, dropped)
-        usable = self.guard.accountable(usable, dropped, planned, lambda us: self._record(
-            server_round, planned, us, self._weights(us), applied=True, quiet=True))
+        dropped: list[tuple[int, str, bool]] = []
+        usable = self._screen_replies(list(replies), pending, dropped)
         self.residual_energies.extend((server_round, u.node_id, u.residual_energy) for u in usable)
         for node, reason, refused in dropped:
             log.warning("round %d: dropped reply of node %d: %s%s", server_round, node, reason, " (refusal)" * refused)

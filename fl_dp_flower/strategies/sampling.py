@@ -154,6 +154,21 @@ class NodeSampling:
         """Nodes no longer sampled, with their last refusal reason."""
         return {n: r.last_reason for n, r in self.refusals.items() if r.excluded_at_round is not None}
 
+    def _screen_replies(self, replies: list[Message], pending: Any, dropped: list[tuple[int, str, bool]]) -> list[Usable]:
+        """The round's reply checks, one pipeline for ``aggregate_train`` and the secure-aggregation admission:
+        :func:`.replies.screen` (echoes, arrays), partition owners, then the accountant (``guard.accountable``,
+        which may raise :class:`~.guard.UnaccountableSum`); the usable replies, the others appended to ``dropped``."""
+        strategy: Any = self  # NoisyStrategyMixin: settings, guard, _screening_rules, _record, _weights
+        usable, found = screen(replies, asked={m.metadata.dst_node_id: m.metadata.message_id for m in pending.sent},
+                               reference=pending.reference, arrays_key=strategy.arrayrecord_key,
+                               fedprox=strategy.settings.algorithm == "fedprox", slots=pending.slots,
+                               clients_per_node=self.federation.clients_per_node,
+                               rules=strategy._screening_rules(pending.planned))
+        dropped.extend(found)
+        usable = strategy.guard.check_partitions(usable, dropped)
+        return strategy.guard.accountable(usable, dropped, pending.planned, lambda us: strategy._record(  # type: ignore[no-any-return]
+            pending.server_round, pending.planned, us, strategy._weights(us), applied=True, quiet=True))
+
     def _secure_admission(self, echoes: dict[int, dict[str, Any]]) -> list[tuple[int, str]]:
         """Secure aggregation, before a sum is unmasked: the contributors the round's screening would drop
         (echoes, partition ids, the accountant), as (node, reason). Their replies carry the echoes and the
@@ -162,15 +177,9 @@ class NodeSampling:
         by_node = {m.metadata.dst_node_id: m for m in pending.sent}
         replies = [Message(RecordDict({"arrays": pending.reference, "metrics": MetricRecord(metrics)}),
                            reply_to=by_node[nid]) for nid, metrics in echoes.items()]
-        strategy: Any = self
-        usable, dropped = screen(replies, asked={n: m.metadata.message_id for n, m in by_node.items()},
-                                 reference=pending.reference, arrays_key=strategy.arrayrecord_key,
-                                 fedprox=strategy.settings.algorithm == "fedprox", slots=pending.slots,
-                                 clients_per_node=1, rules=strategy._screening_rules(pending.planned))
-        usable = strategy.guard.check_partitions(usable, dropped)
+        dropped: list[tuple[int, str, bool]] = []
         with contextlib.suppress(UnaccountableSum):  # nothing is revealed yet: the sum is simply not unmasked
-            strategy.guard.accountable(usable, dropped, pending.planned, lambda us: strategy._record(
-                pending.server_round, pending.planned, us, strategy._weights(us), applied=True, quiet=True))
+            self._screen_replies(replies, pending, dropped)
         self._track_refusals(pending.server_round, [], dropped)  # a node refused here is excluded like any other
         return [(node, why) for node, why, _ in dropped]
 
