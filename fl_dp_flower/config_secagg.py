@@ -32,16 +32,16 @@ class SecureAggregationConfig(BaseModel):
     secagg_num_shares: int = Field(0, ge=0, description=(
         "SecAgg+ neighbours of each client (Flower's num_shares): 0 = every other client of the round (the "
         "strongest: any coalition below the threshold learns nothing; cost grows with the square of the "
-        "clients per round); otherwise an integer >= 3 (cheaper; a client's masks are shared with that many "
-        "neighbours only)."))
+        "clients per round); otherwise an integer >= 5 and >= 'colluding-clients' + 4 (cheaper; a client is "
+        "masked against num_shares - 1 neighbours only; docs/MATH.md §20.3)."))
     secagg_threshold: float = Field(0.5, gt=0, le=1, description=(
         "SecAgg+'s reconstruction threshold as a fraction of the shares (Flower's reconstruction_threshold): "
         "a dropped client's masks are rebuilt from that many neighbours, and a coalition that large can "
         "unmask one upload, so 'colluding-clients' must stay below it (docs/MATH.md §20.3)."))
     secagg_wrap_probability: float = Field(1e-9, gt=0, lt=1, description=(
         "Bound on the probability that some value of some round's secure sum leaves the decodable range "
-        "(2^30 grid steps): it sets the grid step, the finest power of two that meets it. A wrap costs that "
-        "round's accuracy, never privacy (the sum modulo 2^30 is post-processing of the exact integer sum)."))
+        "([-2^31, 2^31) grid steps): it sets the grid step, the finest power of two that meets it. A wrap costs "
+        "that round's accuracy, never privacy (the sum modulo 2^32 is post-processing of the exact integer sum)."))
 
     @model_validator(mode="after")
     def _secure_aggregation_needs(self) -> Any:
