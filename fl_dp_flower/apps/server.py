@@ -123,7 +123,7 @@ def make_evaluate_fn(config: AppConfig):
     x, y = test.tensors
     val = load_validation(config.dataset, config.data_dir, config.test_fraction, DEFAULT_DATA_SEED,
                           config.validation_fraction).tensors if config.validation_fraction > 0 else None
-    model = build_model(config.dataset)
+    model = build_model(config.dataset, config.model)
 
     def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         model.load_state_dict(arrays.to_torch_state_dict())
@@ -261,7 +261,7 @@ def _run_server(grid: Grid, config: AppConfig, fraction_evaluate: float,
         if config.metrics_port > 0:
             exporter = _start_exporter(config)
         if arrays is None:
-            arrays = ArrayRecord(build_model(config.dataset).state_dict())
+            arrays = ArrayRecord(build_model(config.dataset, config.model).state_dict())
         sink = RoundSink(ledger, lambda round_, saved: atomic_torch_save(  # the released model, the server's state
                              {"round": round_, "state_dict": saved.to_torch_state_dict(),
                               "server_update": strategy.server_update.state()}, run_dir / CHECKPOINT),
