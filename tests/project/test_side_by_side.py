@@ -71,10 +71,14 @@ def test_one_tiny_point_of_each_side(script):
     import torch
 
     torch.set_num_threads(1)
-    ours = script.package_point(8.0, rounds=1, seed=1)
+    ours = script.package_point(8.0, rounds=1, seed=1, lr=2.0, model="cnn-tanh")
     assert ours["epsilon"] <= 8.0 * (1 + 1e-6) and ours["epsilon"] > 7.9
     assert 0.0 <= ours["accuracy"] <= 1.0 and ours["epsilon_add_remove"] < ours["epsilon"]
-    theirs = script.opacus_point(8.0, seed=1, batch=256, epochs=1, lr=1.0)
+    assert 0.0 <= ours["val_accuracy"] <= 1.0
+    sampled = script.package_point(8.0, rounds=2, seed=1, lr=2.0, model="cnn-tanh", q=0.25)  # amplified bound
+    # planned at floor(q N) contributors a round; the run charges the Poisson count that arrived (about q N)
+    assert 7.5 < sampled["epsilon"] < 8.5 and 0.0 <= sampled["accuracy"] <= 1.0
+    theirs = script.opacus_point(8.0, seed=1, batch=256, epochs=1, lr=1.0, model_name="cnn-tanh")
     assert theirs["epsilon"] == 8.0 and 0.0 < theirs["epsilon_add_remove"] < 8.0
     assert theirs["accuracy"] > 0.2 and theirs["val_accuracy"] > 0.2  # one private epoch at eps 8 learns something
     assert math.isfinite(theirs["noise"]) and theirs["noise"] > 0
