@@ -35,6 +35,7 @@ About 1 minute per package run (cnn-tanh; 2.5 with lenet5) and 10-60 s per Opacu
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 import tempfile
@@ -42,6 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+ROOT = Path(__file__).resolve().parents[1]
 DELTA = 1e-5
 VALIDATION = 0.1  # share of the 4,000 training images set aside for choosing hyperparameters
 TRAIN_IMAGES = 3600
@@ -149,6 +151,64 @@ def package_runs(epsilon: float, seeds: int, rounds: int, lrs: list[float], mode
     return [best] + [package_point(epsilon, rounds, seed, best["lr"], model) for seed in range(2, seeds + 1)]
 
 
+RESULT = "RESULT "  # one JSON line per (epsilon, method): what --from-log reads back
+
+
+def result(epsilon: float, method: str, points: list[dict]) -> dict:
+    """One (epsilon, method) row: the figures of every seed's run (printed as a RESULT line)."""
+    keep = ("accuracy", "val_accuracy", "epsilon", "epsilon_add_remove", "noise", "lr", "epochs")
+    return {"epsilon": epsilon, "method": method, "points": [{k: p[k] for k in keep if k in p} for p in points]}
+
+
+def read_results(logs: list[Path]) -> list[dict]:
+    """The RESULT lines of one or more logs of this script (e.g. runs split over epsilons)."""
+    return [json.loads(line[len(RESULT):]) for log in logs for line in log.read_text().splitlines()
+            if line.startswith(RESULT)]
+
+
+METHODS = {"package": "fl-dp-flower", "sampled": "fl-dp-flower, Poisson-sampled", "opacus": "Opacus DP-SGD"}
+
+
+def table(results: list[dict], rounds: int, sampled_rounds: int, q: float) -> str:
+    by = {(r["epsilon"], r["method"]): r["points"] for r in results}
+    lines = [f"| replace-one ε (δ 1e-5) | fl-dp-flower, {rounds} rounds (lr; add/remove ε) | "
+             f"sampled q {q:g}, {sampled_rounds} rounds (add/remove ε) | Opacus DP-SGD (lr, epochs; add/remove ε) |",
+             "|---|---|---|---|"]
+    for epsilon in sorted({e for e, _ in by}):
+        ours, sampled, theirs = (by.get((epsilon, m), []) for m in METHODS)
+        cells = [f"{summary(ours)} (lr {ours[0]['lr']:g}; {ours[0]['epsilon_add_remove']:.3g})" if ours else "not run",
+                 f"{summary(sampled)} ({sampled[0]['epsilon_add_remove']:.3g})" if sampled else "not run",
+                 f"{summary(theirs)} (lr {theirs[0]['lr']:g}, {theirs[0]['epochs']}; "
+                 f"{theirs[0]['epsilon_add_remove']:.3g})" if theirs else "not run"]
+        lines.append(f"| {epsilon:g} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(results: list[dict], path: Path, model: str) -> None:
+    """Test accuracy (mean, and the seeds' spread as error bars) against replace-one epsilon, one line per method."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 4.5), dpi=110)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for method, label in METHODS.items():
+        rows = sorted((r for r in results if r["method"] == method), key=lambda r: r["epsilon"])
+        if not rows:
+            continue
+        accs = [[p["accuracy"] for p in r["points"]] for r in rows]
+        ax.errorbar([r["epsilon"] for r in rows], [statistics.fmean(a) for a in accs],
+                    yerr=[statistics.stdev(a) if len(a) > 1 else 0.0 for a in accs], marker="o", capsize=3, label=label)
+    ax.set_xscale("log")
+    ax.set_xlabel("replace-one epsilon (delta = 1e-5)")
+    ax.set_ylabel("held-out test accuracy (mean ± sd of seeds)")
+    ax.set_title(f"{model} on the MNIST subset (3,600 training images), tuned on validation", fontsize="small")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+
+
 def summary(points: list[dict]) -> str:
     accs = [p["accuracy"] for p in points]
     spread = statistics.stdev(accs) if len(accs) > 1 else math.nan
@@ -171,7 +231,15 @@ def main() -> None:
     parser.add_argument("--sampling-rate", type=float, default=0.25,
                         help="also run this package with Poisson client sampling at this rate (1: not)")
     parser.add_argument("--sampled-rounds", type=int, default=120, help="rounds of the sampled runs")
+    parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "images" / "side-by-side.png")
+    parser.add_argument("--from-log", type=Path, nargs="+", default=[],
+                        help="print the table and plot from the RESULT lines of earlier runs' logs; train nothing")
     args = parser.parse_args()
+    if args.from_log:
+        saved = read_results(args.from_log)
+        print(table(saved, args.rounds, args.sampled_rounds, args.sampling_rate))
+        plot(saved, args.plot, args.model)
+        return
     import logging
     import warnings
 
@@ -182,7 +250,7 @@ def main() -> None:
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", message="Secure RNG turned off")  # as noise-mode 'standard' here
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
-    rows = []
+    results: list[dict] = []
     for epsilon in args.epsilons:
         start = time.perf_counter()
         theirs = opacus_runs(epsilon, args.seeds, args.batch, args.epochs, args.lrs, args.model)
@@ -202,15 +270,12 @@ def main() -> None:
             print(f"eps {epsilon:g} fl-dp-flower sampled q {args.sampling_rate:g}: test accuracy "
                   f"{[round(p['accuracy'], 3) for p in sampled]}, add/remove eps {sampled[0]['epsilon_add_remove']:.4g}, "
                   f"sigma {sampled[0]['noise']:.4g} ({time.perf_counter() - start:.0f} s)", flush=True)
-        rows.append((epsilon, ours, sampled, theirs))
-    print(f"\n| replace-one ε (δ 1e-5) | fl-dp-flower, {args.rounds} rounds (lr; add/remove ε) | "
-          f"sampled q {args.sampling_rate:g}, {args.sampled_rounds} rounds (add/remove ε) | "
-          "Opacus DP-SGD (lr, epochs; add/remove ε) |")
-    print("|---|---|---|---|")
-    for epsilon, ours, sampled, theirs in rows:
-        s_cell = f"{summary(sampled)} ({sampled[0]['epsilon_add_remove']:.3g})" if sampled else "not run"
-        print(f"| {epsilon:g} | {summary(ours)} (lr {ours[0]['lr']:g}; {ours[0]['epsilon_add_remove']:.3g}) | {s_cell} | "
-              f"{summary(theirs)} (lr {theirs[0]['lr']:g}, {theirs[0]['epochs']}; {theirs[0]['epsilon_add_remove']:.3g}) |")
+        for method, points in (("package", ours), ("sampled", sampled), ("opacus", theirs)):
+            if points:
+                results.append(result(epsilon, method, points))
+                print(RESULT + json.dumps(results[-1]), flush=True)
+    print("\n" + table(results, args.rounds, args.sampled_rounds, args.sampling_rate))
+    plot(results, args.plot, args.model)
     print(f"\nmean ± standard deviation over {args.seeds} seeds; test accuracy on the 1,000 held-out images")
 
 

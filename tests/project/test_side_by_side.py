@@ -97,3 +97,23 @@ def test_opacus_length_is_chosen_on_validation_never_on_test(script, monkeypatch
     runs = script.opacus_runs(1.0, 3, 256, [2, 5, 15], 1.0)
     assert [r["epochs"] for r in runs] == [5, 5, 5]
     assert calls == [(1, 2), (1, 5), (1, 15), (2, 5), (3, 5)]
+
+
+def test_table_and_plot_from_the_result_lines_of_split_logs(script, tmp_path):
+    """Runs split over epsilons merge through their RESULT lines into one table and one plot."""
+    import json
+
+    def line(epsilon, method, accs, **extra):
+        points = [{"accuracy": a, "epsilon": epsilon, "epsilon_add_remove": epsilon / 2, "lr": 2.0, **extra} for a in accs]
+        return script.RESULT + json.dumps({"epsilon": epsilon, "method": method, "points": points})
+
+    (tmp_path / "a.log").write_text("noise\n" + line(1.0, "package", [0.6, 0.7, 0.8]) + "\n"
+                                    + line(1.0, "opacus", [0.5, 0.5, 0.5], epochs=5) + "\n")
+    (tmp_path / "b.log").write_text(line(4.0, "sampled", [0.9, 0.8]) + "\n")
+    results = script.read_results([tmp_path / "a.log", tmp_path / "b.log"])
+    assert [r["method"] for r in results] == ["package", "opacus", "sampled"]
+    rows = script.table(results, 60, 120, 0.25).splitlines()
+    assert rows[2] == "| 1 | 0.700 ± 0.100 (lr 2; 0.5) | not run | 0.500 ± 0.000 (lr 2, 5; 0.5) |"
+    assert rows[3] == "| 4 | not run | 0.850 ± 0.071 (2) | not run |"
+    script.plot(results, tmp_path / "p.png", "cnn-tanh")
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
