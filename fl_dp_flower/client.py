@@ -53,7 +53,7 @@ SecureUpload = tuple[SumGrid, list[np.ndarray]]
 
 def sum_grid(msg: Message, config_key: str = "config") -> SumGrid | None:
     """The grid of secure aggregation's integer upload when the train instruction asks for it
-    (``protocol.SUM_GRID_STEP``/``SUM_GRID_BITS``), else None; :class:`Refused` when malformed."""
+    (``protocol.SUM_GRID_STEP``: the grid step, a power of two), else None; :class:`Refused` when malformed."""
     found = sum_grid_from_config(msg.content.config_records[config_key])
     return None if found is None else SumGrid(step=found)
 

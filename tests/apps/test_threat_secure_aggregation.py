@@ -21,13 +21,15 @@ from fl_dp_flower.training.models import parameter_count
 
 def test_a_run_certifies_the_skellam_bound_of_the_secure_sums(tmp_path):
     config = tiny_config(tmp_path, **{"threat-model": "secure-aggregation", "clients-per-round": 5,
-                                      "num-partitions": 5, "min-replies": 5, "num-server-rounds": 2})
+                                      "num-partitions": 5, "min-replies": 5, "num-server-rounds": 2,
+                                      "model": "cnn-tanh"})
     outcome, _ = run_local(config, nodes=5, copy_content=True)
     ledger = tmp_path / "run" / "ledger.jsonl"
     contents = read_ledger(ledger)
     assert [line["record"]["node_ids"] for line in contents.rounds] == [[1, 2, 3, 4, 5]] * 2
     header = contents.header["accountant_config"]
-    assert header["sum_dimension"] == parameter_count(config.dataset) and header["sum_grid_step"] > 0
+    assert header["sum_dimension"] == parameter_count(config.dataset, "cnn-tanh") == 26_010  # the model's size
+    assert header["sum_grid_step"] > 0
     report = contents.rounds[-1]["report"]
     assert report["certified"]["bound"] == "secure_aggregation" and math.isinf(report["certified"]["mu"])
     assert any("Skellam" in a for a in report["certified"]["assumes"])
