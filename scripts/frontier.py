@@ -29,12 +29,13 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGES = 4000  # training images of the embedded MNIST subset (test-fraction 0.2 of 5,000)
 
 EPSILONS = (1.0, 2.0, 4.0, 8.0, 16.0)
-RECIPE = {"local-steps": 1, "clip-norm": 1.0, "schedule": "constant", "num-partitions": 10,
+RECIPE: dict[str, Any] = {"local-steps": 1, "clip-norm": 1.0, "schedule": "constant", "num-partitions": 10,
           "threat-model": "all-rounds"}
 
 
@@ -98,23 +99,15 @@ def select(runs: list[dict]) -> dict:
 
 
 def plot(points: list[dict], path: Path, rounds: int) -> None:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from fl_dp_flower.reporting.plot import plot_accuracy_against_epsilon
 
-    fig = Figure(figsize=(7, 4.5), dpi=110)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
+    curves = {}
     for m in sorted({p["m"] for p in points}):
         pts = sorted((p for p in points if p["m"] == m), key=lambda p: p["epsilon"])
-        ax.plot([p["epsilon"] for p in pts], [p["test_mean"] for p in pts], "o-", label=f"m = {m:,} clients/round")
-    ax.set_xscale("log")
-    ax.set_xlabel("certified epsilon (delta = 1e-5, all-rounds)")
-    ax.set_ylabel("held-out test accuracy (lr chosen on validation)")
-    ax.set_title(f"Privacy-utility frontier ({rounds} rounds, K = 1, V 1, LeNet-5, MNIST subset)", fontsize="small")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
+        curves[f"m = {m:,} clients/round"] = ([p["epsilon"] for p in pts], [p["test_mean"] for p in pts], None)
+    plot_accuracy_against_epsilon(curves, path, xlabel="certified epsilon (delta = 1e-5, all-rounds)",
+                                  ylabel="held-out test accuracy (lr chosen on validation)",
+                                  title=f"Privacy-utility frontier ({rounds} rounds, K = 1, V 1, LeNet-5, MNIST subset)")
 
 
 def _extra(pairs: list[str]) -> dict:

@@ -186,27 +186,18 @@ def table(results: list[dict], rounds: int, sampled_rounds: int, q: float) -> st
 
 def plot(results: list[dict], path: Path, model: str) -> None:
     """Test accuracy (mean, and the seeds' spread as error bars) against replace-one epsilon, one line per method."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from fl_dp_flower.reporting.plot import plot_accuracy_against_epsilon
 
-    fig = Figure(figsize=(7, 4.5), dpi=110)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
+    curves = {}
     for method, label in METHODS.items():
         rows = sorted((r for r in results if r["method"] == method), key=lambda r: r["epsilon"])
-        if not rows:
-            continue
         accs = [[p["accuracy"] for p in r["points"]] for r in rows]
-        ax.errorbar([r["epsilon"] for r in rows], [statistics.fmean(a) for a in accs],
-                    yerr=[statistics.stdev(a) if len(a) > 1 else 0.0 for a in accs], marker="o", capsize=3, label=label)
-    ax.set_xscale("log")
-    ax.set_xlabel("replace-one epsilon (delta = 1e-5)")
-    ax.set_ylabel("held-out test accuracy (mean ± sd of seeds)")
-    ax.set_title(f"{model} on the MNIST subset (3,600 training images), tuned on validation", fontsize="small")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
+        if rows:
+            curves[label] = ([r["epsilon"] for r in rows], [statistics.fmean(a) for a in accs],
+                             [statistics.stdev(a) if len(a) > 1 else 0.0 for a in accs])
+    plot_accuracy_against_epsilon(curves, path, xlabel="replace-one epsilon (delta = 1e-5)",
+                                  ylabel="held-out test accuracy (mean ± sd of seeds)",
+                                  title=f"{model} on the MNIST subset (3,600 training images), tuned on validation")
 
 
 def summary(points: list[dict]) -> str:

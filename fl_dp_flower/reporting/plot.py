@@ -137,3 +137,28 @@ def plot_privacy_curve(history: list[dict[str, Any]], path: str | os.PathLike[st
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, lambda f: fig.savefig(f, format="png", bbox_inches="tight"))
     return path
+
+
+#: one curve of :func:`plot_accuracy_against_epsilon`: epsilons, mean accuracies, their spreads (None: no bars)
+Curve = tuple[list[float], list[float], list[float] | None]
+
+
+def plot_accuracy_against_epsilon(curves: Mapping[str, Curve], path: str | os.PathLike[str], *,
+                                  xlabel: str, ylabel: str, title: str) -> Path:
+    """A privacy-utility frontier: accuracy against epsilon (log axis), one labelled curve each, error
+    bars where a spread is given; written like :func:`plot_privacy_curve`. Returns the path."""
+    fig = Figure(figsize=(7, 4.5), dpi=110)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for label, (eps, acc, spread) in curves.items():
+        ax.errorbar(eps, acc, yerr=spread, marker="o", capsize=3 if spread else 0, label=label)
+    ax.set_xscale("log")
+    ax.set(xlabel=xlabel, ylabel=ylabel)
+    ax.set_title(title, fontsize="small")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, lambda f: fig.savefig(f, format="png"))
+    return path

@@ -336,6 +336,15 @@ def test_plot_writes_png(tmp_path, eps):
     assert path.read_bytes() != data
 
 
+def test_frontier_plot_draws_every_curve_with_its_spread(tmp_path):
+    from fl_dp_flower.reporting.plot import plot_accuracy_against_epsilon
+
+    path = plot_accuracy_against_epsilon(
+        {"ours": ([1.0, 4.0], [0.7, 0.9], [0.01, 0.02]), "theirs": ([1.0, 4.0], [0.6, 0.8], None)},
+        tmp_path / "f" / "frontier.png", xlabel="epsilon", ylabel="accuracy", title="t")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and [p.name for p in path.parent.iterdir()] == ["frontier.png"]
+
+
 def test_plot_names_the_settings_and_draws_the_budget_and_local_dp(tmp_path):
     # issue 21.5: sigma, clients, rounds, threat model in the title; budget line; local-DP curve
     from fl_dp_flower.reporting.plot import privacy_figure
