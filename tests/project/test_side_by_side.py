@@ -84,19 +84,33 @@ def test_one_tiny_point_of_each_side(script):
     assert math.isfinite(theirs["noise"]) and theirs["noise"] > 0
 
 
-def test_opacus_length_is_chosen_on_validation_never_on_test(script, monkeypatch):
-    """The epochs with the best validation accuracy win, even where another length has the best test accuracy."""
+def test_opacus_lr_and_length_are_chosen_on_validation_never_on_test(script, monkeypatch):
+    """The (lr, epochs) with the best validation accuracy win, even where another has the best test accuracy."""
     calls = []
+    val = {(0.5, 2): 0.2, (0.5, 5): 0.3, (1.0, 2): 0.1, (1.0, 5): 0.8}
+    test = {(0.5, 2): 0.9, (0.5, 5): 0.1, (1.0, 2): 0.95, (1.0, 5): 0.2}
 
-    def fake_point(epsilon, seed, batch, epochs, lr):
-        calls.append((seed, epochs))
-        return {"accuracy": {2: 0.9, 5: 0.1, 15: 0.5}[epochs], "val_accuracy": {2: 0.2, 5: 0.8, 15: 0.5}[epochs],
-                "epochs": epochs}
+    def fake_point(epsilon, seed, batch, epochs, lr, model_name):
+        calls.append((seed, lr, epochs, model_name))
+        return {"accuracy": test[lr, epochs], "val_accuracy": val[lr, epochs], "epochs": epochs, "lr": lr}
 
     monkeypatch.setattr(script, "opacus_point", fake_point)
-    runs = script.opacus_runs(1.0, 3, 256, [2, 5, 15], 1.0)
-    assert [r["epochs"] for r in runs] == [5, 5, 5]
-    assert calls == [(1, 2), (1, 5), (1, 15), (2, 5), (3, 5)]
+    runs = script.opacus_runs(1.0, 3, 256, [2, 5], [0.5, 1.0], "cnn-tanh")
+    assert [(r["lr"], r["epochs"]) for r in runs] == [(1.0, 5)] * 3
+    assert calls == [(1, 0.5, 2, "cnn-tanh"), (1, 0.5, 5, "cnn-tanh"), (1, 1.0, 2, "cnn-tanh"), (1, 1.0, 5, "cnn-tanh"),
+                     (2, 1.0, 5, "cnn-tanh"), (3, 1.0, 5, "cnn-tanh")]
+
+
+def test_package_lr_is_chosen_on_validation_never_on_test(script, monkeypatch):
+    calls = []
+
+    def fake_point(epsilon, rounds, seed, lr, model, q=1.0):
+        calls.append((seed, lr))
+        return {"accuracy": {1.0: 0.9, 2.0: 0.1}[lr], "val_accuracy": {1.0: 0.2, 2.0: 0.8}[lr], "lr": lr}
+
+    monkeypatch.setattr(script, "package_point", fake_point)
+    runs = script.package_runs(1.0, 3, 60, [1.0, 2.0], "cnn-tanh")
+    assert [r["lr"] for r in runs] == [2.0] * 3 and calls == [(1, 1.0), (1, 2.0), (2, 2.0), (3, 2.0)]
 
 
 def test_table_and_plot_from_the_result_lines_of_split_logs(script, tmp_path):
