@@ -40,6 +40,7 @@ import math
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -135,20 +136,24 @@ def opacus_point(epsilon: float, seed: int, batch: int, epochs: int, lr: float, 
             "epsilon_add_remove": float(engine.get_epsilon(DELTA)), "noise": z, "epochs": epochs, "lr": lr}
 
 
+def chosen_on_validation(run: Callable[..., dict], settings: list[dict[str, Any]], seeds: int) -> list[dict]:
+    """Every setting on the first seed, then the one with the best validation accuracy on the other
+    seeds (the test images choose nothing): ``run(seed=..., **setting)`` is one run."""
+    first = [(setting, run(seed=1, **setting)) for setting in settings]
+    best, point = max(first, key=lambda pair: pair[1]["val_accuracy"])
+    return [point] + [run(seed=seed, **best) for seed in range(2, seeds + 1)]
+
+
 def opacus_runs(epsilon: float, seeds: int, batch: int, epochs: list[int], lrs: list[float], model: str) -> list[dict]:
-    """The Opacus runs of one epsilon: every (lr, length) on the first seed, the one with the best
-    validation accuracy on the other seeds."""
-    first = [opacus_point(epsilon, 1, batch, e, lr, model) for lr in lrs for e in epochs]
-    best = max(first, key=lambda p: p["val_accuracy"])
-    return [best] + [opacus_point(epsilon, seed, batch, best["epochs"], best["lr"], model)
-                     for seed in range(2, seeds + 1)]
+    """The Opacus runs of one epsilon, its (lr, length) chosen on validation."""
+    return chosen_on_validation(lambda seed, **s: opacus_point(epsilon, seed, batch, model_name=model, **s),
+                                [{"lr": lr, "epochs": e} for lr in lrs for e in epochs], seeds)
 
 
 def package_runs(epsilon: float, seeds: int, rounds: int, lrs: list[float], model: str) -> list[dict]:
-    """This package's runs of one epsilon: every lr on the first seed, the best on validation on the others."""
-    first = [package_point(epsilon, rounds, 1, lr, model) for lr in lrs]
-    best = max(first, key=lambda p: p["val_accuracy"])
-    return [best] + [package_point(epsilon, rounds, seed, best["lr"], model) for seed in range(2, seeds + 1)]
+    """This package's runs of one epsilon, its lr chosen on validation."""
+    return chosen_on_validation(lambda seed, **s: package_point(epsilon, rounds, seed, model=model, **s),
+                                [{"lr": lr} for lr in lrs], seeds)
 
 
 RESULT = "RESULT "  # one JSON line per (epsilon, method): what --from-log reads back
