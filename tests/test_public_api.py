@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -134,6 +135,12 @@ def test_dp_train_echoes_and_refuses_like_the_contract():
                       run_config={})
     refused = train(msg, limited)
     assert refused.has_error() and "dp.sigma=0.2 violates this node's limit min-sigma=0.5" in refused.error.reason
+    # per-sample clipping averages over B samples: a batch larger than the 40 held would be a smaller B than accounted
+    per_sample = dataclasses.replace(ins, clipping="per-sample")
+    too_big = Message(RecordDict({"arrays": ArrayRecord(TinyNet().state_dict()),
+                                  "config": ConfigRecord(per_sample.to_config())}), 1, MessageType.TRAIN)
+    refused = train(too_big, ctx)
+    assert refused.has_error() and "dp.batch-size=64 exceeds the 40 local samples" in refused.error.reason
 
 
 def test_every_package_error_has_the_one_base_class():

@@ -41,7 +41,7 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fl_dp_flower import protocol
-from fl_dp_flower.client import (derived_seed, log_nonfinite, noisy_local_update, secure_sum_update, shared_statistics,
+from fl_dp_flower.client import (check_batch_fits, derived_seed, log_nonfinite, private_update, shared_statistics,
                                  sum_grid, train_reply)
 from fl_dp_flower.apps.secagg_mod import secure_aggregation_mod
 from fl_dp_flower.config import AppConfig, ConfigError
@@ -137,9 +137,7 @@ def _train_cohort(msg: Message, context: Context, s: TrainSettings, config: AppC
         batch_gen.manual_seed(_derived_seed(s.seed, client, s.round_index, 1) if s.seed >= 0 else secrets.randbits(63))
         noise_seed = -1 if s.seed == -1 else _derived_seed(s.seed, client, s.round_index, 0)
         per_member = config.cohort_noise == "per-member"
-        if s.clipping == "per-sample" and s.batch_size > len(part.y_train):
-            raise Refused(f"{protocol.BATCH_SIZE}={s.batch_size} exceeds the {len(part.y_train)} local samples of "
-                          f"virtual client {client}; per-sample clipping would then use a smaller B than accounted")
+        check_batch_fits(s, len(part.y_train), f" of virtual client {client}")
         members.append(Member(part.x_train, part.y_train, batch_gen,
                               make_noise_source(config.noise_mode, device, noise_seed) if per_member else None))
     summed = None
@@ -184,24 +182,15 @@ def train(msg: Message, context: Context) -> Message:
             etas = step_sizes(s.schedule, s.lr, s.round_index, s.local_steps)
             return _train_cohort(msg, context, s, config, slots, etas, share)
         part = _partition(context, config)
-        if s.clipping == "per-sample" and s.batch_size > len(part.y_train):
-            raise Refused(
-                f"{protocol.BATCH_SIZE}={s.batch_size} exceeds the {len(part.y_train)} local samples; "
-                "per-sample clipping would then use a smaller B than accounted"
-            )
+        check_batch_fits(s, len(part.y_train))
     except Refused as err:
         return _refuse(msg, err)
 
     model = _global_model(msg, config, _device())
     started = time.perf_counter()
     pid = int(context.node_config["partition-id"])
-    if grid is not None:  # secure aggregation: the integer upload, Skellam noise (training/secure_sum.py)
-        stats, upload = secure_sum_update(model, part.x_train, part.y_train, s, grid, client=pid,
-                                          noise_mode=config.noise_mode)
-        secure = (grid, upload)
-    else:
-        stats = noisy_local_update(model, part.x_train, part.y_train, s, client=pid, noise_mode=config.noise_mode)
-        secure = None
+    # with a sum grid (secure aggregation): the integer upload with Skellam noise (training/secure_sum.py)
+    stats, secure = private_update(model, part.x_train, part.y_train, s, grid, client=pid, noise_mode=config.noise_mode)
     return train_reply(msg, s, model, stats, num_examples=len(part.y_train),  # public under replace-one
                        share_metrics=share, train_seconds=time.perf_counter() - started,
                        extra_metrics={protocol.PARTITION_ID: pid}, secure_sum=secure)  # the server detects two nodes given one partition

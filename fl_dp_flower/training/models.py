@@ -6,7 +6,7 @@ sigmoid activations for deep learning with differential privacy", their MNIST ar
 bounded activation keeps the clipped gradients' scale steady under DP noise, and with 26,010
 values it uploads (and is noised in) 2.4x fewer coordinates than LeNet-5.
 
-Neither model has buffers (no BatchNorm running statistics): everything the client uploads is a
+No model here has buffers (no BatchNorm running statistics): everything the client uploads is a
 trained parameter, and all of it receives Gaussian noise (``training.noise``). GroupNorm also keeps
 per-sample gradients well defined (a sample's output does not depend on the rest of its batch),
 which per-sample clipping with ``torch.func.vmap`` needs.
