@@ -87,7 +87,7 @@ def _plain_seconds(epochs: int) -> tuple[tuple[float, float], int]:
 def _round_split(members: int, **overrides) -> dict[str, float]:
     from fl_dp_flower.privacy.accountant import PrivacyAccountant
     from fl_dp_flower.reporting import read_ledger
-    from fl_dp_flower.testing import run_local, tiny_config
+    from fl_dp_flower.app.testing import run_local, tiny_config
 
     spent = {"accountant": 0.0}
     step = PrivacyAccountant.step

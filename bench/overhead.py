@@ -47,7 +47,7 @@ from flwr.serverapp import Grid
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from fl_dp_flower.apps import server as server_module  # noqa: E402
+from fl_dp_flower.app import serverapp as server_module  # noqa: E402
 from fl_dp_flower.privacy.accountant import PrivacyAccountant  # noqa: E402
 from fl_dp_flower.training import (  # noqa: E402
     add_gaussian_noise_,
@@ -260,8 +260,8 @@ def _summarise(timers: Timers, rounds: int, parallel: int) -> dict[str, float]:
 def in_process_rounds(rounds: int) -> dict[str, float]:
     from flwr.supercore.task_identity import TaskIdentity  # internal: Messages need a task identity
 
-    from fl_dp_flower.apps.client import app as client_app
-    from fl_dp_flower.config import AppConfig
+    from fl_dp_flower.app.clientapp import app as client_app
+    from fl_dp_flower.app.config import AppConfig
     from fl_dp_flower.testing import LocalGrid
 
     names = ("_run_id", "_node_id", "_task_id")
@@ -283,8 +283,8 @@ def simulation_engine_rounds(rounds: int) -> dict[str, float]:
     from flwr.serverapp import ServerApp
     from flwr.simulation import run_simulation
 
-    from fl_dp_flower.apps.client import app as client_app
-    from fl_dp_flower.config import AppConfig
+    from fl_dp_flower.app.clientapp import app as client_app
+    from fl_dp_flower.app.config import AppConfig
 
     timers = Timers()
     with tempfile.TemporaryDirectory() as out, server_timers(timers):

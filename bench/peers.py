@@ -74,7 +74,7 @@ def _since(start: tuple[float, float]) -> tuple[float, float]:
 
 
 def _package_in_process() -> tuple[float, float]:
-    from fl_dp_flower.testing import run_local, tiny_config
+    from fl_dp_flower.app.testing import run_local, tiny_config
 
     with tempfile.TemporaryDirectory() as out:
         cfg = tiny_config(Path(out), **{"clients-per-node": CLIENTS // NODES, "clients-per-round": CLIENTS,
@@ -108,8 +108,9 @@ def _plain_flower() -> tuple[float, float]:
     from flwr.clientapp import ClientApp
     from flwr.serverapp.strategy import FedAvg
 
-    from fl_dp_flower.apps.server import make_evaluate_fn
-    from fl_dp_flower.testing import LocalGrid, task_identity, tiny_config
+    from fl_dp_flower.app.serverapp import make_evaluate_fn
+    from fl_dp_flower.testing import LocalGrid, task_identity
+    from fl_dp_flower.app.testing import tiny_config
 
     app = ClientApp()
 

@@ -27,12 +27,13 @@ from flwr.app import ArrayRecord
 from flwr.client.mod import secaggplus_mod
 from flwr.clientapp import ClientApp
 
-from fl_dp_flower.apps.client import train
-from fl_dp_flower.apps.secagg_mod import secure_upload_mod
+from fl_dp_flower.app.clientapp import train
+from fl_dp_flower.secagg_mod import secure_upload_mod
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
-from fl_dp_flower.strategies import make_strategy
+from fl_dp_flower.app.strategy import make_strategy
 from fl_dp_flower.strategies.secagg import SecAggGrid
-from fl_dp_flower.testing import LocalGrid, run_local, task_identity, tiny_config
+from fl_dp_flower.testing import LocalGrid, task_identity
+from fl_dp_flower.app.testing import run_local, tiny_config
 from fl_dp_flower.training.models import build_model
 from fl_dp_flower.training.secure_sum import plan_grid
 

@@ -36,7 +36,7 @@ RUN python -c "import tomllib; deps = tomllib.load(open('pyproject.toml', 'rb'))
  && python -m pip install -r /tmp/requirements.txt \
  && python -m pip install --no-deps . \
  && rm -rf /app/build /tmp/requirements.txt \
- && python -c "import flwr, torch, fl_dp_flower.apps.server, fl_dp_flower.apps.client; assert flwr.__version__.startswith('1.41'), flwr.__version__; print('flwr', flwr.__version__, 'torch', torch.__version__)"
+ && python -c "import flwr, torch, fl_dp_flower.app.serverapp, fl_dp_flower.app.clientapp; assert flwr.__version__.startswith('1.41'), flwr.__version__; print('flwr', flwr.__version__, 'torch', torch.__version__)"
 
 # ledger + model outputs (run config output-dir = "/app/outputs"; a named volume mounted here
 # inherits this directory's ownership) and the read-only data mount point (node config data-dir)

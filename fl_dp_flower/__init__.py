@@ -1,15 +1,18 @@
 """fl-dp-flower: differentially private federated learning (Noisy-FedAvg / Noisy-FedProx) on Flower.
 
-Layers (docs/ARCHITECTURE.md has the data flow):
+Two floors (docs/ARCHITECTURE.md has the data flow). The library, at this package's root and in its folders:
 
 - ``fl_dp_flower.vocabulary``  every user-facing name, defined once (standard library only)
 - ``fl_dp_flower.privacy``     the math and the accountant (numpy/scipy only; docs/MATH.md)
 - ``fl_dp_flower.training``    models, data, local update, noise (torch)
-- ``fl_dp_flower.config``      the validated run config (pydantic)
-- ``fl_dp_flower.reporting``   ledger, log lines, Prometheus, plot, round reporters (no torch, no flwr)
+- ``fl_dp_flower.settings``    DPSettings, FederationSettings; ``protocol``, ``node``, ``client``: the wire
+  contract, a node's guardrails and the client side (``dp_train``)
 - ``fl_dp_flower.strategies``  the Flower strategies (flwr)
-- ``fl_dp_flower.apps``        the ClientApp and the ServerApp
-- ``fl_dp_flower.launcher``    ``fl-dp-flower run``: the main job in Flower's simulation engine
+- ``fl_dp_flower.reporting``   ledger, log lines, Prometheus, plot, sinks (no torch, no flwr)
+- ``fl_dp_flower.audit``       attacks and measurements of the real code
+
+The reference app, in ``fl_dp_flower.app`` (never imported by the library): its run config, presets,
+ServerApp and ClientApp, ``fl-dp-flower run`` and the planning commands.
 
 The public API (below, ``__all__``) is what your own Flower app uses: settings, the strategies,
 the client side (``dp_train``), the accountant and planning, the sinks, secure aggregation
@@ -46,7 +49,7 @@ _PUBLIC = {
     "FlowerGDPAccountant": "fl_dp_flower.interop",
     "FlDpError": "fl_dp_flower.errors",
     "SecAggGrid": "fl_dp_flower.strategies.secagg",
-    "secure_aggregation_mod": "fl_dp_flower.apps.secagg_mod",
+    "secure_aggregation_mod": "fl_dp_flower.secagg_mod",
     "plan_grid": "fl_dp_flower.training.secure_sum",
 }
 
@@ -75,7 +78,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from fl_dp_flower.apps.secagg_mod import secure_aggregation_mod
+    from fl_dp_flower.secagg_mod import secure_aggregation_mod
     from fl_dp_flower.client import dp_train
     from fl_dp_flower.errors import FlDpError
     from fl_dp_flower.interop import FlowerGDPAccountant

@@ -141,30 +141,6 @@ def task_identity():
             setattr(TaskIdentity, k, v)
 
 
-def tiny_config(tmp_path, **overrides):
-    """A validated AppConfig for a ~1 s run on TINY_NODES in-process nodes (fixed seed: reproducible)."""
-    from fl_dp_flower.config import AppConfig
-
-    rc = {
-        "local-steps": 2, "batch-size": 16, "lr": 0.05, "sigma": 0.5, "clip-norm": 1.0,
-        "num-server-rounds": 2, "clients-per-round": TINY_NODES, "min-replies": 1,
-        "num-partitions": TINY_NODES, "seed": 0, "output-dir": str(tmp_path), "run-name": "run",
-        "round-timeout": 30.0,
-    }
-    rc.update(overrides)
-    return AppConfig.from_run_config(rc)
-
-
-def run_local(config, app: ClientApp | None = None, *, nodes: int = TINY_NODES, **grid_kw):
-    """The real ServerApp (``run_server``) on a LocalGrid of the real ClientApp: (outcome, grid)."""
-    from fl_dp_flower.apps.client import app as client_app
-    from fl_dp_flower.apps.server import run_server
-
-    grid = LocalGrid(app or client_app, nodes, config.to_run_config(), **grid_kw)
-    with task_identity():
-        return run_server(grid, config), grid
-
-
 def superlink_error(ins: Message) -> Message:
     """The reply Flower's SuperLink makes for an instruction whose node is gone: source and
     destination are the SuperLink itself, only ``reply_to_message_id`` names the instruction."""

@@ -50,7 +50,7 @@ def calibrated_sigma(m: int, rounds: int, epsilon: float, lr: float) -> float:
 
 
 def point(m: int, epsilon: float, rounds: int, lr: float, seed: int, validation: float, extra: dict) -> dict:
-    from fl_dp_flower.testing import run_local, tiny_config
+    from fl_dp_flower.app.testing import run_local, tiny_config
 
     n_train = IMAGES - int(round(IMAGES * validation))
     if m > n_train:

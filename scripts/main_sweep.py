@@ -1,7 +1,7 @@
 """Tune the main job on the validation split: one training run per (setting, seed), every release average.
 
 Each run is the main job's recipe (preset ``main``) on the in-process grid of the real ServerApp and
-ClientApp (``fl_dp_flower.testing.run_local``, 10 nodes), with ``--validation-fraction`` (default 0.1)
+ClientApp (``fl_dp_flower.app.testing.run_local``, 10 nodes), with ``--validation-fraction`` (default 0.1)
 of the 4,000 training images set aside: m = 3,600 one-image clients (10 nodes x 360). ``--set``
 overrides run-config keys (``lr=1.5 num-server-rounds=80``); sigma is calibrated so that the run
 certifies ``--epsilon`` (replace-one, all-rounds, delta 1e-5) unless ``--set sigma=...`` is given.
@@ -50,7 +50,7 @@ def _release_settings(spec: str) -> dict[str, Any]:
 
 
 def calibrated_sigma(rc: dict[str, Any], epsilon: float) -> float:
-    from fl_dp_flower.config import AppConfig
+    from fl_dp_flower.app.config import AppConfig
     from fl_dp_flower.privacy.planning import calibrate_sigma
 
     config = AppConfig.from_run_config({**rc, "sigma": 1.0})
@@ -59,7 +59,7 @@ def calibrated_sigma(rc: dict[str, Any], epsilon: float) -> float:
 
 def run_config(overrides: dict[str, Any], seed: int, validation: float, epsilon: float) -> dict[str, Any]:
     """The run config of one sweep run: preset main at m = the training images left, sigma calibrated."""
-    from fl_dp_flower.presets import PRESETS
+    from fl_dp_flower.app.presets import PRESETS
 
     m = IMAGES - int(round(IMAGES * validation))
     rc = {**PRESETS["main"], "clients-per-round": m, "clients-per-node": m // 10, "validation-fraction": validation,
@@ -71,9 +71,9 @@ def run_config(overrides: dict[str, Any], seed: int, validation: float, epsilon:
 
 def release_curves(rc: dict[str, Any], iterates: list[tuple[int, Any]], releases: list[str]) -> dict[str, Any]:
     """Test and validation accuracy per round of each release average of the captured iterates."""
-    from fl_dp_flower.apps.server import make_evaluate_fn
+    from fl_dp_flower.app.serverapp import make_evaluate_fn
     from fl_dp_flower.strategies.server_opt import ServerUpdate
-    from fl_dp_flower.testing import tiny_config
+    from fl_dp_flower.app.testing import tiny_config
 
     with tempfile.TemporaryDirectory() as out:
         cfg = tiny_config(Path(out), **rc)
@@ -97,7 +97,7 @@ def one_run(overrides: dict[str, Any], seed: int, validation: float, epsilon: fl
     import torch
 
     from fl_dp_flower.strategies.server_opt import ServerUpdate
-    from fl_dp_flower.testing import run_local, tiny_config
+    from fl_dp_flower.app.testing import run_local, tiny_config
 
     torch.set_num_threads(1)
     rc = run_config(overrides, seed, validation, epsilon)

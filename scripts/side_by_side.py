@@ -58,7 +58,7 @@ def package_point(epsilon: float, rounds: int, seed: int, lr: float, model: str,
     ``q`` < 1 the server samples every client independently with probability q (client-sampling
     "poisson", the amplified bound: it assumes an honest server-side sampler)."""
     from fl_dp_flower import DPSettings, calibrate
-    from fl_dp_flower.testing import run_local, tiny_config
+    from fl_dp_flower.app.testing import run_local, tiny_config
 
     settings = DPSettings(sigma=1.0, clip_norm=RECIPE["clip-norm"], local_steps=1, batch_size=1, lr=lr)
     sampled: dict[str, Any] = {"sampling_rate": q} if q < 1 else {}

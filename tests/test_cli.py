@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fl_dp_flower.cli import main
+from fl_dp_flower.app.cli import main
 
 # --colluding-clients 0: the reference numbers (docs/MATH.md tables) are for an outside observer
 BASE = ["--lr", "0.1", "--local-steps", "5", "--clip-norm", "1", "--clients", "20", "--smoothness", "1",
@@ -143,8 +143,8 @@ def test_help_shows_defaults_and_cites_no_document_a_user_cannot_open(capsys):
 
 def test_every_run_config_key_a_plan_depends_on_is_a_flag(capsys):
     # issue 21.3: the flags are generated from AppConfig, so a key added to the run config is a flag
-    from fl_dp_flower.config import AppConfig
-    from fl_dp_flower.plan_flags import RUN_ONLY
+    from fl_dp_flower.app.config import AppConfig
+    from fl_dp_flower.app.plan_flags import RUN_ONLY
 
     with pytest.raises(SystemExit):
         main(["privacy", "--help"])

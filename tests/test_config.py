@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 from flwr.app import Context, RecordDict
 
-from fl_dp_flower.config import AppConfig, ConfigError, default_cyclic_c, default_iterative_z
+from fl_dp_flower.app.config import AppConfig, ConfigError, default_cyclic_c, default_iterative_z
 from fl_dp_flower.privacy import AccountantConfig
 
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
@@ -219,7 +219,7 @@ def test_final_model_needs_the_smoothness_assertion_and_per_sample_l0_is_refused
 
 
 def test_server_main_fails_at_start_naming_the_key(tmp_path):
-    from fl_dp_flower.apps.server import main
+    from fl_dp_flower.app.serverapp import main
 
     ctx = Context(run_id=0, node_id=0, node_config={}, state=RecordDict(),
                   run_config={**_run_config(), "sigma": -1.0, "output-dir": str(tmp_path)})

@@ -18,12 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from fl_dp_flower.launcher import Runner, UsageError, make_plan
-from fl_dp_flower.local_flower import StatusPoller, listening_pids
+from fl_dp_flower.app.launcher import Runner, UsageError, make_plan
+from fl_dp_flower.app.local_flower import StatusPoller, listening_pids
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.reporting import PrivacyLedger
 from fl_dp_flower.reporting.watch import RunView, render
-from fl_dp_flower.run_output import read_marker, shortfall_text, write_marker
+from fl_dp_flower.app.run_output import shortfall_text
+from fl_dp_flower.run_marker import read_marker, write_marker
 
 
 def _args(tmp_path: Path, *overrides: str, preset: str = "quick", resume: bool = False) -> argparse.Namespace:
@@ -242,7 +243,7 @@ def test_a_ray_startup_timeout_before_any_round_is_retried_only_when_nothing_was
 
 
 def test_a_run_whose_ledger_ended_is_decided_from_the_ledger_when_status_calls_keep_failing(tmp_path, monkeypatch):
-    from fl_dp_flower import launcher
+    from fl_dp_flower.app import launcher
     monkeypatch.setattr(launcher, "END_PATIENCE", 1.0)
     plan = make_plan(_args(tmp_path, "num-server-rounds=2"))
     path = _ledger(tmp_path, 2)

@@ -11,12 +11,12 @@ import time
 import pytest
 from doc_commands import pyproject_defaults
 
-from fl_dp_flower.config import AppConfig, ConfigError
-from fl_dp_flower.preflight import DATASET_FACTS, chance_level_warning, preflight
-from fl_dp_flower.presets import PRESETS
+from fl_dp_flower.app.config import AppConfig, ConfigError
+from fl_dp_flower.app.preflight import DATASET_FACTS, chance_level_warning, preflight
+from fl_dp_flower.app.presets import PRESETS
 from fl_dp_flower.privacy import gdp
 from fl_dp_flower.privacy.planning import calibrate_sigma, planned_run
-from fl_dp_flower.run_plan import UsageError, make_plan
+from fl_dp_flower.app.run_plan import UsageError, make_plan
 
 
 def _config(**overrides) -> AppConfig:

@@ -149,8 +149,8 @@ def test_every_package_error_has_the_one_base_class():
     from flwr.serverapp.exception import PrivacyBudgetExhausted
 
     from fl_dp_flower import FlDpError
-    from fl_dp_flower.apps.recovery import RunFailed
-    from fl_dp_flower.config import ConfigError
+    from fl_dp_flower.app.recovery import RunFailed
+    from fl_dp_flower.app.config import ConfigError
     from fl_dp_flower.protocol import Refused
     from fl_dp_flower.strategies.budget import BudgetExhausted
 

@@ -3,8 +3,8 @@
 In a checkout it is the repository root (its ``pyproject.toml`` has the ``[tool.flwr.app]`` tables).
 An installed wheel has no such file, so the project is written once per version into a user cache
 folder: a ``pyproject.toml`` whose components are the installed package's apps
-(``fl_dp_flower.apps.server:app``, ``fl_dp_flower.apps.client:app``) and whose run config is
-:class:`~fl_dp_flower.config.AppConfig`'s defaults (the same values as the checkout's pyproject;
+(``fl_dp_flower.app.serverapp:app``, ``fl_dp_flower.app.clientapp:app``) and whose run config is
+:class:`~fl_dp_flower.app.config.AppConfig`'s defaults (the same values as the checkout's pyproject;
 tests/test_config.py checks that they agree).
 """
 
@@ -16,7 +16,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-CHECKOUT = Path(__file__).resolve().parents[1]
+CHECKOUT = Path(__file__).resolve().parents[2]
 CACHE_ENV = "FL_DP_FLOWER_APP_DIR"  # where to write the installed package's app project (optional)
 
 
@@ -41,17 +41,17 @@ def _toml_value(key: str, value: Any) -> str:
 
 def packaged_project_text() -> str:
     """The ``pyproject.toml`` of the installed package's app project."""
-    from . import __version__
-    from .config import AppConfig
+    from fl_dp_flower import __version__
+    from fl_dp_flower.app.config import AppConfig
 
     config = "\n".join(f'"{k}" = {_toml_value(k, v)}' for k, v in AppConfig().to_run_config().items())
     return (
-        "# written by fl-dp-flower (fl_dp_flower/app_project.py): the reference app of the installed package\n"
+        "# written by fl-dp-flower (fl_dp_flower/app/app_project.py): the reference app of the installed package\n"
         f'[project]\nname = "fl-dp-flower-app"\nversion = "{__version__}"\n'
         'description = "fl-dp-flower reference app"\nlicense = "Apache-2.0"\ndependencies = []\n\n'
         '[tool.flwr.app]\npublisher = "fl-dp-flower"\nfab-include = ["pyproject.toml"]\n\n'
-        '[tool.flwr.app.components]\nserverapp = "fl_dp_flower.apps.server:app"\n'
-        'clientapp = "fl_dp_flower.apps.client:app"\n\n'
+        '[tool.flwr.app.components]\nserverapp = "fl_dp_flower.app.serverapp:app"\n'
+        'clientapp = "fl_dp_flower.app.clientapp:app"\n\n'
         f"[tool.flwr.app.config]\n{config}\n"
     )
 
@@ -60,7 +60,7 @@ def app_project() -> Path:
     """The folder ``flwr run`` submits: the checkout root, or the installed package's written project."""
     if is_app_project(CHECKOUT) and (CHECKOUT / "server_app.py").exists():
         return CHECKOUT
-    from . import __version__
+    from fl_dp_flower import __version__
 
     base = Path(os.environ.get(CACHE_ENV) or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
                 / "fl-dp-flower" / f"app-{__version__}")

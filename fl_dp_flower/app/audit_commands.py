@@ -1,7 +1,7 @@
 """The ``audit`` and ``sensitivity`` commands: run them, print a table or JSON, write the plot.
 
 Imported only when one of them runs (torch is loaded then). The parsers are built in
-:mod:`fl_dp_flower.cli`; bad input exits with status 2 and names the flag.
+:mod:`fl_dp_flower.app.cli`; bad input exits with status 2 and names the flag.
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ def audit_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     """Run the audit; exit 1 when a sound bound is violated on an instance that meets its assumptions
     (a package bug), else 0. The paper's stated bound (not sound) and bounds whose assumption the
     instance breaks may be exceeded: the verdicts say so, the exit status does not change."""
-    from ..plan_flags import flagged, planned_accountant_config
-    from ..reporting.durable import json_safe
+    from fl_dp_flower.app.plan_flags import flagged, planned_accountant_config
+    from fl_dp_flower.reporting.durable import json_safe
 
     config = planned_accountant_config(args, parser, args.sigma)
     import torch  # only now: the audit trains
 
-    from .run import run_audit
+    from fl_dp_flower.audit.run import run_audit
 
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     try:
@@ -41,7 +41,7 @@ def audit_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     except ValueError as exc:
         parser.error(flagged(str(exc)))
     if args.plot:
-        from .plot import plot_audit
+        from fl_dp_flower.audit.plot import plot_audit
         plot_audit(report, args.plot)
     if args.json:
         print(json.dumps(json_safe(report.to_dict()), indent=2, allow_nan=False))
@@ -58,7 +58,7 @@ def _print_audit(report: Any, args: argparse.Namespace) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from ..plan_flags import fmt_number as _fmt, settings_line as _settings
+    from fl_dp_flower.app.plan_flags import fmt_number as _fmt, settings_line as _settings
 
     a = report.attack
     console = Console(width=None if sys.stdout.isatty() else 160)
@@ -100,7 +100,7 @@ def _csv(kind, name: str):
 
 
 def add_sensitivity_arguments(parser: argparse.ArgumentParser, positive, count, nonnegative) -> None:
-    from ..vocabulary import SCHEDULES
+    from fl_dp_flower.vocabulary import SCHEDULES
 
     def schedule(text: str) -> str:
         if text not in SCHEDULES:
@@ -133,7 +133,7 @@ def add_sensitivity_arguments(parser: argparse.ArgumentParser, positive, count, 
 
 def sensitivity_setups(args: argparse.Namespace) -> list:
     """One SensitivitySetup per FedAvg schedule and per FedProx alpha."""
-    from .sensitivity import SensitivitySetup
+    from fl_dp_flower.audit.sensitivity import SensitivitySetup
 
     common = {"lr": args.lr, "local_steps": args.local_steps, "clip_norm": args.clip_norm, "clients": args.clients,
               "sigma": args.sigma, "batch_size": args.batch_size, "rounds": args.rounds,
@@ -150,8 +150,8 @@ def sensitivity_command(args: argparse.Namespace, parser: argparse.ArgumentParse
     """Exit 0 when every measured value is within its clipping-only bound (a theorem), else 1."""
     import torch
 
-    from ..reporting.durable import json_safe
-    from .sensitivity import run_sensitivity
+    from fl_dp_flower.reporting.durable import json_safe
+    from fl_dp_flower.audit.sensitivity import run_sensitivity
 
     try:
         setups = sensitivity_setups(args)
@@ -164,7 +164,7 @@ def sensitivity_command(args: argparse.Namespace, parser: argparse.ArgumentParse
         if not args.json:
             print(f"  {setup.label}: {curves[-1].seconds:.1f} s", file=sys.stderr)
     if args.plot:
-        from .plot import plot_sensitivity
+        from fl_dp_flower.audit.plot import plot_sensitivity
         plot_sensitivity(curves, args.plot)
     if args.json:
         print(json.dumps(json_safe({"curves": [c.to_dict() for c in curves]}), indent=2, allow_nan=False))

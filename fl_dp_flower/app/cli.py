@@ -1,11 +1,11 @@
 """Command line: ``fl-dp-flower run | verify | watch | privacy | audit | sensitivity | calibrate``.
 
-``run`` runs the main job in Flower's simulation engine (:mod:`fl_dp_flower.launcher`);
+``run`` runs the main job in Flower's simulation engine (:mod:`fl_dp_flower.app.launcher`);
 ``privacy`` prints every bound of a planned run and its per-round certified epsilon;
 ``calibrate`` finds the sigma that meets a target epsilon under a chosen bound.
 The planning commands (and ``audit``) take the run config's own keys as flags, with the run's
 defaults, and can read the app's pyproject.toml, a ``--preset`` and ``--run-config`` overrides
-(:mod:`fl_dp_flower.plan_flags`): planning and running agree by construction;
+(:mod:`fl_dp_flower.app.plan_flags`): planning and running agree by construction;
 ``audit`` attacks a canary run and checks every bound (docs/audit.md);
 ``sensitivity`` measures the real trainer's sensitivity against its bounds.
 Output is a table (rich) or JSON (``--json``). Bad input exits with status 2 and
@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     pass
 
-from .plan_flags import flagged, fmt_number as _fmt, planned_accountant_config, settings_line as _settings
-from .vocabulary import BOUND_CHOICES
+from fl_dp_flower.app.plan_flags import flagged, fmt_number as _fmt, planned_accountant_config, settings_line as _settings
+from fl_dp_flower.vocabulary import BOUND_CHOICES
 
 
 def _number(kind: Callable[[str], Any], lo: float, lo_open: bool, hi: float | None = None,
@@ -59,14 +59,14 @@ _PROBABILITY = _number(float, 0.0, True, 1.0, True)
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
     """The planning flags (``privacy``, ``calibrate``, ``audit``): the run config's own keys, generated
-    from AppConfig (:mod:`fl_dp_flower.plan_flags`)."""
-    from .plan_flags import add_plan_arguments
+    from AppConfig (:mod:`fl_dp_flower.app.plan_flags`)."""
+    from fl_dp_flower.app.plan_flags import add_plan_arguments
 
     add_plan_arguments(parser)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .launcher import add_arguments as add_run_arguments
+    from fl_dp_flower.app.launcher import add_arguments as add_run_arguments
 
     formatter = argparse.ArgumentDefaultsHelpFormatter
     parser = argparse.ArgumentParser(prog="fl-dp-flower", description=__doc__.split("\n\n")[0])
@@ -102,11 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="confidence of the lower bounds and intervals, in (0, 1)")
     audit.add_argument("--plot", default=None, help="write the trade-off plot (PNG) to this path")
     audit.add_argument("--device", default="auto", help="torch device of the trials (auto: cuda if present)")
-    from .audit.commands import add_audit_arguments
+    from fl_dp_flower.app.audit_commands import add_audit_arguments
     add_audit_arguments(audit)
     sens = commands.add_parser("sensitivity", help="measured ||w_T - w'_T|| of the real trainer against its bounds",
                                formatter_class=formatter)
-    from .audit.commands import add_sensitivity_arguments
+    from fl_dp_flower.app.audit_commands import add_sensitivity_arguments
     add_sensitivity_arguments(sens, _POSITIVE, _COUNT, _NONNEGATIVE)
     calib = commands.add_parser("calibrate", help="the sigma that meets a target epsilon", formatter_class=formatter)
     _add_common(calib)
@@ -140,7 +140,7 @@ def _print_plan(result: dict[str, Any], args: argparse.Namespace) -> None:
                         f"sigma = {args.sigma:g})\n{_settings(args)}")
     for col in ("bound", "adversary sees", "mu (GDP)", "epsilon", "status"):
         table.add_column(col)
-    from .reporting.console import (
+    from fl_dp_flower.reporting.console import (
         FINAL_MODEL_ASSUMES,
         add_remove_note,
         conditional_note,
@@ -178,8 +178,8 @@ def _verify(args: argparse.Namespace) -> int:
     """Exit 0: every check passed; 1: a check failed (the first failing line is named); 2: no ledger."""
     from pathlib import Path
 
-    from .reporting.durable import json_safe
-    from .reporting.verify import verify_ledger
+    from fl_dp_flower.reporting.durable import json_safe
+    from fl_dp_flower.reporting.verify import verify_ledger
 
     path = Path(args.ledger)
     if path.is_dir():
@@ -220,21 +220,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "run":
-        from .launcher import main as run_main
+        from fl_dp_flower.app.launcher import main as run_main
         return run_main(args)
     if args.command == "verify":
         return _verify(args)
     if args.command == "watch":
-        from .reporting.watch import main as watch_main
+        from fl_dp_flower.reporting.watch import main as watch_main
         return watch_main(args)
     if args.command in ("audit", "privacy", "calibrate"):
-        from .plan_flags import resolve
+        from fl_dp_flower.app.plan_flags import resolve
         resolve(args, parser)
     if args.command == "audit":
-        from .audit.commands import audit_command
+        from fl_dp_flower.app.audit_commands import audit_command
         return audit_command(args, parser)
     if args.command == "sensitivity":
-        from .audit.commands import sensitivity_command
+        from fl_dp_flower.app.audit_commands import sensitivity_command
         return sensitivity_command(args, parser)
     if args.command == "privacy":
         return _privacy(args, parser)
@@ -247,8 +247,8 @@ PER_ROUND_LIMIT = 20_000
 
 def _notes(args: argparse.Namespace) -> list[str]:
     """What the run would say before it starts (calibrated sigma, budget stop, noise), or its refusal."""
-    from .config import ConfigError
-    from .preflight import preflight
+    from fl_dp_flower.app.config import ConfigError
+    from fl_dp_flower.app.preflight import preflight
 
     try:
         return preflight(args.config)
@@ -258,8 +258,8 @@ def _notes(args: argparse.Namespace) -> list[str]:
 
 def _privacy(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Every bound after the planned rounds, the run's per-round certified epsilon, and the notes."""
-    from .privacy.planning import plan, planned_run  # numpy/scipy: only now
-    from .reporting.durable import json_safe
+    from fl_dp_flower.privacy.planning import plan, planned_run  # numpy/scipy: only now
+    from fl_dp_flower.reporting.durable import json_safe
 
     config = planned_accountant_config(args, parser)
     replay = args.rounds <= PER_ROUND_LIMIT
@@ -284,8 +284,8 @@ def _privacy(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 def _calibrate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """The exact sigma of a bound at 'target-epsilon', and what ``sigma = "auto"`` picks for the run."""
-    from .privacy.planning import calibrate, calibrate_sigma  # numpy/scipy: only now
-    from .reporting.durable import json_safe
+    from fl_dp_flower.privacy.planning import calibrate, calibrate_sigma  # numpy/scipy: only now
+    from fl_dp_flower.reporting.durable import json_safe
 
     target = args.config.target_epsilon
     if not target > 0:
@@ -303,7 +303,7 @@ def _calibrate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     if args.json:
         print(json.dumps(json_safe(result), indent=2, allow_nan=False))
     else:
-        from .reporting.console import conditional_note
+        from fl_dp_flower.reporting.console import conditional_note
 
         status = ("" if result["sound"] else "  (paper's stated bound - NOT a guarantee)") + conditional_note(result)
         print(f"{_settings(args)}\nthreat model {args.config.threat_model}")

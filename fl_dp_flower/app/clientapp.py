@@ -43,8 +43,8 @@ from flwr.clientapp import ClientApp
 from fl_dp_flower import protocol
 from fl_dp_flower.client import (check_batch_fits, derived_seed, log_nonfinite, private_update, shared_statistics,
                                  sum_grid, train_reply)
-from fl_dp_flower.apps.secagg_mod import secure_aggregation_mod
-from fl_dp_flower.config import AppConfig, ConfigError
+from fl_dp_flower.secagg_mod import secure_aggregation_mod
+from fl_dp_flower.app.config import AppConfig, ConfigError
 from fl_dp_flower.node import (ALLOW_FIXED_SEED, ALLOW_FIXED_SEED_ENV, NODE_LIMITS, SHARE_METRICS,  # noqa: F401
                                SHARE_METRICS_ENV, check_node_limits, check_node_policy, fixed_seed_allowed,
                                metrics_shared, node_flag)

@@ -21,17 +21,17 @@ from typing import Any, Mapping
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from fl_dp_flower.errors import FlDpError
-from . import config_messages
-from .config_messages import AUTO_SIGMA, dash as _dash
-from .config_secagg import SecureAggregationConfig
-from .config_server import ServerUpdateConfig
-from . import protocol
-from .privacy.accountant import Budget
-from .privacy.records import SMOOTHNESS_FIELDS, AccountantConfig, colluder_problems, sampling_problems, smoothness_problems
-from .settings import DPSettings, FederationSettings
-from .vocabulary import (Algorithm, ClientSampling, Clipping, CohortNoise, Dataset, ModelName, NoiseMode, Partitioning,
+from fl_dp_flower.app import config_messages
+from fl_dp_flower.app.config_messages import AUTO_SIGMA, dash as _dash
+from fl_dp_flower.app.config_secagg import SecureAggregationConfig
+from fl_dp_flower.app.config_server import ServerUpdateConfig
+from fl_dp_flower import protocol
+from fl_dp_flower.privacy.accountant import Budget
+from fl_dp_flower.privacy.records import SMOOTHNESS_FIELDS, AccountantConfig, colluder_problems, sampling_problems, smoothness_problems
+from fl_dp_flower.settings import DPSettings, FederationSettings
+from fl_dp_flower.vocabulary import (Algorithm, ClientSampling, Clipping, CohortNoise, Dataset, ModelName, NoiseMode, Partitioning,
                          Schedule, ThreatModel, UnfinishedRoundPolicy, Weighting, model_problem)
-from .privacy.terms import SCHEDULE_CONSTANTS, default_cyclic_c, default_iterative_z, resolve_constant
+from fl_dp_flower.privacy.terms import SCHEDULE_CONSTANTS, default_cyclic_c, default_iterative_z, resolve_constant
 
 __all__ = ["AUTO_SIGMA", "AppConfig", "ConfigError", "with_auto_sigma", "default_cyclic_c", "default_iterative_z", "describe_range",
            "unknown_key_message"]
@@ -60,7 +60,7 @@ _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 class AppConfig(ServerUpdateConfig, SecureAggregationConfig, BaseModel):
     """Every key of ``[tool.flwr.app.config]``; defaults equal the pyproject values (the server's
-    post-processing keys come from :class:`~fl_dp_flower.config_server.ServerUpdateConfig`)."""
+    post-processing keys come from :class:`~fl_dp_flower.app.config_server.ServerUpdateConfig`)."""
 
     model_config = ConfigDict(
         frozen=True,
@@ -241,7 +241,7 @@ class AppConfig(ServerUpdateConfig, SecureAggregationConfig, BaseModel):
         if data.get("threat-model") == "secure-aggregation":
             raise ValueError(f"'sigma' = {AUTO_SIGMA!r} is not available with threat-model 'secure-aggregation' (its "
                              "grid depends on sigma): give sigma (`fl-dp-flower privacy` plans it)")
-        from .privacy.planning import calibrate_sigma  # numpy/scipy: only for "auto"
+        from fl_dp_flower.privacy.planning import calibrate_sigma  # numpy/scipy: only for "auto"
 
         try:
             calibration = calibrate_sigma(provisional.accountant_config(), provisional.num_server_rounds,

@@ -1,5 +1,5 @@
 """The run config's error text: allowed ranges, unknown-key suggestions, pydantic errors as lines
-that name each dash key (the messages of :class:`fl_dp_flower.config.ConfigError`)."""
+that name each dash key (the messages of :class:`fl_dp_flower.app.config.ConfigError`)."""
 
 from __future__ import annotations
 

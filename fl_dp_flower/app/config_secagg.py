@@ -1,6 +1,6 @@
 """The run-config keys of secure aggregation (threat-model "secure-aggregation"; docs/MATH.md §20).
 
-:class:`~fl_dp_flower.config.AppConfig` inherits these fields (defined here, once, validated like every
+:class:`~fl_dp_flower.app.config.AppConfig` inherits these fields (defined here, once, validated like every
 other key). Under ``threat-model = "secure-aggregation"`` the server runs every train round through
 Flower's SecAgg+ (:class:`~fl_dp_flower.strategies.secagg.SecAggGrid`), the clients upload their clean
 update on an integer grid plus Skellam noise (training/secure_sum.py), and the accountant certifies the
@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .config_messages import dash
+from fl_dp_flower.app.config_messages import dash
 
 __all__ = ["SecureAggregationConfig", "secagg_threshold"]
 
@@ -81,9 +81,9 @@ class SecureAggregationConfig(BaseModel):
         sizes), clients-per-round uploads of the model's values, num-server-rounds rounds."""
         if getattr(self, "threat_model", None) != "secure-aggregation":
             return None
-        from .privacy.schedules import step_sizes  # numpy-free; torch only below (the model's size)
-        from .training.models import parameter_count
-        from .training.secure_sum import plan_grid
+        from fl_dp_flower.privacy.schedules import step_sizes  # numpy-free; torch only below (the model's size)
+        from fl_dp_flower.training.models import parameter_count
+        from fl_dp_flower.training.secure_sum import plan_grid
 
         c: Any = self
         etas = step_sizes(c.schedule, c.lr, 0, c.local_steps)
@@ -95,7 +95,7 @@ class SecureAggregationConfig(BaseModel):
         grid = self.secure_sum_grid()
         if grid is None:
             return {}
-        from .training.models import parameter_count
+        from fl_dp_flower.training.models import parameter_count
 
         c: Any = self
         return {"sum_grid_step": grid.step, "sum_dimension": parameter_count(c.dataset, c.model)}

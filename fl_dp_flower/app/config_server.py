@@ -1,6 +1,6 @@
 """The run-config keys of the server's post-processing (a server optimizer, an averaged release).
 
-:class:`~fl_dp_flower.config.AppConfig` inherits these fields (the keys are defined here, once, and
+:class:`~fl_dp_flower.app.config.AppConfig` inherits these fields (the keys are defined here, once, and
 validated like every other key: errors name the dash key and its range); they become the
 post-processing fields of :class:`~fl_dp_flower.settings.FederationSettings`
 (:meth:`ServerUpdateConfig.server_update_settings`). What they do: fl_dp_flower/strategies/server_opt.py.
@@ -12,8 +12,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .config_messages import dash
-from .vocabulary import ReleaseAverage, ServerOptimizer
+from fl_dp_flower.app.config_messages import dash
+from fl_dp_flower.vocabulary import ReleaseAverage, ServerOptimizer
 
 __all__ = ["ServerUpdateConfig"]
 

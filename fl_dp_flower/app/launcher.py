@@ -2,11 +2,11 @@
 
 What ``scripts/main-job.sh`` runs. It
 
-1. validates the run-config overrides against :class:`~fl_dp_flower.config.AppConfig` *before*
+1. validates the run-config overrides against :class:`~fl_dp_flower.app.config.AppConfig` *before*
    anything starts (about a second; errors name the key, unknown keys get close-match
    suggestions, and no traceback is printed);
 2. starts a private local SuperLink for this run (its own free port and Flower home, so two runs
-   on one machine never share or stop each other's processes: :mod:`fl_dp_flower.local_flower`)
+   on one machine never share or stop each other's processes: :mod:`fl_dp_flower.app.local_flower`)
    and submits ``flwr run <app> --run-config <file.toml>`` to it (one TOML file of overrides: no
    shell quoting, no duplicate keys), saying what it waits for when that takes long;
 3. follows the run through its privacy ledger: one line per round with accuracy, the running
@@ -20,7 +20,7 @@ What ``scripts/main-job.sh`` runs. It
    SuperLink, and prints what was spent, read from the ledger. A second Ctrl-C kills at once.
 
 The launcher's own state of the run (running, interrupted, completed, failed, with its pid) is
-``<run dir>/.launcher.json`` (:mod:`fl_dp_flower.run_output`), read by ``fl-dp-flower watch``; the
+``<run dir>/.launcher.json`` (:mod:`fl_dp_flower.run_marker`), read by ``fl-dp-flower watch``; the
 ledger is written by the ServerApp only.
 
 A resume is checked against the ledger before anything starts (the ServerApp's own rules:
@@ -47,11 +47,12 @@ from pathlib import Path
 from typing import Any
 
 from fl_dp_flower import FlDpError
-from .local_flower import (ANSI, FlowerStartError, LocalFlower, StatusPoller, cmdline, parse_json_output,
+from fl_dp_flower.app.local_flower import (ANSI, FlowerStartError, LocalFlower, StatusPoller, cmdline, parse_json_output,
                            processes_of, stop_processes)
-from .presets import PRESETS
-from .run_output import round_line, shortfall_text, spent_text, write_marker
-from .run_plan import ROOT, Plan, UsageError, make_plan, parse_overrides, pyproject_run_config, to_toml
+from fl_dp_flower.app.presets import PRESETS
+from fl_dp_flower.app.run_output import round_line, shortfall_text, spent_text
+from fl_dp_flower.run_marker import write_marker
+from fl_dp_flower.app.run_plan import ROOT, Plan, UsageError, make_plan, parse_overrides, pyproject_run_config, to_toml
 
 __all__ = ["Plan", "Runner", "UsageError", "make_plan", "parse_overrides", "processes_of", "pyproject_run_config",
            "to_toml"]
@@ -163,7 +164,7 @@ class Runner:
         calls kept failing for ``END_PATIENCE`` seconds is decided from the ledger (completed only
         with an ``end`` event and a summary).
         """
-        from .reporting.ledger import read_ledger  # no matplotlib: reporting/ledger/ only
+        from fl_dp_flower.reporting.ledger import read_ledger  # no matplotlib: reporting/ledger/ only
         shown, failures_said, last_alive_check, last_news = 0, 0, time.monotonic(), time.monotonic()
         ends_before: int | None = None
         ended_at: float | None = None
@@ -233,7 +234,7 @@ class Runner:
     def ray_did_not_start(self, info: dict[str, Any]) -> bool:
         """The run failed because Ray's startup timed out (Ray waits 30 s, fixed, for its raylet)
         before any round was opened, so no upload was made and no privacy spent."""
-        from .reporting.ledger import read_ledger
+        from fl_dp_flower.reporting.ledger import read_ledger
         if not str(info.get("status", "")).startswith("finished:failed"):
             return False
         if self.ledger.exists():
@@ -282,8 +283,8 @@ class Runner:
         summary_path = self.plan.run_dir / "summary.json"
         summary: dict[str, Any] = {}
         if summary_path.exists():
-            from .reporting.console import render_summary
-            from .reporting.ledger import read_ledger
+            from fl_dp_flower.reporting.console import render_summary
+            from fl_dp_flower.reporting.ledger import read_ledger
             try:
                 summary = json.loads(summary_path.read_text())
             except (OSError, ValueError):
@@ -316,7 +317,7 @@ class Runner:
                 cohort = f" x {c.clients_per_node} clients each (cohorts)" if c.clients_per_node > 1 else ""
                 self.say(f"run '{c.run_name}': {self.plan.num_rounds} rounds, {c.clients_per_round} clients per "
                          f"round, {self.plan.supernodes} simulated SuperNodes{cohort}; outputs in {self.plan.run_dir}")
-                from .preflight import preflight
+                from fl_dp_flower.app.preflight import preflight
                 for note in preflight(c):  # calibrated sigma, budget stop, noise warning
                     self.say(note)
                 self.flower.start(cwd=self.app_dir)

@@ -1,13 +1,13 @@
 """Flags of the planning commands (``privacy``, ``calibrate``, ``audit``), generated from the run config.
 
-Every key of :class:`~fl_dp_flower.config.AppConfig` is a flag of the same name
+Every key of :class:`~fl_dp_flower.app.config.AppConfig` is a flag of the same name
 (``local-steps`` -> ``--local-steps``), except :data:`RUN_ONLY` (where a run writes, how it is
 served, how it resumes: nothing a plan depends on). A key another engineer adds to the run
 config becomes a flag here without a line of this module. Defaults are the run's own:
 
 1. the ``[tool.flwr.app.config]`` table of ``--app`` (a folder or its pyproject.toml; default:
    the current folder's pyproject.toml when it has that table, else the package's defaults);
-2. ``--preset`` (the launcher's named run configs, :mod:`fl_dp_flower.presets`);
+2. ``--preset`` (the launcher's named run configs, :mod:`fl_dp_flower.app.presets`);
 3. ``--run-config "key=value ..."`` (Flower's syntax, as ``flwr run --run-config``);
 4. the flags themselves.
 
@@ -26,11 +26,11 @@ import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args, get_origin
 
-from .presets import PRESETS
+from fl_dp_flower.app.presets import PRESETS
 
 if TYPE_CHECKING:
-    from .config import AppConfig
-    from .privacy.records import AccountantConfig
+    from fl_dp_flower.app.config import AppConfig
+    from fl_dp_flower.privacy.records import AccountantConfig
 
 #: run-config keys (underscored) that no plan depends on: no flag for them.
 RUN_ONLY = frozenset({
@@ -51,14 +51,14 @@ def _dash(name: str) -> str:
 
 def planning_fields() -> list[str]:
     """The AppConfig fields (underscored) that are flags, in the run config's order."""
-    from .config import AppConfig
+    from fl_dp_flower.app.config import AppConfig
 
     return [name for name in AppConfig.model_fields if name not in RUN_ONLY]
 
 
 def _parser_of(name: str, annotation: Any) -> Any:
     """argparse type of one field: a number or string; its range is checked by AppConfig."""
-    from .config import AUTO_SIGMA, describe_range
+    from fl_dp_flower.app.config import AUTO_SIGMA, describe_range
 
     def parse(text: str) -> Any:
         if name == "sigma" and text == AUTO_SIGMA:
@@ -73,7 +73,7 @@ def _parser_of(name: str, annotation: Any) -> Any:
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     """``--app``, ``--preset``, ``--run-config``, one flag per planning key, and ``--json``."""
-    from .config import AppConfig, describe_range
+    from fl_dp_flower.app.config import AppConfig, describe_range
 
     parser.add_argument("--app", default=None, metavar="PATH",
                         help="Flower app folder (or its pyproject.toml) whose [tool.flwr.app.config] is the base "
@@ -136,8 +136,8 @@ def resolve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> AppCon
     planning key as resolved (``args.sigma``, ``args.threat_model``, ...) and the former names
     ``args.rounds``, ``args.clients``, ``args.per_sample_clipping``.
     """
-    from .config import AppConfig, ConfigError, with_auto_sigma
-    from .run_plan import UsageError, parse_overrides
+    from fl_dp_flower.app.config import AppConfig, ConfigError, with_auto_sigma
+    from fl_dp_flower.app.run_plan import UsageError, parse_overrides
 
     try:
         base, source = app_run_config(args.app)
@@ -169,7 +169,7 @@ _ACCOUNTANT_KEYS = {"clients": "clients-per-round", "prox_alpha": "prox-alpha", 
 
 def flagged(message: str) -> str:
     """Name the flag beside each run-config key a message cites: ``'lr'`` -> ``'lr' (--lr)``."""
-    from .config import AppConfig
+    from fl_dp_flower.app.config import AppConfig
 
     keys = {_dash(n) for n in AppConfig.model_fields} - {_dash(n) for n in RUN_ONLY}
     message = re.sub(r"'([a-z][a-z-]*)'", lambda m: f"'{m[1]}' (--{m[1]})" if m[1] in keys else m[0], message)

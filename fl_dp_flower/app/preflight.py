@@ -2,7 +2,7 @@
 
 - ``sigma = "auto"``: the sigma calibrated for ``target-epsilon`` and the planned epsilon;
 - a budget that stops the run early: after which round, and the sigma that would train every round;
-- a budget that no round fits: a :class:`~fl_dp_flower.config.ConfigError` naming 'target-epsilon',
+- a budget that no round fits: a :class:`~fl_dp_flower.app.config.ConfigError` naming 'target-epsilon',
   the first round's epsilon and the sigma that fits (the run would otherwise start, train nothing
   and fail);
 - a noise level that drowns the learning signal: a heuristic warning (see :func:`noise_to_signal`).
@@ -17,8 +17,8 @@ import dataclasses
 import logging
 import math
 
-from .config import AUTO_SIGMA, AppConfig, ConfigError
-from .privacy.schedules import step_sizes
+from fl_dp_flower.app.config import AUTO_SIGMA, AppConfig, ConfigError
+from fl_dp_flower.privacy.schedules import step_sizes
 
 #: Per dataset: number of classes and trainable parameters of its model (training/models.py:
 #: LeNet-5 for MNIST, ResNet-18 with GroupNorm for CIFAR-10; tests/test_preflight.py checks them).
@@ -56,7 +56,7 @@ def noise_to_signal(config: AppConfig) -> tuple[float, float]:
 
 def preflight(config: AppConfig) -> list[str]:
     """Lines to print before the run; raises ConfigError when the budget fits no round."""
-    from .privacy.planning import calibrate_sigma, planned_run
+    from fl_dp_flower.privacy.planning import calibrate_sigma, planned_run
 
     notes: list[str] = []
     acct = config.accountant_config()

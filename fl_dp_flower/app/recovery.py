@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from fl_dp_flower import FlDpError
-from fl_dp_flower.config import AppConfig
+from fl_dp_flower.app.config import AppConfig
 from fl_dp_flower.reporting.ledger import NODE_EXCLUDED_EVENT, LedgerContents
 from fl_dp_flower.strategies.noisy import NodeRefusals, NoisyStrategyMixin
 

@@ -4,23 +4,18 @@
 - :func:`spent_text`: the privacy spent so far, read from the ledger (after Ctrl-C, a failure, or
   at the end), naming an open round and how to account it;
 - :func:`shortfall_text`: "ended with k of n planned rounds" when a run stopped early;
-- :class:`LauncherMarker`: ``<run dir>/.launcher.json``, the launcher's own state of the run
-  (running / interrupted / completed / failed, with its pid), which ``fl-dp-flower watch`` reads
-  beside the ledger. The ledger stays the ServerApp's alone: the launcher never writes into it.
+- the launcher's marker ``<run dir>/.launcher.json`` is written through
+  :mod:`fl_dp_flower.run_marker` (``fl-dp-flower watch`` reads it beside the ledger).
 
 Standard library only (the ledger reader does not import torch or flwr).
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
-
-MARKER = ".launcher.json"
 
 
 def num(x: Any) -> str:
@@ -61,7 +56,7 @@ def round_line(entry: dict, index: int, rounds: list, total: int) -> str:
 
 def spent_text(ledger: Path) -> str:
     """The privacy spent, read from the ledger."""
-    from .reporting.ledger import read_ledger
+    from fl_dp_flower.reporting.ledger import read_ledger
     try:
         contents = read_ledger(ledger)
     except (OSError, ValueError) as err:
@@ -86,38 +81,3 @@ def shortfall_text(summary: dict[str, Any]) -> str:
         return ""
     why = summary.get("stop_reason") or summary.get("failure") or "see Flower's log"
     return f"; ended with {done} of {planned} planned rounds ({why})"
-
-
-# ------------------------------------------------------------------ the launcher's marker
-def write_marker(run_dir: Path, state: str, **extra: Any) -> None:
-    """Record the launcher's state of the run (atomic replace, owner-only)."""
-    if not run_dir.is_dir():
-        return
-    data = {"state": state, "pid": os.getpid(), "time": datetime.now(UTC).isoformat(), **extra}
-    tmp = run_dir / f"{MARKER}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f)
-    os.replace(tmp, run_dir / MARKER)
-
-
-def read_marker(run_dir: Path) -> dict[str, Any] | None:
-    """The launcher's marker, with ``alive`` = whether its launcher process still runs (None: none)."""
-    try:
-        data = json.loads((run_dir / MARKER).read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict):
-        return None
-    pid = data.get("pid")
-    data["alive"] = isinstance(pid, int) and _alive(pid)
-    return data
-
-
-def _alive(pid: int) -> bool:
-    """The launcher ``pid`` still runs (a reused pid of another program does not count)."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-    return b"fl-dp-flower" in cmdline or b"fl_dp_flower" in cmdline

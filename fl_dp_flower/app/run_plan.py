@@ -1,9 +1,9 @@
 """A main-job run planned before anything starts: overrides, presets, validation, resume checks.
 
-``fl-dp-flower run`` (:mod:`fl_dp_flower.launcher`) builds a :class:`Plan` from its flags and the
-``KEY=VALUE`` overrides: the preset (:mod:`fl_dp_flower.presets`) is laid over the pyproject
+``fl-dp-flower run`` (:mod:`fl_dp_flower.app.launcher`) builds a :class:`Plan` from its flags and the
+``KEY=VALUE`` overrides: the preset (:mod:`fl_dp_flower.app.presets`) is laid over the pyproject
 defaults and under the overrides, the whole is validated against
-:class:`~fl_dp_flower.config.AppConfig` (errors name the key), and a resume is checked against
+:class:`~fl_dp_flower.app.config.AppConfig` (errors name the key), and a resume is checked against
 its ledger with the ServerApp's own rules, all in about a second. Standard library and pydantic.
 """
 
@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from fl_dp_flower.errors import FlDpError
-from .app_project import app_project
-from .presets import PRESETS
+from fl_dp_flower.app.app_project import app_project
+from fl_dp_flower.app.presets import PRESETS
 
 ROOT = app_project()  # the Flower app project `flwr run` submits (checkout root, or the wheel's)
 #: Flower's own split of a ``--run-config`` string into pairs (flwr/common/config.py).
@@ -89,12 +89,12 @@ class Plan:
 
 def make_plan(args: argparse.Namespace, *, app_dir: Path = ROOT, now: datetime | None = None) -> Plan:
     """Validate flags + overrides against AppConfig (raises UsageError with the message to print)."""
-    from .config import (  # pydantic: imported only when a run is planned
+    from fl_dp_flower.app.config import (  # pydantic: imported only when a run is planned
         AppConfig,
         ConfigError,
         with_auto_sigma,
     )
-    from .preflight import preflight
+    from fl_dp_flower.app.preflight import preflight
 
     overrides = parse_overrides(" ".join(args.overrides))
     for key, flag in (("run-name", "--run-name"), ("output-dir", "--output-dir"), ("resume", "--resume")):
@@ -134,7 +134,7 @@ def make_plan(args: argparse.Namespace, *, app_dir: Path = ROOT, now: datetime |
 
 def check_resume(config: Any, ledger: Path) -> None:
     """Refuse at once (UsageError) a resume the ServerApp would refuse after starting up."""
-    from .reporting.ledger import PrivacyLedger
+    from fl_dp_flower.reporting.ledger import PrivacyLedger
     try:
         contents = PrivacyLedger.check_resumable(ledger, accountant_config=config.accountant_config().to_dict())
     except ValueError as err:

@@ -42,7 +42,7 @@ Any refused resume writes nothing.
 A run that accounts no round (budget too small for any round, nothing left to resume) fails
 (:class:`RunFailed`) after writing its summary: it never ends as a success. Every failure is
 logged at ERROR (what `flwr log` shows), a full disk as one message saying how to resume
-(:mod:`fl_dp_flower.apps.recovery`); a resume keeps the nodes excluded earlier in the run.
+(:mod:`fl_dp_flower.app.recovery`); a resume keeps the nodes excluded earlier in the run.
 """
 
 from __future__ import annotations
@@ -59,11 +59,11 @@ from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Result
 
-from fl_dp_flower.apps.recovery import RunFailed, logged_failures, restore_exclusions, unfinished_round
-from fl_dp_flower.apps.threat import (final_model_assumptions, node_assumptions, publishes_per_round_models,
+from fl_dp_flower.app.recovery import RunFailed, logged_failures, restore_exclusions, unfinished_round
+from fl_dp_flower.app.threat import (final_model_assumptions, node_assumptions, publishes_per_round_models,
                                       run_grid)
-from fl_dp_flower.config import AppConfig, ConfigError
-from fl_dp_flower.preflight import chance_level_warning, log_preflight
+from fl_dp_flower.app.config import AppConfig, ConfigError
+from fl_dp_flower.app.preflight import chance_level_warning, log_preflight
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.reporting import PrivacyLedger, PrivacyMetricsExporter, plot_privacy_curve, render_summary
 from fl_dp_flower.reporting.console import conditional_note
@@ -73,7 +73,8 @@ from fl_dp_flower.reporting.ledger import (FAILED_EVENT, NOT_APPLIED_EVENT, RESU
 from fl_dp_flower.reporting.replay import round_records
 from fl_dp_flower.reporting.logfilter import FlowerDumps
 from fl_dp_flower.reporting.rounds import RoundSink
-from fl_dp_flower.strategies import ModelNotFinite, NoisyStrategyMixin, NotEnoughNodes, make_strategy
+from fl_dp_flower.app.strategy import make_strategy
+from fl_dp_flower.strategies import ModelNotFinite, NoisyStrategyMixin, NotEnoughNodes
 from fl_dp_flower.training.data import DEFAULT_DATA_SEED, load_dataset, load_validation
 from fl_dp_flower.training.local_update import evaluate_model
 from fl_dp_flower.training.models import build_model

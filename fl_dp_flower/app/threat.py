@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from fl_dp_flower.config import AppConfig
+from fl_dp_flower.app.config import AppConfig
 from fl_dp_flower.privacy.bounds import smoothness_assumption
 from flwr.serverapp import Grid
 

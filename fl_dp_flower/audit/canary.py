@@ -60,7 +60,8 @@ from torch import nn
 
 from fl_dp_flower.privacy.records import AccountantConfig
 from fl_dp_flower.privacy.schedules import step_sizes
-from fl_dp_flower.strategies.replies import Applied, Usable, average_arrays, weights_for
+from fl_dp_flower.strategies.echo import Applied
+from fl_dp_flower.strategies.replies import Usable, average_arrays, weights_for
 from fl_dp_flower.training.local_update import local_update
 from fl_dp_flower.training.noise import add_gaussian_noise_
 

@@ -24,7 +24,7 @@ from typing import Any
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.privacy.records import AccountantConfig, RoundRecord
 
-from ..run_output import read_marker
+from fl_dp_flower.run_marker import read_marker
 from .ledger import LedgerFollower
 from .ledger import events as ev
 

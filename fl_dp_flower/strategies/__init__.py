@@ -3,8 +3,9 @@
 from .budget import BudgetExhausted, check_before_broadcast, check_replies, pre_broadcast_record
 from fl_dp_flower.reporting.rounds import RoundOutcome, dp_metrics
 
-from .noisy import ModelNotFinite, NoisyFedAvg, NoisyFedProx, NoisyStrategyMixin, PendingRound, make_strategy
+from .noisy import ModelNotFinite, NoisyFedAvg, NoisyFedProx, NoisyStrategyMixin, PendingRound
 from .sampling import NodeRefusals, NotEnoughNodes
+from .screening import ReplyChecks
 
 __all__ = [
     "BudgetExhausted",
@@ -15,10 +16,10 @@ __all__ = [
     "NoisyStrategyMixin",
     "NotEnoughNodes",
     "PendingRound",
+    "ReplyChecks",
     "RoundOutcome",
     "check_before_broadcast",
     "check_replies",
     "dp_metrics",
-    "make_strategy",
     "pre_broadcast_record",
 ]

@@ -26,7 +26,8 @@ from fl_dp_flower.errors import FlDpError
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.privacy.records import RoundRecord
 
-from .replies import Applied, Usable, mismatches
+from .echo import Applied
+from .replies import Usable, mismatches
 
 Dropped = list[tuple[int, str, bool]]
 ACCOUNTANT_ERRORS = (ValueError, ArithmeticError)  # OverflowError is an ArithmeticError

@@ -13,7 +13,6 @@ import time
 
 from flwr.serverapp import Grid
 
-from fl_dp_flower.config import AppConfig
 from fl_dp_flower.settings import FederationSettings
 
 log = logging.getLogger("flwr").getChild(__name__)  # Flower's handlers: shows in `flwr log`
@@ -21,7 +20,7 @@ log = logging.getLogger("flwr").getChild(__name__)  # Flower's handlers: shows i
 NODES_WARNING_EVERY = 60.0  # seconds between warnings while a round waits for SuperNodes
 
 
-def warn_until_enough_nodes(grid: Grid, needed: int, config: AppConfig | FederationSettings) -> None:
+def warn_until_enough_nodes(grid: Grid, needed: int, config: FederationSettings) -> None:
     """Wait until ``needed`` SuperNodes are connected, warning (in the ServerApp's log, i.e.
     ``flwr log``) at once and every minute how many are missing and how to fix it."""
     said = -NODES_WARNING_EVERY

@@ -8,7 +8,7 @@ events go to their ``on_event``).
 
 Library use: ``NoisyFedAvg(DPSettings(...), accountant, federation=..., budget=..., sinks=[...])`` with any
 initial ``ArrayRecord``; the accountant's plan must match the settings (checked, naming the field). The
-reference app builds the same objects from its run config (:func:`make_strategy`).
+reference app builds the same objects from its run config (``fl_dp_flower.app.strategy.make_strategy``).
 
 Round numbering: the schedule index t (``dp.round-index``, 0-based) is the number of rounds accounted so far, so
 after a resume it continues from the ledger; the record's ``round`` is t + 1. A round in which no usable reply
@@ -36,7 +36,6 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, FedProx, Result
 
 from fl_dp_flower import protocol
-from fl_dp_flower.config import AppConfig
 from fl_dp_flower.privacy.accountant import Budget, PrivacyAccountant, PrivacySpent
 from fl_dp_flower.privacy.records import RoundRecord
 from fl_dp_flower.reporting.rounds import PrivacySink, RoundOutcome, dp_metrics
@@ -46,8 +45,9 @@ from .budget import BudgetExhausted, check_before_broadcast, check_replies
 from .guard import ReplyGuard, all_finite
 from .pending import ModelNotFinite, PendingRound
 from .sampling import NodeRefusals, NodeSampling, check_plan
-from .replies import Applied, average_metrics, member_id, mismatches, reconcile, weights_for
-from .screening import ScreeningRules, rules_for
+from .echo import Applied
+from .replies import average_metrics, member_id, mismatches, reconcile, weights_for
+from .screening import ReplyChecks, ScreeningRules, rules_for
 from .server_opt import ServerUpdate
 
 log = logging.getLogger("flwr").getChild(__name__)  # Flower's handlers: shows in `flwr log`
@@ -64,7 +64,7 @@ class NoisyStrategyMixin(NodeSampling):
     min_available_nodes: int
 
     def _init_dp(self, settings: DPSettings, accountant: PrivacyAccountant, federation: FederationSettings,
-                 budget: Budget | None, sinks: Sequence[PrivacySink], app_config: AppConfig | None) -> None:
+                 budget: Budget | None, sinks: Sequence[PrivacySink], reply_checks: ReplyChecks | None) -> None:
         if not isinstance(settings, DPSettings):
             raise TypeError(f"settings must be a DPSettings, got {type(settings).__name__}")
         if not isinstance(federation, FederationSettings):
@@ -79,7 +79,9 @@ class NoisyStrategyMixin(NodeSampling):
                 raise TypeError(f"sink {sink!r} lacks on_event(kind, data) / on_round(outcome) (PrivacySink)")
         self.settings = settings
         self.federation = federation
-        self.dp_config = app_config  # the reference app's run config (None in library use)
+        if reply_checks is not None and not isinstance(reply_checks, ReplyChecks):
+            raise TypeError(f"reply_checks must be a ReplyChecks or None, got {type(reply_checks).__name__}")
+        self.reply_checks = reply_checks or ReplyChecks()
         self.accountant = accountant
         self.sinks: list[PrivacySink] = list(sinks)
         self.budget = budget
@@ -228,18 +230,11 @@ class NoisyStrategyMixin(NodeSampling):
         return arrays, MetricRecord(metrics)
 
     def _weights(self, usable: list) -> tuple[float, ...]:
-        cap = (self.dp_config.examples_cap_ratio if self.dp_config is not None
-               else AppConfig.model_fields["examples_cap_ratio"].default)
-        return weights_for(usable, self.federation.weighting, cap)
+        return weights_for(usable, self.federation.weighting, self.reply_checks.examples_cap_ratio)
 
     def _screening_rules(self, planned: Applied) -> ScreeningRules:
-        """The reply checks: the run config's knobs, or ScreeningRules' defaults in library use."""
-        if self.dp_config is not None:
-            return rules_for(self.dp_config, planned)
-        a = self.accountant.config
-        return ScreeningRules(planned=planned, schedule=self.settings.schedule, fedprox=self.settings.algorithm == "fedprox",
-                              smoothness=a.smoothness, per_sample=self.settings.clipping == "per-sample",
-                              secure_sum=a.threat_model == "secure-aggregation")
+        """The reply checks of this round (:class:`ReplyChecks`: the library's defaults unless given)."""
+        return rules_for(planned, self.settings, self.accountant.config, self.reply_checks)
 
     def _record(self, server_round: int, planned: Applied, usable: list, weights: tuple[float, ...], *,
                 applied: bool, quiet: bool = False) -> RoundRecord:
@@ -342,29 +337,25 @@ class NoisyStrategyMixin(NodeSampling):
         )
 
 
-def nodes_needed(config: AppConfig) -> int:
-    """Connected nodes a round waits for: enough to offer ``clients-per-round`` clients."""
-    return config.federation_settings().nodes_needed
-
-
 class NoisyFedAvg(NoisyStrategyMixin, FedAvg):
     """FedAvg whose clients upload K clipped GD steps + N(0, sigma^2 I) (Noisy-FedAvg).
 
     settings: what every client does; accountant: a :class:`PrivacyAccountant` whose plan matches
     them (``settings.accountant_config(clients=...)``); federation: sampling and quorum (default
     :class:`FederationSettings`); budget: stop before the certified epsilon would exceed it;
-    sinks: :class:`PrivacySink` s (ledger, console, Prometheus, your own).
+    sinks: :class:`PrivacySink` s (ledger, console, Prometheus, your own); reply_checks: the server's checks of
+    each reply (:class:`~fl_dp_flower.strategies.screening.ReplyChecks`; default: its defaults).
     """
 
     def __init__(self, settings: DPSettings, accountant: PrivacyAccountant, *,
                  federation: FederationSettings | None = None, budget: Budget | None = None,
                  sinks: Sequence[PrivacySink] = (), fraction_evaluate: float = 0.0,
-                 app_config: AppConfig | None = None, **fedavg_kwargs: Any) -> None:
+                 reply_checks: ReplyChecks | None = None, **fedavg_kwargs: Any) -> None:
         federation = federation or FederationSettings()
         m = federation.nodes_needed
         super().__init__(fraction_train=1.0, fraction_evaluate=fraction_evaluate, min_train_nodes=m,
                          min_evaluate_nodes=m if fraction_evaluate > 0 else 0, min_available_nodes=m, **fedavg_kwargs)
-        self._init_dp(settings, accountant, federation, budget, sinks, app_config)
+        self._init_dp(settings, accountant, federation, budget, sinks, reply_checks)
 
 
 class NoisyFedProx(NoisyStrategyMixin, FedProx):
@@ -374,7 +365,7 @@ class NoisyFedProx(NoisyStrategyMixin, FedProx):
     def __init__(self, settings: DPSettings, accountant: PrivacyAccountant, *,
                  federation: FederationSettings | None = None, budget: Budget | None = None,
                  sinks: Sequence[PrivacySink] = (), fraction_evaluate: float = 0.0,
-                 app_config: AppConfig | None = None, **fedprox_kwargs: Any) -> None:
+                 reply_checks: ReplyChecks | None = None, **fedprox_kwargs: Any) -> None:
         if settings.algorithm != "fedprox":
             raise ValueError(f"NoisyFedProx needs settings.algorithm = 'fedprox', got {settings.algorithm!r}")
         federation = federation or FederationSettings()
@@ -382,13 +373,4 @@ class NoisyFedProx(NoisyStrategyMixin, FedProx):
         super().__init__(fraction_train=1.0, fraction_evaluate=fraction_evaluate, min_train_nodes=m,
                          min_evaluate_nodes=m if fraction_evaluate > 0 else 0, min_available_nodes=m,
                          proximal_mu=settings.prox_alpha, **fedprox_kwargs)
-        self._init_dp(settings, accountant, federation, budget, sinks, app_config)
-
-
-def make_strategy(config: AppConfig, accountant: PrivacyAccountant, *, sinks: Sequence[PrivacySink] = (),
-                  **kwargs: Any) -> NoisyStrategyMixin:
-    """The reference app's strategy: NoisyFedAvg or NoisyFedProx according to ``algorithm``, with
-    the settings, federation and budget of its run config."""
-    cls = NoisyFedProx if config.algorithm == "fedprox" else NoisyFedAvg
-    return cls(config.dp_settings(), accountant, federation=config.federation_settings(), budget=config.budget(),
-               sinks=sinks, app_config=config, **kwargs)
+        self._init_dp(settings, accountant, federation, budget, sinks, reply_checks)

@@ -11,7 +11,7 @@ from fl_dp_flower.errors import FlDpError
 from fl_dp_flower.privacy.accountant import PrivacyReport
 from fl_dp_flower.privacy.records import RoundRecord
 
-from .replies import Applied
+from .echo import Applied
 
 
 @dataclass

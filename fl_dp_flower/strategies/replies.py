@@ -28,27 +28,12 @@ from fl_dp_flower.privacy.schedules import step_sizes
 from fl_dp_flower import protocol
 from fl_dp_flower.protocol import REFUSAL_CODE, REFUSAL_PREFIX
 
+from .echo import Applied, metric_number, parse_applied
 from .screening import Rejected, ScreeningRules, check_reply, reference_norm
 
 log = logging.getLogger("flwr").getChild(__name__)  # Flower's handlers: shows in `flwr log`
 
 SUPERLINK_NODE_ID = 1  # src_node_id of error replies the SuperLink makes (timeouts, dead nodes)
-
-ECHO_KEYS = (protocol.SIGMA, protocol.CLIP_NORM, protocol.LOCAL_STEPS, protocol.LR, protocol.ROUND_INDEX)
-
-
-@dataclass(frozen=True)
-class Applied:
-    """Settings of one client's local update (planned by the server or echoed by a client)."""
-
-    sigma: float
-    clip_norm: float
-    local_steps: int
-    lr: float
-    round_index: int
-    batch_size: int | None = None
-    prox_alpha: float | None = None
-
 
 @dataclass(frozen=True)
 class Usable:
@@ -80,38 +65,6 @@ def _members(metrics: MetricRecord, node: int, slots: Sequence[int] | None, clie
     if not isinstance(got, list) or [int(v) for v in got] != list(slots):
         raise ValueError(f"{protocol.MEMBERS} = {got!r} differs from the cohort slots asked for {list(slots)}")
     return tuple(member_id(node, j, clients_per_node) for j in slots)
-
-
-def _number(metrics: MetricRecord, key: str, *, integer: bool, minimum: float, strict: bool) -> float | int:
-    if key not in metrics:
-        raise ValueError(f"metrics lack {key!r}")
-    value = metrics[key]
-    if isinstance(value, (bool, list)) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{key} = {value!r} is not a finite number")
-    if integer:
-        if isinstance(value, float) and not value.is_integer():
-            raise ValueError(f"{key} = {value!r} is not an integer")
-        value = int(value)
-    if value < minimum or (strict and value == minimum):
-        raise ValueError(f"{key} = {value!r} must be {'>' if strict else '>='} {minimum}")
-    return value
-
-
-def parse_applied(metrics: MetricRecord, *, fedprox: bool) -> Applied:
-    """The echoed settings of one reply (ValueError if missing or invalid)."""
-    batch = _number(metrics, protocol.BATCH_SIZE, integer=True, minimum=1, strict=False) if protocol.BATCH_SIZE in metrics else None
-    alpha = None
-    if fedprox and protocol.PROX_ALPHA in metrics:
-        alpha = _number(metrics, protocol.PROX_ALPHA, integer=False, minimum=0.0, strict=True)
-    return Applied(
-        sigma=_number(metrics, protocol.SIGMA, integer=False, minimum=0.0, strict=True),
-        clip_norm=_number(metrics, protocol.CLIP_NORM, integer=False, minimum=0.0, strict=True),
-        local_steps=_number(metrics, protocol.LOCAL_STEPS, integer=True, minimum=1, strict=False),
-        lr=_number(metrics, protocol.LR, integer=False, minimum=0.0, strict=True),
-        round_index=_number(metrics, protocol.ROUND_INDEX, integer=True, minimum=0, strict=False),
-        batch_size=batch,
-        prox_alpha=alpha,
-    )
 
 
 def _signature(arrays: ArrayRecord) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -175,14 +128,14 @@ def screen(
             if not all(np.all(np.isfinite(a.numpy())) for a in arrays.values()):
                 raise ValueError("arrays contain non-finite values")
             metrics = next(iter(content.metric_records.values()))
-            n = _number(metrics, "num-examples", integer=True, minimum=1, strict=False)
+            n = metric_number(metrics, "num-examples", integer=True, minimum=1, strict=False)
             if n > MAX_NUM_EXAMPLES:
                 raise ValueError(f"num-examples = {n!r} exceeds 2**53 (not a plausible count)")
             applied = parse_applied(metrics, fedprox=fedprox)
             members = _members(metrics, node, None if slots is None else slots.get(node, ()), clients_per_node)
             partition = None
             if protocol.PARTITION_ID in metrics:
-                partition = int(_number(metrics, protocol.PARTITION_ID, integer=True, minimum=0, strict=False))
+                partition = int(metric_number(metrics, protocol.PARTITION_ID, integer=True, minimum=0, strict=False))
             energy = None
             if rules is not None:
                 energy = check_reply(arrays, reference, len(members), applied, rules, w_norm)

@@ -49,9 +49,10 @@ from fl_dp_flower.privacy.schedules import step_sizes
 from fl_dp_flower.vocabulary import Schedule
 
 if TYPE_CHECKING:
-    from fl_dp_flower.config import AppConfig
+    from fl_dp_flower.privacy.records import AccountantConfig
+    from fl_dp_flower.settings import DPSettings
 
-    from .replies import Applied
+    from .echo import Applied
 
 REL = 1e-9  # relative slack of echo comparisons (echoes are the instruction's own floats)
 FLOAT_SLACK = 1e-5  # relative slack of the magnitude bound for float32 rounding of the uploads
@@ -78,13 +79,41 @@ class ScreeningRules:
     secure_sum: bool = False
 
 
-def rules_for(config: AppConfig, planned: Applied) -> ScreeningRules:
-    """The round's reply checks from the plan and the run config."""
-    return ScreeningRules(planned=planned, schedule=config.schedule, fedprox=config.algorithm == "fedprox",
-                          smoothness=config.smoothness, per_sample=config.clipping == "per-sample",
-                          echo_tolerance=config.echo_tolerance, noise_check_alpha=config.noise_check_alpha,
-                          update_bound_alpha=config.update_bound_alpha,
-                          secure_sum=config.threat_model == "secure-aggregation")
+@dataclass(frozen=True)
+class ReplyChecks:
+    """The server's checks of each reply (docs/MATH.md §17), with the reference app's run-config keys in
+    parentheses; pass one as ``NoisyFedAvg(..., reply_checks=ReplyChecks(...))``.
+
+    echo_tolerance (echo-tolerance, >= 1): factor by which echoed settings may differ from the plan
+    (accepted deviations are accounted least privately); noise_check_alpha (noise-check-alpha, in
+    [0, 1), 0 = off): false-alarm rate of the residual-noise check; update_bound_alpha
+    (update-bound-alpha, in (0, 1)): tail probability of the update-magnitude bound;
+    examples_cap_ratio (examples-cap-ratio, >= 1): weighting "examples" caps each claim at this many
+    times the round's median.
+    """
+
+    echo_tolerance: float = 1.0
+    noise_check_alpha: float = 1e-9
+    update_bound_alpha: float = 1e-9
+    examples_cap_ratio: float = 10.0
+
+    def __post_init__(self) -> None:
+        checks = (("echo_tolerance", self.echo_tolerance, 1.0 <= self.echo_tolerance < math.inf, ">= 1 and finite"),
+                  ("noise_check_alpha", self.noise_check_alpha, 0.0 <= self.noise_check_alpha < 1.0, "in [0, 1)"),
+                  ("update_bound_alpha", self.update_bound_alpha, 0.0 < self.update_bound_alpha < 1.0, "in (0, 1)"),
+                  ("examples_cap_ratio", self.examples_cap_ratio, self.examples_cap_ratio >= 1.0, ">= 1"))
+        for name, value, ok, span in checks:
+            if not ok:
+                raise ValueError(f"ReplyChecks.{name} = {value!r} must be {span}")
+
+
+def rules_for(planned: Applied, settings: DPSettings, plan: AccountantConfig, checks: ReplyChecks) -> ScreeningRules:
+    """The round's reply checks: the plan, what every client does, and the checks' knobs."""
+    return ScreeningRules(planned=planned, schedule=settings.schedule, fedprox=settings.algorithm == "fedprox",
+                          smoothness=plan.smoothness, per_sample=settings.clipping == "per-sample",
+                          echo_tolerance=checks.echo_tolerance, noise_check_alpha=checks.noise_check_alpha,
+                          update_bound_alpha=checks.update_bound_alpha,
+                          secure_sum=plan.threat_model == "secure-aggregation")
 
 
 def _within(name: str, echoed: float, planned: float, tolerance: float) -> None:

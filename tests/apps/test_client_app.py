@@ -15,7 +15,7 @@ from client_app import app
 from fl_dp_flower.privacy.schedules import step_sizes
 from fl_dp_flower.training import LeNet5, evaluate_model, load_partition
 
-client_mod = importlib.import_module("fl_dp_flower.apps.client")
+client_mod = importlib.import_module("fl_dp_flower.app.clientapp")
 update_mod = importlib.import_module("fl_dp_flower.client")  # the local update runs in the library's client side
 torch.set_num_threads(1)
 

@@ -16,13 +16,14 @@ import logging
 
 import pytest
 
-from fl_dp_flower.config import ConfigError
+from fl_dp_flower.app.config import ConfigError
 
-from fl_dp_flower.apps import server as server_module
-from fl_dp_flower.apps.server import LEDGER, SUMMARY, RunFailed
+from fl_dp_flower.app import serverapp as server_module
+from fl_dp_flower.app.serverapp import LEDGER, SUMMARY, RunFailed
 from fl_dp_flower.reporting import PrivacyLedger, read_ledger
 from fl_dp_flower.reporting.verify import verify_ledger
-from fl_dp_flower.testing import TINY_NODES, run_local, tiny_config
+from fl_dp_flower.testing import TINY_NODES
+from fl_dp_flower.app.testing import run_local, tiny_config
 
 SERVER_LOGGER = "flwr.fl_dp_flower"
 

@@ -27,11 +27,12 @@ import pytest
 import torch
 
 from deploy_harness import generate_certs
-from fl_dp_flower.apps.server import CHECKPOINT, LEDGER, SUMMARY, RunFailed
-from fl_dp_flower.config import AppConfig
+from fl_dp_flower.app.serverapp import CHECKPOINT, LEDGER, SUMMARY, RunFailed
+from fl_dp_flower.app.config import AppConfig
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.reporting import PrivacyLedger, PrivacyMetricsExporter, read_ledger
-from fl_dp_flower.testing import TINY_NODES, run_local, tiny_config
+from fl_dp_flower.testing import TINY_NODES
+from fl_dp_flower.app.testing import run_local, tiny_config
 
 NODES = TINY_NODES
 
@@ -248,8 +249,8 @@ def test_a_rounds_line_is_durable_before_its_aggregate_is_saved_or_broadcast(tmp
     """Issue 16 item 9: the invariant the unfinished-round charge rests on. Every message that
     carries a round's aggregate (the next round's train instructions, client evaluation) and every
     checkpoint of it is sent or written only once that round's ledger line is on disk."""
-    import fl_dp_flower.apps.server as server
-    from fl_dp_flower.apps.client import app as client_app
+    import fl_dp_flower.app.serverapp as server
+    from fl_dp_flower.app.clientapp import app as client_app
     from fl_dp_flower.strategies.noisy import NoisyStrategyMixin
     from fl_dp_flower.testing import LocalGrid, task_identity
 
@@ -295,7 +296,7 @@ def test_a_rounds_line_is_durable_before_its_aggregate_is_saved_or_broadcast(tmp
 def test_round_line_without_checkpoint_resumes_and_leaves_the_final_model_bound(tmp_path, monkeypatch, crash_round):
     """Issue 18 item 7 (crash_round 1: no checkpoint at all, resume from the initial model) and
     issue 16 item 1 (the lost round is charged to composition but is not in the released model)."""
-    import fl_dp_flower.apps.server as server
+    import fl_dp_flower.app.serverapp as server
     from fl_dp_flower.reporting.verify import verify_ledger
 
     real_save = server.atomic_torch_save
@@ -335,7 +336,7 @@ def test_under_quorum_rounds_do_not_lower_the_certified_final_model_epsilon(tmp_
     """Issue 16 item 1 end to end: 3 nodes, min-replies 3, stage-wise, final-model; node 3 is
     silent from round 3, so the model is frozen after round 2. The old rule let the certified
     epsilon fall (0.914 -> 0.717 at round 30); it must never fall below the 2-round release's."""
-    from fl_dp_flower.apps.client import app as client_app
+    from fl_dp_flower.app.clientapp import app as client_app
     from fl_dp_flower.privacy import gdp
     from fl_dp_flower.privacy.terms import round_terms
     from fl_dp_flower.testing import LocalGrid, task_identity
@@ -349,7 +350,7 @@ def test_under_quorum_rounds_do_not_lower_the_certified_final_model_epsilon(tmp_
 
     cfg = _config(tmp_path, **{"num-server-rounds": 8, "min-replies": 3, "schedule": "stage",
                                **_final_model_overrides()})
-    from fl_dp_flower.apps.server import run_server
+    from fl_dp_flower.app.serverapp import run_server
 
     grid = SilentFromRound3(client_app, NODES, cfg.to_run_config())
     with task_identity():

@@ -9,13 +9,14 @@ import math
 
 import pytest
 
-from fl_dp_flower.apps.threat import node_assumptions, run_grid
-from fl_dp_flower.config import AppConfig
+from fl_dp_flower.app.threat import node_assumptions, run_grid
+from fl_dp_flower.app.config import AppConfig
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.reporting.ledger import read_ledger
 from fl_dp_flower.reporting.verify import verify_ledger
 from fl_dp_flower.strategies.secagg import SecAggGrid
-from fl_dp_flower.testing import LocalGrid, run_local, tiny_config
+from fl_dp_flower.testing import LocalGrid
+from fl_dp_flower.app.testing import run_local, tiny_config
 from fl_dp_flower.training.models import parameter_count
 
 

@@ -18,7 +18,7 @@ from scipy import stats
 from fl_dp_flower.audit.attack import audit_attack, clopper_pearson
 from fl_dp_flower.audit.canary import run_canary
 from fl_dp_flower.audit.run import run_audit
-from fl_dp_flower.cli import main
+from fl_dp_flower.app.cli import main
 from fl_dp_flower.privacy.records import AccountantConfig
 
 

@@ -41,7 +41,7 @@ import pytest
 
 from deploy_harness import QUIET, ROOT, Federation, free_port, kill_tree, pids_with_marker, scrape, wait_until
 from doc_commands import documented_run_configs, parse_overrides
-from fl_dp_flower.config import AppConfig
+from fl_dp_flower.app.config import AppConfig
 from fl_dp_flower.privacy import PrivacyAccountant
 from fl_dp_flower.reporting import load_round_records, read_ledger
 from fl_dp_flower.reporting.ledger import line_hash

@@ -26,11 +26,11 @@ EXAMPLE = ROOT / "examples" / "digits"
 REFERENCE_APP = [ROOT / "client_app.py", ROOT / "server_app.py", *sorted((ROOT / "fl_dp_flower" / "apps").glob("*.py")),
                  ROOT / "fl_dp_flower" / "launcher.py", ROOT / "fl_dp_flower" / "cli.py"]
 DOCUMENTED = {"fl_dp_flower", "fl_dp_flower.vocabulary", "fl_dp_flower.privacy", "fl_dp_flower.training",
-              "fl_dp_flower.config", "fl_dp_flower.settings", "fl_dp_flower.protocol", "fl_dp_flower.node",
+              "fl_dp_flower.app.config", "fl_dp_flower.settings", "fl_dp_flower.protocol", "fl_dp_flower.node",
               "fl_dp_flower.client", "fl_dp_flower.reporting", "fl_dp_flower.strategies", "fl_dp_flower.apps",
-              "fl_dp_flower.audit", "fl_dp_flower.launcher", "fl_dp_flower.presets", "fl_dp_flower.app_project",
-              "fl_dp_flower.interop", "fl_dp_flower.testing", "fl_dp_flower.run_plan", "fl_dp_flower.local_flower",
-              "fl_dp_flower.run_output", "fl_dp_flower.config_docs", "fl_dp_flower.preflight", "fl_dp_flower.plan_flags"}
+              "fl_dp_flower.audit", "fl_dp_flower.app.launcher", "fl_dp_flower.app.presets", "fl_dp_flower.app.app_project",
+              "fl_dp_flower.interop", "fl_dp_flower.testing", "fl_dp_flower.app.run_plan", "fl_dp_flower.app.local_flower",
+              "fl_dp_flower.app.run_output", "fl_dp_flower.app.config_docs", "fl_dp_flower.app.preflight", "fl_dp_flower.app.plan_flags"}
 
 
 def _imports(path: Path) -> list[tuple[str, str]]:
@@ -77,7 +77,7 @@ def _free_port() -> int:
 @pytest.mark.slow
 def test_digits_example_runs_with_flwr_run(tmp_path):
     """The example as a user runs it (`flwr run .`): ledger, certified epsilon, verify."""
-    from fl_dp_flower.launcher import stop_processes
+    from fl_dp_flower.app.launcher import stop_processes
 
     app = tmp_path / "digits"
     shutil.copytree(EXAMPLE, app, ignore=shutil.ignore_patterns("__pycache__", "digits-outputs"))

@@ -26,11 +26,12 @@ from pathlib import Path
 import pytest
 
 from deploy_harness import wait_until
-from fl_dp_flower.config import AppConfig
-from fl_dp_flower.launcher import processes_of, pyproject_run_config
-from fl_dp_flower.local_flower import stop_processes
+from fl_dp_flower.app.config import AppConfig
+from fl_dp_flower.app.launcher import processes_of, pyproject_run_config
+from fl_dp_flower.app.local_flower import stop_processes
 from fl_dp_flower.reporting import read_ledger
-from fl_dp_flower.strategies import nodes, noisy
+from fl_dp_flower.app.strategy import nodes_needed
+from fl_dp_flower.strategies import nodes
 
 ROOT = Path(__file__).resolve().parents[2]
 QUIET = 240.0
@@ -128,7 +129,7 @@ def test_too_few_supernodes_warn_with_the_fix(monkeypatch, caplog):
     monkeypatch.setattr(nodes.time, "sleep", lambda s: None)
     grid = _Grid(start=2, wait=4)
     with caplog.at_level(logging.WARNING, logger="flwr"):
-        nodes.warn_until_enough_nodes(grid, noisy.nodes_needed(config), config)
+        nodes.warn_until_enough_nodes(grid, nodes_needed(config), config.federation_settings())
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert grid.calls == 4 + 8  # returned as soon as 10 were connected
     assert warnings and warnings[0].startswith("waiting for SuperNodes: 2 connected, this run needs 10")
@@ -141,4 +142,4 @@ def test_the_pyproject_defaults_fit_flowers_default_federation():
     from flwr.supercore.constant import DEFAULT_SIMULATION_CONFIG
 
     config = AppConfig.from_run_config(pyproject_run_config())
-    assert noisy.nodes_needed(config) <= DEFAULT_SIMULATION_CONFIG.num_supernodes == 2
+    assert nodes_needed(config) <= DEFAULT_SIMULATION_CONFIG.num_supernodes == 2

@@ -29,8 +29,8 @@ from pathlib import Path
 import pytest
 
 from deploy_harness import wait_until
-from fl_dp_flower.launcher import ROUND_LINES, processes_of, pyproject_run_config
-from fl_dp_flower.presets import PRESETS
+from fl_dp_flower.app.launcher import ROUND_LINES, processes_of, pyproject_run_config
+from fl_dp_flower.app.presets import PRESETS
 from fl_dp_flower.reporting import read_ledger
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -199,7 +199,7 @@ def test_ctrl_c_stops_training_and_the_run_resumes_by_name(tmp_path):
 def test_two_runs_at_once_on_one_machine_keep_to_themselves(tmp_path, short_tmp):
     """Two quick-preset runs (2 rounds each) started together, each with the launcher's default
     private SuperLink: both complete with their own ledger and the accountant's numbers."""
-    from fl_dp_flower.config import AppConfig
+    from fl_dp_flower.app.config import AppConfig
     from fl_dp_flower.privacy.accountant import PrivacyAccountant
 
     out, tmp = tmp_path / "out", short_tmp

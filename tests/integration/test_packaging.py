@@ -72,7 +72,7 @@ def test_wheel_gives_the_public_api_and_typed_package(venv, tmp_path):
     code = ("import fl_dp_flower, pathlib; from fl_dp_flower import DPSettings, NoisyFedAvg, dp_train, "
             "FlowerGDPAccountant, PrivacyAccountant; p = pathlib.Path(fl_dp_flower.__file__).parent; "
             "print(p); print((p / 'py.typed').exists()); "
-            "from fl_dp_flower.app_project import app_project; print(app_project())")
+            "from fl_dp_flower.app.app_project import app_project; print(app_project())")
     r = subprocess.run([str(venv / "bin" / "python"), "-c", code], cwd=tmp_path, capture_output=True, text=True,
                        env=_env(venv, FL_DP_FLOWER_APP_DIR=str(tmp_path / "app")), timeout=300)
     assert r.returncode == 0, r.stderr
@@ -80,8 +80,8 @@ def test_wheel_gives_the_public_api_and_typed_package(venv, tmp_path):
     assert Path(package).is_relative_to(venv) and typed == "True"
     written = tomllib.loads((Path(app) / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
     checkout = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
-    assert written["components"] == {"serverapp": "fl_dp_flower.apps.server:app",
-                                     "clientapp": "fl_dp_flower.apps.client:app"}
+    assert written["components"] == {"serverapp": "fl_dp_flower.app.serverapp:app",
+                                     "clientapp": "fl_dp_flower.app.clientapp:app"}
     assert written["config"] == checkout["config"]  # the wheel's app runs with the checkout's defaults
 
 

@@ -13,13 +13,13 @@ import json
 import math
 
 import pytest
-from fl_dp_flower.testing import run_local
+from fl_dp_flower.app.testing import run_local
 
-from fl_dp_flower.apps.server import LEDGER, SUMMARY
-from fl_dp_flower.cli import main
+from fl_dp_flower.app.serverapp import LEDGER, SUMMARY
+from fl_dp_flower.app.cli import main
 from fl_dp_flower.privacy import gdp
 from fl_dp_flower.reporting import read_ledger
-from fl_dp_flower.run_plan import make_plan
+from fl_dp_flower.app.run_plan import make_plan
 
 # A few quick rounds on 3 in-process nodes (the quick preset's keys are the pyproject's).
 SMALL = ("clients-per-round=3 num-partitions=3 min-replies=1 local-steps=2 batch-size=16 lr=0.05 "

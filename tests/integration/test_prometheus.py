@@ -18,7 +18,7 @@ import pytest
 
 from deploy_harness import wait_until
 from fl_dp_flower.privacy import PrivacyAccountant
-from fl_dp_flower.testing import run_local, tiny_config
+from fl_dp_flower.app.testing import run_local, tiny_config
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "docker" / "prometheus"

@@ -17,7 +17,7 @@ import math
 import mpmath
 import pytest
 
-from fl_dp_flower.config import AppConfig, ConfigError
+from fl_dp_flower.app.config import AppConfig, ConfigError
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.privacy.planning import calibrate, plan, planned_run
 from fl_dp_flower.privacy.records import AccountantConfig, RoundRecord
@@ -169,7 +169,7 @@ def test_weighted_rounds_use_the_hidden_noise_of_the_largest_weight():
 
 
 def test_the_command_line_prints_the_assumption_next_to_the_certified_number(capsys):
-    from fl_dp_flower.cli import main
+    from fl_dp_flower.app.cli import main
 
     argv = ["privacy", "--sigma", "1", "--clients-per-round", "50", "--threat-model", "secure-aggregation",
             "--colluding-clients", "3", "--min-replies", "7"]

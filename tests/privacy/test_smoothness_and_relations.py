@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from fl_dp_flower.cli import main
+from fl_dp_flower.app.cli import main
 from fl_dp_flower.privacy import AccountantConfig, PrivacyAccountant
 from fl_dp_flower.privacy.planning import plan
 
@@ -172,7 +172,7 @@ def test_final_model_run_publishes_no_per_round_model_outputs(tmp_path):
     final-model no round line of the ledger (hence no log line, Prometheus gauge, summary table or plot)
     carries an accuracy or loss; the released model is evaluated once, and the summary names what the
     final-model certificate assumes. The same run under all-rounds publishes per-round accuracy."""
-    from fl_dp_flower.testing import run_local, tiny_config
+    from fl_dp_flower.app.testing import run_local, tiny_config
 
     final_cfg = tiny_config(tmp_path / "final", **{"threat-model": "final-model", "assume-smooth-losses": True, "colluding-clients": 0,
                                                  "schedule": "stage"})
@@ -197,7 +197,8 @@ def test_final_model_run_publishes_no_per_round_model_outputs(tmp_path):
 def test_per_batch_record_takes_the_largest_echoed_batch_size():
     """Per-batch clipping: B = 1 halves the add/remove-one sensitivity, so a record keeps the largest
     batch size of the plan and the echoes (per-sample keeps the smallest, for replace-one)."""
-    from fl_dp_flower.strategies.replies import Applied, reconcile
+    from fl_dp_flower.strategies.echo import Applied
+    from fl_dp_flower.strategies.replies import reconcile
 
     planned = Applied(sigma=1.0, clip_norm=1.0, local_steps=1, lr=0.1, round_index=0, batch_size=1)
     echoed = [Applied(sigma=1.0, clip_norm=1.0, local_steps=1, lr=0.1, round_index=0, batch_size=32)]

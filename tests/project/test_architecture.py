@@ -31,8 +31,8 @@ def _loaded_after_import(modules: list[str]) -> set[str]:
     "modules, forbidden",
     [
         (PRIVACY, {"torch", "flwr", "pydantic", "torchvision"}),
-        (["fl_dp_flower.cli"], {"torch", "flwr", "pydantic", "torchvision", "numpy", "scipy", "matplotlib"}),
-        (["fl_dp_flower.launcher"], {"torch", "flwr", "torchvision", "numpy", "scipy", "matplotlib"}),
+        (["fl_dp_flower.app.cli"], {"torch", "flwr", "pydantic", "torchvision", "numpy", "scipy", "matplotlib"}),
+        (["fl_dp_flower.app.launcher"], {"torch", "flwr", "torchvision", "numpy", "scipy", "matplotlib"}),
         (REPORTING, {"torch", "flwr", "torchvision"}),
         (["fl_dp_flower.audit.attack"], {"torch", "flwr", "pydantic", "torchvision"}),
     ],
@@ -136,3 +136,71 @@ def test_a_run_without_client_sampling_does_not_load_dp_accounting():
             "print('dp_accounting' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "False"
+
+
+def _all_imports(path):
+    """Every module named by an import of ``path`` (TYPE_CHECKING and function-level imports included)."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                names.add("." * node.level + (node.module or ""))
+            else:
+                names.add(node.module or "")
+                names.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+    return names
+
+
+def test_the_library_never_imports_the_reference_app():
+    """Issue 29: two floors. Nothing outside fl_dp_flower/app/ imports fl_dp_flower.app (not even for type
+    checking or inside a function), and no relative import climbs into it."""
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[2] / "fl_dp_flower"
+    offenders = {}
+    for path in package.rglob("*.py"):
+        rel = path.relative_to(package)
+        if rel.parts[0] == "app":
+            continue
+        bad = {n for n in _all_imports(path) if n == "fl_dp_flower.app" or n.startswith("fl_dp_flower.app.")
+               or (n.startswith(".") and n.lstrip(".").split(".")[0] == "app"
+                   and len(n) - len(n.lstrip(".")) == len(rel.parts))}
+        if bad:
+            offenders[str(rel)] = sorted(bad)
+    assert not offenders, offenders
+    # the package root holds the library only: the app's modules are in app/
+    root_modules = {p.stem for p in package.glob("*.py")}
+    assert not root_modules & {"config", "presets", "launcher", "cli", "preflight", "run_plan", "plan_flags",
+                               "local_flower", "app_project", "run_output"}, root_modules
+    assert not list((package / "apps").glob("*.py"))
+
+
+def test_no_import_cycle_even_for_type_checking():
+    """Issue 29: no two modules of a folder import each other, not even under TYPE_CHECKING (strategies/replies and
+    strategies/screening did: the reply type now lives in strategies/echo.py)."""
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[2] / "fl_dp_flower"
+    for folder in [package, *(p for p in package.iterdir() if p.is_dir() and (p / "__init__.py").exists())]:
+        mods = {p.stem: p for p in folder.glob("*.py") if p.stem != "__init__"}
+        prefix = "fl_dp_flower" + "".join(f".{part}" for part in folder.relative_to(package).parts)
+        edges = {}
+        for stem, path in mods.items():
+            targets = set()
+            for n in _all_imports(path):
+                if n.startswith(".") and not n.startswith(".."):
+                    head = n[1:].split(".")[0]
+                elif n.startswith(prefix + "."):
+                    head = n[len(prefix) + 1:].split(".")[0]
+                else:
+                    continue
+                if head in mods and head != stem:
+                    targets.add(head)
+            edges[stem] = targets
+        pairs = {tuple(sorted((a, b))) for a, ts in edges.items() for b in ts if a in edges.get(b, set())}
+        assert not pairs, f"{folder.name}: modules importing each other: {sorted(pairs)}"

@@ -274,7 +274,7 @@ def test_superexec_image_installs_the_app_at_build_time():
     code = (DOCKER / "superexec.Dockerfile").read_text()
     assert "py3.11" in code  # pyproject: requires-python >=3.11,<3.12
     assert "pip install -r /tmp/requirements.txt" in code and "pip install --no-deps ." in code
-    assert "import flwr, torch, fl_dp_flower.apps.server, fl_dp_flower.apps.client" in code
+    assert "import flwr, torch, fl_dp_flower.app.serverapp, fl_dp_flower.app.clientapp" in code
 
 
 # ------------------------------------------------------------------ gen-certs.sh

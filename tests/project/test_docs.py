@@ -14,8 +14,8 @@ import re
 import pytest
 
 from doc_commands import ROOT, DocRunConfig, documented_cli_commands, documented_run_configs, parse_overrides, pyproject_defaults
-from fl_dp_flower.config import AppConfig, with_auto_sigma
-from fl_dp_flower.presets import PRESETS
+from fl_dp_flower.app.config import AppConfig, with_auto_sigma
+from fl_dp_flower.app.presets import PRESETS
 from fl_dp_flower.privacy.accountant import Budget, PrivacyAccountant
 from fl_dp_flower.strategies.budget import check_before_broadcast, check_replies, BudgetExhausted
 
@@ -96,7 +96,7 @@ def test_the_docs_show_cli_commands():
 @pytest.mark.parametrize("source, argv", CLI_COMMANDS, ids=[s for s, _ in CLI_COMMANDS])
 def test_documented_cli_command_parses(source, argv):
     """Every documented ``fl-dp-flower`` command is accepted by the CLI's parser (flags and ranges)."""
-    from fl_dp_flower.cli import build_parser
+    from fl_dp_flower.app.cli import build_parser
 
     try:
         build_parser().parse_args(argv)
@@ -111,7 +111,7 @@ PLANNING = [(s, argv) for s, argv in CLI_COMMANDS if argv[0] in ("privacy", "cal
 def test_documented_planning_command_runs(source, argv, capsys):
     """Every documented ``privacy`` / ``calibrate`` command runs to exit 0 (not only parses: the run
     config's cross-checks, e.g. final-model's assertions, apply to the planners too)."""
-    from fl_dp_flower.cli import main
+    from fl_dp_flower.app.cli import main
 
     try:
         code = main(argv)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fl_dp_flower.config import AppConfig
-from fl_dp_flower.config_docs import configuration_markdown
+from fl_dp_flower.app.config import AppConfig
+from fl_dp_flower.app.config_docs import configuration_markdown
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
@@ -17,4 +17,4 @@ def test_every_run_config_key_has_a_description():
 
 def test_configuration_page_is_current():
     assert PAGE.read_text() == configuration_markdown(), (
-        "docs/configuration.md is stale: python -m fl_dp_flower.config_docs > docs/configuration.md")
+        "docs/configuration.md is stale: python -m fl_dp_flower.app.config_docs > docs/configuration.md")

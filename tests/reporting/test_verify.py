@@ -15,9 +15,9 @@ import pytest
 
 from fl_dp_flower.reporting.ledger import line_hash
 from fl_dp_flower.reporting.verify import verify_ledger
-from fl_dp_flower.testing import run_local, tiny_config
+from fl_dp_flower.app.testing import run_local, tiny_config
 
-VERIFY = [sys.executable, "-m", "fl_dp_flower.cli", "verify"]
+VERIFY = [sys.executable, "-m", "fl_dp_flower.app.cli", "verify"]
 
 
 @pytest.fixture(scope="module")
@@ -204,7 +204,7 @@ def test_watch_follows_a_real_run_in_tmux_and_exits_on_ctrl_c(tmp_path):
     try:
         wait_until(lambda: "waiting for a ledger" in screen(), 60, "the watch to start")
         script = ("from pathlib import Path; "
-                  "from fl_dp_flower.testing import run_local, tiny_config; "
+                  "from fl_dp_flower.app.testing import run_local, tiny_config; "
                   f"run_local(tiny_config(Path({str(tmp_path)!r}), **{{'num-server-rounds': 8, 'target-epsilon': 1000.0}}))")
         run = subprocess.Popen([sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[2],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fl_dp_flower.testing import run_local, tiny_config
+from fl_dp_flower.app.testing import run_local, tiny_config
 from rich.console import Console
 
-from fl_dp_flower.apps.server import LEDGER
+from fl_dp_flower.app.serverapp import LEDGER
 from fl_dp_flower.privacy.planning import planned_run
 from fl_dp_flower.reporting.watch import LedgerFollower, RunView, render
 

@@ -14,9 +14,9 @@ import pytest
 import torch
 from flwr.app import Message
 
-from fl_dp_flower.apps.client import app as client_app
-from fl_dp_flower.apps.server import FINAL_MODEL, LEDGER, SUMMARY
-from fl_dp_flower.config import ConfigError
+from fl_dp_flower.app.clientapp import app as client_app
+from fl_dp_flower.app.serverapp import FINAL_MODEL, LEDGER, SUMMARY
+from fl_dp_flower.app.config import ConfigError
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.privacy.planning import calibrate, calibrate_sigma, plan
 from fl_dp_flower.privacy.records import AccountantConfig, RoundRecord
@@ -27,7 +27,8 @@ from fl_dp_flower.reporting.prometheus import PrivacyMetricsExporter
 from fl_dp_flower.reporting.verify import verify_ledger
 from fl_dp_flower.settings import FederationSettings
 from fl_dp_flower.strategies.sampling import NodeSampling
-from fl_dp_flower.testing import LocalGrid, run_local, tiny_config
+from fl_dp_flower.testing import LocalGrid
+from fl_dp_flower.app.testing import run_local, tiny_config
 from fl_dp_flower.training.models import build_model
 
 POISSON = {"client-sampling": "poisson", "sampling-rate": 0.5, "clients-per-node": 4, "clients-per-round": 12,

@@ -15,7 +15,7 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 
-from fl_dp_flower.apps.client import app as client_app
+from fl_dp_flower.app.clientapp import app as client_app
 from fl_dp_flower.privacy.schedules import step_sizes
 from fl_dp_flower.reporting import read_ledger
 from fl_dp_flower.training.cohort import Member, cohort_update
@@ -23,7 +23,7 @@ from fl_dp_flower.training.data import load_partition
 from fl_dp_flower.training.local_update import local_update
 from fl_dp_flower.training.models import LeNet5
 from fl_dp_flower.training.noise import add_gaussian_noise_
-from fl_dp_flower.testing import run_local, tiny_config
+from fl_dp_flower.app.testing import run_local, tiny_config
 
 torch.set_num_threads(1)
 

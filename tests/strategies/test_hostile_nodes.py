@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message
 
-from fl_dp_flower.apps.client import app as client_app
-from fl_dp_flower.apps.server import LEDGER, SUMMARY, RunFailed
+from fl_dp_flower.app.clientapp import app as client_app
+from fl_dp_flower.app.serverapp import LEDGER, SUMMARY, RunFailed
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.reporting import read_ledger
 from fl_dp_flower.reporting.ledger import line_hash
@@ -23,7 +23,8 @@ from fl_dp_flower.strategies import sampling
 from fl_dp_flower.strategies.screening import residual_threshold
 from fl_dp_flower.training.data import DEFAULT_DATA_SEED, load_partition
 
-from fl_dp_flower.testing import TINY_NODES, run_local, tiny_config
+from fl_dp_flower.testing import TINY_NODES
+from fl_dp_flower.app.testing import run_local, tiny_config
 
 NODES = TINY_NODES
 HOSTILE = 2

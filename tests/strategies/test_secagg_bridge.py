@@ -19,8 +19,8 @@ from flwr.client.mod import secaggplus_mod
 from flwr.clientapp import ClientApp
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 
-from fl_dp_flower.apps.client import train as our_train
-from fl_dp_flower.apps.secagg_mod import NOT_ON_THE_GRID, secure_upload_mod
+from fl_dp_flower.app.clientapp import train as our_train
+from fl_dp_flower.secagg_mod import NOT_ON_THE_GRID, secure_upload_mod
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.privacy.secure_aggregation import CLAMP_SHARE, SECURE_AGGREGATION_BOUND
 from fl_dp_flower.privacy.skellam import CLIENT_HALF_RANGE, ORDERS, SkellamRound, epsilon_from_rdp
@@ -30,9 +30,10 @@ from fl_dp_flower.reporting import PrivacyLedger
 from fl_dp_flower.reporting.ledger import read_ledger
 from fl_dp_flower.reporting.rounds import RoundSink
 from fl_dp_flower.reporting.verify import verify_ledger
-from fl_dp_flower.strategies import make_strategy
+from fl_dp_flower.app.strategy import make_strategy
 from fl_dp_flower.strategies.secagg import HONEST_MINIMUM, SecAggGrid
-from fl_dp_flower.testing import LocalGrid, tiny_config
+from fl_dp_flower.testing import LocalGrid
+from fl_dp_flower.app.testing import tiny_config
 from fl_dp_flower.training.models import build_model
 from fl_dp_flower.training.secure_sum import SumGrid
 
@@ -202,7 +203,7 @@ def test_a_coalition_as_large_as_the_secagg_threshold_is_refused(tmp_path, caplo
 def test_colluders_among_a_bounded_neighbourhood_are_refused():
     """secagg-num-shares 5: each client is masked against 4 neighbours only; 2 colluders could be 2 of them and
     the config asks c <= num_shares - 4 (second review finding)."""
-    from fl_dp_flower.config import AppConfig
+    from fl_dp_flower.app.config import AppConfig
 
     with pytest.raises(ValueError, match="'colluding-clients' <= 'secagg-num-shares' - 4"):
         AppConfig.from_run_config({"threat-model": "secure-aggregation", "secagg-num-shares": 5,

@@ -12,11 +12,11 @@ import torch
 from flwr.app import ArrayRecord
 
 from fl_dp_flower import DPSettings, FederationSettings, NoisyFedAvg, PrivacyAccountant
-from fl_dp_flower.apps.server import CHECKPOINT, FINAL_MODEL, LEDGER
-from fl_dp_flower.config import ConfigError
+from fl_dp_flower.app.serverapp import CHECKPOINT, FINAL_MODEL, LEDGER
+from fl_dp_flower.app.config import ConfigError
 from fl_dp_flower.reporting import read_ledger
 from fl_dp_flower.strategies.server_opt import ServerUpdate
-from fl_dp_flower.testing import run_local, tiny_config
+from fl_dp_flower.app.testing import run_local, tiny_config
 
 PRIVACY_FIELDS = ("round", "record", "report")
 

@@ -12,16 +12,17 @@ import pytest
 import torch
 from flwr.app import Message
 
-from fl_dp_flower.apps.client import app as client_app
-from fl_dp_flower.apps.server import CHECKPOINT, FINAL_MODEL, LEDGER, PLOT, SUMMARY, RunFailed, run_server
-from fl_dp_flower.config import AppConfig, ConfigError
+from fl_dp_flower.app.clientapp import app as client_app
+from fl_dp_flower.app.serverapp import CHECKPOINT, FINAL_MODEL, LEDGER, PLOT, SUMMARY, RunFailed, run_server
+from fl_dp_flower.app.config import AppConfig, ConfigError
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.privacy.schedules import step_sizes
 from fl_dp_flower.reporting import read_ledger
 from fl_dp_flower.training.data import DEFAULT_DATA_SEED, load_partition
 from fl_dp_flower.training.models import build_model
 
-from fl_dp_flower.testing import TINY_NODES, LocalGrid, run_local, tiny_config
+from fl_dp_flower.testing import TINY_NODES, LocalGrid
+from fl_dp_flower.app.testing import run_local, tiny_config
 
 NODES = TINY_NODES
 
@@ -285,7 +286,8 @@ def test_exact_sampling_reproducible_with_seed(tmp_path):
 
 
 def test_reconcile_takes_least_private_values():
-    from fl_dp_flower.strategies.replies import Applied, mismatches, reconcile
+    from fl_dp_flower.strategies.echo import Applied
+    from fl_dp_flower.strategies.replies import mismatches, reconcile
 
     planned = Applied(sigma=1.0, clip_norm=1.0, local_steps=2, lr=0.1, round_index=3, batch_size=16, prox_alpha=4.0)
     echoes = [

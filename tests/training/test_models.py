@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fl_dp_flower.config import AppConfig, ConfigError
-from fl_dp_flower.testing import run_local, tiny_config
+from fl_dp_flower.app.config import AppConfig, ConfigError
+from fl_dp_flower.app.testing import run_local, tiny_config
 from fl_dp_flower.training import TanhCNN, build_model
 from fl_dp_flower.training.models import parameter_count
 from fl_dp_flower.vocabulary import MODEL_DATASETS, model_problem

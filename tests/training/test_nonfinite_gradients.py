@@ -10,11 +10,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fl_dp_flower.apps import client as client_module
+from fl_dp_flower.app import clientapp as client_module
 from fl_dp_flower.training import local_update
 from fl_dp_flower.training.cohort import Member, cohort_update
 
-from fl_dp_flower.testing import run_local, tiny_config
+from fl_dp_flower.app.testing import run_local, tiny_config
 
 torch.set_num_threads(1)
 F64 = torch.float64

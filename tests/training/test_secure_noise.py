@@ -14,7 +14,7 @@ from scipy import stats
 from fl_dp_flower.training import noise as noise_module
 from fl_dp_flower.training.noise import SecureGaussian, add_gaussian_noise_, make_noise_source
 
-from fl_dp_flower.testing import run_local, tiny_config
+from fl_dp_flower.app.testing import run_local, tiny_config
 
 torch.set_num_threads(1)
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fl_dp_flower.apps.server import LEDGER
-from fl_dp_flower.config import ConfigError
+from fl_dp_flower.app.serverapp import LEDGER
+from fl_dp_flower.app.config import ConfigError
 from fl_dp_flower.reporting import read_ledger
-from fl_dp_flower.testing import run_local, tiny_config
+from fl_dp_flower.app.testing import run_local, tiny_config
 from fl_dp_flower.training.data import load_dataset, load_partition, load_validation
 
 PARTS = 5
