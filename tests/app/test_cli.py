@@ -138,7 +138,7 @@ def test_help_shows_defaults_and_cites_no_document_a_user_cannot_open(capsys):
     err = capsys.readouterr().err
     assert "--prox-alpha" in err
     cited = re.findall(r"[\w./-]+\.md", err)  # a document the message cites is one the user has
-    assert all((Path(__file__).resolve().parents[1] / doc).is_file() for doc in cited), cited
+    assert all((Path(__file__).resolve().parents[2] / doc).is_file() for doc in cited), cited
 
 
 def test_every_run_config_key_a_plan_depends_on_is_a_flag(capsys):
