@@ -43,6 +43,7 @@ _PUBLIC = {
     "ConsoleSink": "fl_dp_flower.reporting.rounds",
     "PrometheusSink": "fl_dp_flower.reporting.rounds",
     "open_ledger": "fl_dp_flower.reporting.rounds",
+    "ModelCheckpoint": "fl_dp_flower.checkpoint",
     "FlowerGDPAccountant": "fl_dp_flower.interop",
     "FlDpError": "fl_dp_flower.errors",
     "SecAggGrid": "fl_dp_flower.strategies.secagg",
@@ -58,6 +59,7 @@ __all__ = [
     "FlDpError",
     "FlowerGDPAccountant",
     "LedgerSink",
+    "ModelCheckpoint",
     "NoisyFedAvg",
     "NoisyFedProx",
     "PrivacyAccountant",
@@ -76,6 +78,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from fl_dp_flower.apps.secagg_mod import secure_aggregation_mod
+    from fl_dp_flower.checkpoint import ModelCheckpoint
     from fl_dp_flower.client import dp_train
     from fl_dp_flower.errors import FlDpError
     from fl_dp_flower.interop import FlowerGDPAccountant

@@ -91,7 +91,7 @@ class AppConfig(ServerUpdateConfig, SecureAggregationConfig, BaseModel):
         "per-client noise standard deviation; \"auto\" (with 'target-epsilon' > 0) calibrates it before the "
         "run starts so that all 'num-server-rounds' planned rounds certify at most 'target-epsilon'"))
     prox_alpha: float = Field(0.0, ge=0)
-    """FedProx alpha (> smoothness, lr <= 1/alpha); ignored for fedavg."""
+    """FedProx alpha (> 0, lr <= 1/alpha; > smoothness with assume-smooth-losses); ignored for fedavg."""
     smoothness: float = Field(1.0, ge=0)
     """Assumed smoothness constant L of every loss (the final-model bound and the per-sample factor use it)."""
     assume_smooth_losses: bool = Field(
@@ -264,10 +264,13 @@ class AppConfig(ServerUpdateConfig, SecureAggregationConfig, BaseModel):
         if (problem := model_problem(self.dataset, self.model)) is not None:
             problems.append(f"'model' = {self.model!r}: {problem}")
         if self.algorithm == "fedprox":
-            if not self.prox_alpha > self.smoothness:
+            if not self.prox_alpha > 0:
+                problems.append(f"'prox-alpha' = {self.prox_alpha!r}: must be > 0 for algorithm 'fedprox'")
+            elif self.assume_smooth_losses and not self.prox_alpha > self.smoothness:
                 problems.append(
                     f"'prox-alpha' = {self.prox_alpha!r}: must be > 'smoothness' = {self.smoothness!r} "
-                    "for algorithm 'fedprox' (its sensitivity bound needs alpha > L)"
+                    "for algorithm 'fedprox' with assume-smooth-losses (its L-smooth bounds need alpha > L; "
+                    "without the assertion any alpha > 0 is certified by composition)"
                 )
             elif self.lr > 1.0 / self.prox_alpha:
                 problems.append(

@@ -151,8 +151,11 @@ def test_numbers_from_cli_are_coerced():
 
 # ------------------------------------------------------------------ cross-field checks
 def test_fedprox_needs_alpha_above_smoothness():
+    """alpha > L where a certifying bound rests on L (assume-smooth-losses); otherwise any alpha > 0
+    (issue 30: composition rests on clipping alone; tests/privacy/test_fedprox_small_alpha.py)."""
     with pytest.raises(ConfigError, match=r"'prox-alpha' = 1.0: must be > 'smoothness' = 1.0"):
-        AppConfig.from_run_config({"algorithm": "fedprox", "prox-alpha": 1.0})
+        AppConfig.from_run_config({"algorithm": "fedprox", "prox-alpha": 1.0, "assume-smooth-losses": True})
+    assert AppConfig.from_run_config({"algorithm": "fedprox", "prox-alpha": 1.0}).accountant_config().prox_alpha == 1.0
     cfg = AppConfig.from_run_config({"algorithm": "fedprox", "prox-alpha": 2.0, "lr": 0.5})
     assert cfg.accountant_config().prox_alpha == 2.0
 

@@ -14,16 +14,23 @@ __all__ = ["SMOOTHNESS_FIELDS", "check_prox", "colluder_problems", "sampling_pro
            "smoothness_problems"]
 
 
-def check_prox(algorithm: str, prox_alpha: float | None, smoothness: float, max_step: float) -> None:
-    """FedProx's conditions: alpha given, alpha > L, and every step size eta <= 1/alpha."""
+def check_prox(algorithm: str, prox_alpha: float | None, smoothness: float, max_step: float,
+               assume_smooth_losses: bool = True) -> None:
+    """FedProx's conditions: alpha given, every step size eta <= 1/alpha (the clipping-only sensitivity
+    needs it), and alpha > L where a certifying bound rests on L: with ``assume_smooth_losses`` (the
+    final-model bound, per-sample clipping's drift bound). Without the assertion, alpha <= L is
+    allowed: composition and local DP hold by clipping alone; the L-dependent bounds (paper,
+    final-model) are then infinite (log rho = inf) and certify nothing."""
     if algorithm != "fedprox":
         return
     if prox_alpha is None:
-        raise ValueError("prox_alpha is required for fedprox (must be > smoothness L)")
+        raise ValueError("prox_alpha is required for fedprox (> 0)")
     positive("prox_alpha", prox_alpha)
-    if not prox_alpha > smoothness:
+    if assume_smooth_losses and not prox_alpha > smoothness:
         raise ValueError(
-            f"prox_alpha must be > smoothness L = {smoothness!r} for fedprox, got {prox_alpha!r}"
+            f"prox_alpha must be > smoothness L = {smoothness!r} for fedprox with assume_smooth_losses (the "
+            f"L-smooth bounds need alpha > L), got {prox_alpha!r}; without assume_smooth_losses any alpha > 0 "
+            "is certified by composition"
         )
     if max_step > 1.0 / prox_alpha:
         raise ValueError(

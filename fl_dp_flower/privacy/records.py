@@ -133,7 +133,7 @@ class AccountantConfig:
             positive("cyclic_c", self.cyclic_c)
         if self.iterative_z is not None:
             positive("iterative_z", self.iterative_z)
-        check_prox(self.algorithm, self.prox_alpha, self.smoothness, self.lr)
+        check_prox(self.algorithm, self.prox_alpha, self.smoothness, self.lr, self.assume_smooth_losses)
         if self.sampling_rate is not None and not (positive("sampling_rate", self.sampling_rate) <= 1.0):
             raise ValueError(f"sampling_rate must be in (0, 1], got {self.sampling_rate!r}")
         for problem in colluder_problems(self.threat_model, self.colluders) + sampling_problems(

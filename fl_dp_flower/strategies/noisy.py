@@ -239,7 +239,8 @@ class NoisyStrategyMixin(NodeSampling):
         a = self.accountant.config
         return ScreeningRules(planned=planned, schedule=self.settings.schedule, fedprox=self.settings.algorithm == "fedprox",
                               smoothness=a.smoothness, per_sample=self.settings.clipping == "per-sample",
-                              secure_sum=a.threat_model == "secure-aggregation")
+                              secure_sum=a.threat_model == "secure-aggregation",
+                              assume_smooth_losses=a.assume_smooth_losses)
 
     def _record(self, server_round: int, planned: Applied, usable: list, weights: tuple[float, ...], *,
                 applied: bool, quiet: bool = False) -> RoundRecord:
