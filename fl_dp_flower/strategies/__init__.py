@@ -4,6 +4,7 @@ from .budget import BudgetExhausted, check_before_broadcast, check_replies, pre_
 from fl_dp_flower.reporting.rounds import RoundOutcome, dp_metrics
 
 from .noisy import ModelNotFinite, NoisyFedAvg, NoisyFedProx, NoisyStrategyMixin, PendingRound, make_strategy
+from .pending import NothingAccounted
 from .sampling import NodeRefusals, NotEnoughNodes
 
 __all__ = [
@@ -14,6 +15,7 @@ __all__ = [
     "NoisyFedProx",
     "NoisyStrategyMixin",
     "NotEnoughNodes",
+    "NothingAccounted",
     "PendingRound",
     "RoundOutcome",
     "check_before_broadcast",

@@ -44,7 +44,7 @@ from fl_dp_flower.settings import DPSettings, FederationSettings
 
 from .budget import BudgetExhausted, check_before_broadcast, check_replies
 from .guard import ReplyGuard, all_finite
-from .pending import ModelNotFinite, PendingRound
+from .pending import ModelNotFinite, NothingAccounted, PendingRound
 from .sampling import NodeRefusals, NodeSampling, check_plan
 from .replies import Applied, average_metrics, member_id, mismatches, reconcile, weights_for
 from .screening import ScreeningRules, rules_for
@@ -74,6 +74,10 @@ class NoisyStrategyMixin(NodeSampling):
         check_plan(settings, accountant.config, federation)
         if budget is not None and not isinstance(budget, Budget):
             raise TypeError(f"budget must be a Budget or None, got {type(budget).__name__}")
+        if budget is not None and budget.delta != accountant.config.delta:
+            raise ValueError(f"budget delta {budget.delta!r} != the accountant's delta {accountant.config.delta!r}: "
+                             "the certified epsilon is reported at the accountant's delta; plan the accountant with "
+                             "the budget's delta (accountant_config(..., delta=...)) or give Budget that delta")
         for sink in sinks:
             if not isinstance(sink, PrivacySink):
                 raise TypeError(f"sink {sink!r} lacks on_event(kind, data) / on_round(outcome) (PrivacySink)")
@@ -333,6 +337,11 @@ class NoisyStrategyMixin(NodeSampling):
         self._event("end", {"rounds_accounted": self.accountant.num_releases,
                             "rounds_this_run": self.accountant.num_releases - accounted_before,
                             "stopped_by_budget": self.stop_reason is not None})
+        if self.dp_config is None and num_rounds > 0 and self.accountant.num_releases == accounted_before \
+                and self.stop_reason is None:  # library use (the ServerApp fails such a run itself, RunFailed)
+            raise NothingAccounted(f"{num_rounds} round(s) ran but none was accounted: no usable reply arrived "
+                                   "(every node refused, failed or timed out; the log names each node's reason, "
+                                   "e.g. a data_fn error). Nothing was trained.")
         return result
 
     def partial_result(self) -> Result:
