@@ -44,7 +44,8 @@ from fl_dp_flower.settings import DPSettings, FederationSettings
 
 from .budget import BudgetExhausted, check_before_broadcast, check_replies
 from .guard import ReplyGuard, all_finite
-from .pending import ModelNotFinite, NothingAccounted, PendingRound
+from .pending import ModelNotFinite, PendingRound
+from .preflight import check_budget_delta, log_preflight, nothing_accounted
 from .sampling import NodeRefusals, NodeSampling, check_plan
 from .replies import Applied, average_metrics, member_id, mismatches, reconcile, weights_for
 from .screening import ScreeningRules, rules_for
@@ -74,10 +75,7 @@ class NoisyStrategyMixin(NodeSampling):
         check_plan(settings, accountant.config, federation)
         if budget is not None and not isinstance(budget, Budget):
             raise TypeError(f"budget must be a Budget or None, got {type(budget).__name__}")
-        if budget is not None and budget.delta != accountant.config.delta:
-            raise ValueError(f"budget delta {budget.delta!r} != the accountant's delta {accountant.config.delta!r}: "
-                             "the certified epsilon is reported at the accountant's delta; plan the accountant with "
-                             "the budget's delta (accountant_config(..., delta=...)) or give Budget that delta")
+        check_budget_delta(budget, accountant.config)
         for sink in sinks:
             if not isinstance(sink, PrivacySink):
                 raise TypeError(f"sink {sink!r} lacks on_event(kind, data) / on_round(outcome) (PrivacySink)")
@@ -243,8 +241,7 @@ class NoisyStrategyMixin(NodeSampling):
         a = self.accountant.config
         return ScreeningRules(planned=planned, schedule=self.settings.schedule, fedprox=self.settings.algorithm == "fedprox",
                               smoothness=a.smoothness, per_sample=self.settings.clipping == "per-sample",
-                              secure_sum=a.threat_model == "secure-aggregation",
-                              assume_smooth_losses=a.assume_smooth_losses)
+                              secure_sum=a.threat_model == "secure-aggregation", assume_smooth_losses=a.assume_smooth_losses)
 
     def _record(self, server_round: int, planned: Applied, usable: list, weights: tuple[float, ...], *,
                 applied: bool, quiet: bool = False) -> RoundRecord:
@@ -322,6 +319,8 @@ class NoisyStrategyMixin(NodeSampling):
         timeout = self.federation.round_timeout if timeout is None else timeout
         self.global_arrays = initial_arrays
         self._user_evaluate_fn, self._closed = evaluate_fn, None
+        if self.dp_config is None:  # library use (the reference app logs its own: fl_dp_flower.preflight)
+            log_preflight(self.accountant, self.budget, initial_arrays, num_rounds, log)
         t0 = time.time()
         accounted_before = self.accountant.num_releases
         try:
@@ -337,11 +336,8 @@ class NoisyStrategyMixin(NodeSampling):
         self._event("end", {"rounds_accounted": self.accountant.num_releases,
                             "rounds_this_run": self.accountant.num_releases - accounted_before,
                             "stopped_by_budget": self.stop_reason is not None})
-        if self.dp_config is None and num_rounds > 0 and self.accountant.num_releases == accounted_before \
-                and self.stop_reason is None:  # library use (the ServerApp fails such a run itself, RunFailed)
-            raise NothingAccounted(f"{num_rounds} round(s) ran but none was accounted: no usable reply arrived "
-                                   "(every node refused, failed or timed out; the log names each node's reason, "
-                                   "e.g. a data_fn error). Nothing was trained.")
+        if self.dp_config is None and self.accountant.num_releases == accounted_before and self.stop_reason is None:
+            nothing_accounted(num_rounds)  # library use (the ServerApp fails such a run itself, RunFailed)
         return result
 
     def partial_result(self) -> Result:
