@@ -68,6 +68,13 @@ def dp_metrics(report: Any) -> dict[str, float | int]:
     }
 
 
+def without_dp_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
+    """``metrics`` without the ``dp-*`` family: what Flower's own console dumps show (its per-round
+    "Aggregated MetricRecord" and final summary); the ledger, the sinks, Prometheus and the strategy's
+    ``Result`` keep every number."""
+    return {key: value for key, value in metrics.items() if not key.startswith("dp-")}
+
+
 @runtime_checkable
 class PrivacySink(Protocol):
     """Receives the strategy's ledger events and closed rounds (both in strategy order)."""

@@ -39,7 +39,7 @@ from fl_dp_flower import protocol
 from fl_dp_flower.config import AppConfig
 from fl_dp_flower.privacy.accountant import Budget, PrivacyAccountant, PrivacySpent
 from fl_dp_flower.privacy.records import RoundRecord
-from fl_dp_flower.reporting.rounds import PrivacySink, RoundOutcome, dp_metrics
+from fl_dp_flower.reporting.rounds import PrivacySink, RoundOutcome, dp_metrics, without_dp_metrics
 from fl_dp_flower.settings import DPSettings, FederationSettings
 
 from .budget import BudgetExhausted, check_before_broadcast, check_replies
@@ -87,8 +87,7 @@ class NoisyStrategyMixin(NodeSampling):
         self.budget = budget
         self.global_arrays: ArrayRecord | None = None
         self.stop_reason: str | None = None
-        self.echo_mismatches = 0
-        self._last_mismatch = 0
+        self.echo_mismatches = self._last_mismatch = 0
         self.refusals: dict[int, NodeRefusals] = {}
         self._round: PendingRound | None = None
         self._user_evaluate_fn: EvaluateFn | None = None
@@ -226,8 +225,8 @@ class NoisyStrategyMixin(NodeSampling):
                    "dp-expected-epsilon-increase": expected - before}
         # global_arrays (what a stop saves as the final model) changes only once the round line is durable
         pending.record, pending.report, pending.metrics = record, report, metrics
-        self._train_metrics[server_round] = MetricRecord(metrics)
-        return arrays, MetricRecord(metrics)
+        self._train_metrics[server_round] = MetricRecord(metrics)  # the Result's: every dp-* number (start)
+        return arrays, MetricRecord(without_dp_metrics(metrics))  # what Flower prints every round and at the end
 
     def _weights(self, usable: list) -> tuple[float, ...]:
         cap = (self.dp_config.examples_cap_ratio if self.dp_config is not None
@@ -328,6 +327,7 @@ class NoisyStrategyMixin(NodeSampling):
                 grid=grid, initial_arrays=initial_arrays, num_rounds=num_rounds, timeout=timeout,
                 train_config=train_config, evaluate_config=evaluate_config, evaluate_fn=self._evaluate,
             )
+            result.train_metrics_clientapp = dict(self._train_metrics)  # Flower printed them without dp-*
         except BudgetExhausted as exc:
             self.stop_reason = exc.reason
             log.warning("%s (after %.1fs)", exc.reason, time.time() - t0)
