@@ -85,3 +85,20 @@ def test_a_users_noisy_fedprox_with_alpha_0_1_runs_and_certifies(tmp_path):
     spent = strategy.privacy_spent()
     assert accountant.num_releases == 2 and spent.bound == "composition" and math.isfinite(spent.epsilon)
     assert verify_ledger(tmp_path / "ledger.jsonl").ok
+
+
+def test_the_final_model_bound_says_nothing_after_a_round_without_rho():
+    import numpy as np
+
+    from fl_dp_flower.privacy.final_model import OnlineFinalModel
+
+    online = OnlineFinalModel()
+    online.push(0.1, 0.5, 1.0)
+    finite = online.mu
+    assert online.peek(math.inf, 0.5, 1.0) == math.inf and online.mu == finite  # peek changes nothing
+    online.push(math.inf, 0.5, 1.0)
+    assert online.mu == math.inf and online.peek(0.1, 0.5, 1.0) == math.inf and len(online) == 2
+    batch, out = OnlineFinalModel(), np.zeros(3)
+    batch._extend_arrays(np.array([0.1, math.inf, 0.1]), np.full(3, 0.5), np.ones(3), out=out)
+    assert out[0] == pytest.approx(finite ** 2, rel=1e-15) and list(out[1:]) == [math.inf, math.inf]
+    assert batch.mu == math.inf and len(batch) == 3
