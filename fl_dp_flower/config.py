@@ -171,8 +171,9 @@ class AppConfig(ServerUpdateConfig, SecureAggregationConfig, BaseModel):
     target_epsilon: float = Field(0.0, ge=0, description=(
         "0 = no budget; otherwise the run stops before a round would push the certified epsilon past it "
         "(with sigma = \"auto\": the epsilon sigma is calibrated for)"))
-    delta: float = Field(1e-5, gt=0, lt=1)
-    """delta of every reported epsilon and of the budget."""
+    delta: float = Field(1e-5, gt=0, lt=0.1)
+    """delta of every reported epsilon and of the budget: below 0.1 and below 1/clients-per-round (a guarantee at
+    delta >= 1/n may publish a record in the clear; use delta well below 1/n for n records)."""
     threat_model: ThreatModel = "all-rounds"
     """Who sees what: "all-rounds" (every global model), "final-model" (only the last), "curious-server" (every upload), "secure-aggregation" (only the secure sum: SecAgg+ with integer uploads, docs/MATH.md §20)."""
     colluding_clients: int = Field(
@@ -277,6 +278,9 @@ class AppConfig(ServerUpdateConfig, SecureAggregationConfig, BaseModel):
                     f"'lr' = {self.lr!r}: must be <= 1/'prox-alpha' = {1.0 / self.prox_alpha!r} "
                     "for algorithm 'fedprox' (its sensitivity bound needs every step size eta <= 1/alpha)"
                 )
+        if self.delta >= 1.0 / self.clients_per_round:
+            problems.append(f"'delta' = {self.delta!r}: must be below 1/'clients-per-round' = "
+                            f"{1.0 / self.clients_per_round:.6g} (use delta well below 1/n for n records)")
         constant = SCHEDULE_CONSTANTS.get(self.schedule)
         value = getattr(self, constant.field) if constant else 0.0
         if constant and value != 0.0:

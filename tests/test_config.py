@@ -67,8 +67,8 @@ BAD = [
     ("num-partitions", 0, "an integer >= 1"),
     ("test-fraction", 1.0, "a finite number > 0 and < 1"),
     ("target-epsilon", -1.0, "a finite number >= 0"),
-    ("delta", 0.0, "a finite number > 0 and < 1"),
-    ("delta", 1.0, "a finite number > 0 and < 1"),
+    ("delta", 0.0, "a finite number > 0 and < 0.1"),
+    ("delta", 0.5, "a finite number > 0 and < 0.1"),
     ("threat-model", "none", "one of 'all-rounds', 'final-model', 'curious-server'"),
     ("assume-smooth-losses", "maybe", "true or false"),
     ("colluding-clients", -1, "an integer >= 0"),
@@ -241,3 +241,9 @@ def test_final_model_refuses_colluders():
     assert cfg.accountant_config().colluders == 0
     with pytest.raises(ValueError, match="final-model' requires colluders = 0"):
         AccountantConfig(threat_model="final-model", assume_smooth_losses=True, colluders=2)
+
+
+def test_delta_must_be_below_one_over_the_clients_per_round():
+    """Issue 30: an implausible delta is refused naming the key (the accountant's rule, privacy/validate.py)."""
+    with pytest.raises(ConfigError, match=r"'delta' = 0.05: must be below 1/'clients-per-round' = 0.05"):
+        AppConfig.from_run_config({"delta": 0.05, "clients-per-round": 20})
