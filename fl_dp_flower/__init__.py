@@ -40,12 +40,14 @@ _PUBLIC = {
     "Budget": "fl_dp_flower.privacy.accountant",
     "plan": "fl_dp_flower.privacy.planning",
     "calibrate": "fl_dp_flower.privacy.planning",
+    "preflight_notes": "fl_dp_flower.privacy.preflight",
     "PrivacySink": "fl_dp_flower.reporting.rounds",
     "RoundOutcome": "fl_dp_flower.reporting.rounds",
     "LedgerSink": "fl_dp_flower.reporting.rounds",
     "ConsoleSink": "fl_dp_flower.reporting.rounds",
     "PrometheusSink": "fl_dp_flower.reporting.rounds",
     "open_ledger": "fl_dp_flower.reporting.rounds",
+    "ModelCheckpoint": "fl_dp_flower.checkpoint",
     "FlowerGDPAccountant": "fl_dp_flower.interop",
     "FlDpError": "fl_dp_flower.errors",
     "SecAggGrid": "fl_dp_flower.strategies.secagg",
@@ -61,6 +63,7 @@ __all__ = [
     "FlDpError",
     "FlowerGDPAccountant",
     "LedgerSink",
+    "ModelCheckpoint",
     "NoisyFedAvg",
     "NoisyFedProx",
     "PrivacyAccountant",
@@ -74,16 +77,19 @@ __all__ = [
     "open_ledger",
     "plan",
     "plan_grid",
+    "preflight_notes",
     "secure_aggregation_mod",
 ]
 
 if TYPE_CHECKING:
     from fl_dp_flower.secagg_mod import secure_aggregation_mod
+    from fl_dp_flower.checkpoint import ModelCheckpoint
     from fl_dp_flower.client import dp_train
     from fl_dp_flower.errors import FlDpError
     from fl_dp_flower.interop import FlowerGDPAccountant
     from fl_dp_flower.privacy.accountant import Budget, PrivacyAccountant
     from fl_dp_flower.privacy.planning import calibrate, plan
+    from fl_dp_flower.privacy.preflight import preflight_notes
     from fl_dp_flower.protocol import TrainInstruction
     from fl_dp_flower.reporting.rounds import (ConsoleSink, LedgerSink, PrivacySink, PrometheusSink, RoundOutcome,
                                                open_ledger)

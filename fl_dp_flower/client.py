@@ -41,7 +41,8 @@ from .training.local_update import LocalUpdateStats, LossFn, local_update
 from .training.noise import FIXED_SEED_WARNING, add_gaussian_noise_, make_noise_source
 from .training.secure_sum import SumGrid, encode_update
 
-__all__ = ["check_batch_fits", "check_no_buffers", "derived_seed", "dp_train", "log_nonfinite", "noisy_local_update",
+__all__ = ["check_batch_fits", "check_no_buffers", "derived_seed", "dp_train", "log_nonfinite", "node_data",
+           "noisy_local_update",
            "private_update", "secure_sum_update", "shared_statistics", "sum_grid", "train_reply"]
 
 log = logging.getLogger(__name__)
@@ -184,6 +185,34 @@ def train_reply(msg: Message, instruction: TrainInstruction, model: nn.Module, s
     return Message(RecordDict({"arrays": arrays, "metrics": MetricRecord(metrics)}), reply_to=msg)
 
 
+def node_data(x: Any, y: Any, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """``data_fn``'s ``(x, y)`` as tensors: numpy arrays (and array-likes) are converted, floating
+    inputs to the model's ``dtype``, integer labels to int64 (cross-entropy's). :class:`Refused`,
+    naming data_fn, for what cannot train: no arrays, lengths that differ, an empty partition."""
+    def tensor(name: str, value: Any) -> torch.Tensor:
+        if isinstance(value, torch.Tensor):
+            return value
+        try:
+            return torch.as_tensor(np.asarray(value))
+        except (TypeError, ValueError, RuntimeError) as err:
+            raise Refused(f"data_fn must return (x, y) as tensors or numpy arrays; {name} is a "
+                          f"{type(value).__name__} ({err})") from None
+
+    xt, yt = tensor("x", x), tensor("y", y)
+    if xt.ndim == 0 or yt.ndim == 0 or len(xt) != len(yt):
+        raise Refused(f"data_fn returned x of shape {tuple(xt.shape)} and y of shape {tuple(yt.shape)}: both need "
+                      "the samples along their first dimension, as many in each")
+    if len(yt) == 0:
+        raise Refused("data_fn returned an empty partition (0 samples): this node cannot train; give it data or "
+                      "leave it out of the federation (each round it is sampled in has one contributor fewer, "
+                      "which costs more privacy than planned)")
+    if xt.is_floating_point() and xt.dtype != dtype:
+        xt = xt.to(dtype)
+    if not (yt.is_floating_point() or yt.dtype == torch.int64):
+        yt = yt.to(torch.int64)
+    return xt, yt
+
+
 def _client_index(context: Context) -> int:
     return int(context.node_config.get("partition-id", context.node_id))
 
@@ -195,7 +224,8 @@ def dp_train(model_fn: ModelFn, data_fn: DataFn, loss_fn: LossFn = F.cross_entro
 
     model_fn(): a fresh model whose state dict matches the server's initial ``ArrayRecord``
     (parameters only, see :func:`check_no_buffers`; checked here once). data_fn(context): this
-    node's training data ``(x, y)`` as tensors. loss_fn(outputs, targets): the batch mean loss.
+    node's training data ``(x, y)`` as tensors or numpy arrays (converted: :func:`node_data`; an empty or
+    mismatched partition is refused, naming data_fn). loss_fn(outputs, targets): the batch mean loss.
     A refused instruction gets a refusal reply (counted by the server's ``max-node-refusals``).
     """
     check_no_buffers(model_fn())
@@ -207,12 +237,12 @@ def dp_train(model_fn: ModelFn, data_fn: DataFn, loss_fn: LossFn = F.cross_entro
             check_node(instruction, context.node_config)
             grid = sum_grid(msg, config_key)
             share = metrics_shared(context.node_config)
-            x, y = data_fn(context)
+            model = model_fn()
+            x, y = node_data(*data_fn(context), dtype=next(model.parameters()).dtype)
             check_batch_fits(instruction, len(y))
         except Refused as err:
             log.warning("Refusing train instruction: %s", err)
             return refusal(msg, err)
-        model = model_fn()
         model.load_state_dict(msg.content.array_records[arrays_key].to_torch_state_dict())
         model.to(where or torch.device("cuda" if torch.cuda.is_available() else "cpu"))
         started = time.perf_counter()

@@ -9,7 +9,12 @@ so one release is exactly the Gaussian mechanism with sensitivity C and noise st
 RDP conversion loss. Sampling amplification is not claimed: only
 ``SamplingMethod.NO_AMPLIFICATION`` is accepted (what Flower's fixed-clipping wrappers require).
 
-Use::
+What it certifies: Flower's wrappers clip each *client's* whole update, so the guarantee is
+**client-level** (add/remove-one client: all of one client's data), not the sample-level
+(one sample of one client) epsilon of this package's own accountant; the two are not comparable.
+
+Use (``population_size``: the clients Flower samples from, at least ``num_sampled_clients``; Flower
+checks it every round, and it is required here so that mistake fails at construction)::
 
     accountant = FlowerGDPAccountant(target_delta=1e-5, population_size=100)
     strategy = DifferentialPrivacyClientSideFixedClipping(FedAvg(...), noise_multiplier=1.0,
@@ -37,13 +42,20 @@ class FlowerGDPAccountant:
     """Implements ``flwr.serverapp.PrivacyAccountant`` with exact mu-GDP composition.
 
     ``config`` (a Flower ``PrivacyConfig``) or its fields: target_delta (the default delta of
-    reports, in (0, 1)), population_size (>= 1; kept for reporting, no amplification is claimed),
-    max_epsilon (optional budget for ``would_exceed``).
+    reports, in (0, 1)), population_size (required: the clients sampled from, >= the wrapper's
+    ``num_sampled_clients``; no amplification is claimed), max_epsilon (optional budget for
+    ``would_exceed``). The guarantee is client-level (:attr:`RELATION`).
     """
 
+    #: the neighbouring relation certified: one whole client added or removed (Flower's wrappers clip per client)
+    RELATION = "client-level add/remove-one (one client's whole dataset)"
+
     def __init__(self, config: PrivacyConfig | None = None, *, target_delta: float = 1e-5,
-                 population_size: int = 1, max_epsilon: float | None = None) -> None:
+                 population_size: int | None = None, max_epsilon: float | None = None) -> None:
         if config is None:
+            if population_size is None:
+                raise ValueError("population_size is required: the number of clients Flower's DP wrapper samples "
+                                 "from (>= its num_sampled_clients; Flower refuses a round whose sample exceeds it)")
             config = PrivacyConfig(target_delta=target_delta, population_size=population_size,
                                    neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
                                    sampling_method=SamplingMethod.NO_AMPLIFICATION, max_epsilon=max_epsilon)

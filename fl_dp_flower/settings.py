@@ -29,7 +29,10 @@ class DPSettings:
     sigma: per-client noise std (> 0). clip_norm: V (> 0). local_steps: K (>= 1). batch_size: B
     (>= 1). lr: the schedule's constant (> 0). schedule: constant | cyclic | stage | iterative.
     clipping: per-batch | per-sample. algorithm: fedavg | fedprox; prox_alpha: FedProx alpha
-    (> 0 for fedprox, with lr * prox_alpha <= 1; 0 for fedavg). seed: -1 draws the noise from OS
+    (> 0 for fedprox, with lr * prox_alpha <= 1; 0 for fedavg). The accountant's plan
+    (:meth:`accountant_config`) asks alpha > smoothness L only with ``assume_smooth_losses=True``
+    (the bounds that rest on L-smooth losses need it); otherwise any alpha > 0 (a usual FedProx mu of
+    0.01 to 1) is certified by composition, by clipping alone. seed: -1 draws the noise from OS
     entropy; >= 0 makes it reproducible (experiments only: nodes refuse it unless they allow it).
     """
 

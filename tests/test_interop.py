@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -110,3 +111,13 @@ def test_wrapper_stops_at_the_budget():
                        num_rounds=10)
     # eps(mu = sqrt(T)) at 1e-5: 4.38 at T = 1, 6.4 at T = 2 > 5: round 2 was never composed
     assert accountant.num_releases == 1 and accountant.get_epsilon(1e-5) <= 5.0
+
+
+def test_population_size_is_required_and_the_relation_is_client_level():
+    """Issue 30 item 4: FlowerGDPAccountant() defaulted to population 1, and Flower's wrapper crashed in round 1
+    ('sample_size must not exceed population_size') whenever it sampled more than one client."""
+    with pytest.raises(ValueError, match="population_size is required"):
+        FlowerGDPAccountant()
+    assert FlowerGDPAccountant.RELATION.startswith("client-level add/remove-one")
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert "FlowerGDPAccountant(population_size=" in readme and "client-level" in readme

@@ -91,7 +91,7 @@ class AppConfig(ServerUpdateConfig, SecureAggregationConfig, BaseModel):
         "per-client noise standard deviation; \"auto\" (with 'target-epsilon' > 0) calibrates it before the "
         "run starts so that all 'num-server-rounds' planned rounds certify at most 'target-epsilon'"))
     prox_alpha: float = Field(0.0, ge=0)
-    """FedProx alpha (> smoothness, lr <= 1/alpha); ignored for fedavg."""
+    """FedProx alpha (> 0, lr <= 1/alpha; > smoothness with assume-smooth-losses); ignored for fedavg."""
     smoothness: float = Field(1.0, ge=0)
     """Assumed smoothness constant L of every loss (the final-model bound and the per-sample factor use it)."""
     assume_smooth_losses: bool = Field(
@@ -171,8 +171,9 @@ class AppConfig(ServerUpdateConfig, SecureAggregationConfig, BaseModel):
     target_epsilon: float = Field(0.0, ge=0, description=(
         "0 = no budget; otherwise the run stops before a round would push the certified epsilon past it "
         "(with sigma = \"auto\": the epsilon sigma is calibrated for)"))
-    delta: float = Field(1e-5, gt=0, lt=1)
-    """delta of every reported epsilon and of the budget."""
+    delta: float = Field(1e-5, gt=0, lt=0.1)
+    """delta of every reported epsilon and of the budget: below 0.1 and below 1/clients-per-round (a guarantee at
+    delta >= 1/n may publish a record in the clear; use delta well below 1/n for n records)."""
     threat_model: ThreatModel = "all-rounds"
     """Who sees what: "all-rounds" (every global model), "final-model" (only the last), "curious-server" (every upload), "secure-aggregation" (only the secure sum: SecAgg+ with integer uploads, docs/MATH.md §20)."""
     colluding_clients: int = Field(
@@ -264,16 +265,22 @@ class AppConfig(ServerUpdateConfig, SecureAggregationConfig, BaseModel):
         if (problem := model_problem(self.dataset, self.model)) is not None:
             problems.append(f"'model' = {self.model!r}: {problem}")
         if self.algorithm == "fedprox":
-            if not self.prox_alpha > self.smoothness:
+            if not self.prox_alpha > 0:
+                problems.append(f"'prox-alpha' = {self.prox_alpha!r}: must be > 0 for algorithm 'fedprox'")
+            elif self.assume_smooth_losses and not self.prox_alpha > self.smoothness:
                 problems.append(
                     f"'prox-alpha' = {self.prox_alpha!r}: must be > 'smoothness' = {self.smoothness!r} "
-                    "for algorithm 'fedprox' (its sensitivity bound needs alpha > L)"
+                    "for algorithm 'fedprox' with assume-smooth-losses (its L-smooth bounds need alpha > L; "
+                    "without the assertion any alpha > 0 is certified by composition)"
                 )
             elif self.lr > 1.0 / self.prox_alpha:
                 problems.append(
                     f"'lr' = {self.lr!r}: must be <= 1/'prox-alpha' = {1.0 / self.prox_alpha!r} "
                     "for algorithm 'fedprox' (its sensitivity bound needs every step size eta <= 1/alpha)"
                 )
+        if self.delta >= 1.0 / self.clients_per_round:
+            problems.append(f"'delta' = {self.delta!r}: must be below 1/'clients-per-round' = "
+                            f"{1.0 / self.clients_per_round:.6g} (use delta well below 1/n for n records)")
         constant = SCHEDULE_CONSTANTS.get(self.schedule)
         value = getattr(self, constant.field) if constant else 0.0
         if constant and value != 0.0:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
+import sys
 import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args, get_origin
@@ -144,6 +145,12 @@ def resolve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> AppCon
         overrides = parse_overrides(args.run_config)
     except (ValueError, UsageError) as err:
         parser.error(str(err))
+    known = {_dash(name) for name in AppConfig.model_fields}
+    ignored = sorted(key for key in base if key not in known)
+    if ignored:  # a user's own app has its own keys: planning needs only the package's
+        print(f"note: ignoring run-config key(s) {', '.join(ignored)} of {source}: not fl-dp-flower keys, they do not "
+              "change the plan", file=sys.stderr)
+        base = {key: value for key, value in base.items() if key in known}
     flags = {_dash(name): getattr(args, name) for name in planning_fields() if hasattr(args, name)}
     user = with_auto_sigma({**overrides, **flags})  # target-epsilon without sigma picks sigma, as in `run`
     values = {**base, **(PRESETS[args.preset] if args.preset else {}), **user}
@@ -174,7 +181,7 @@ def flagged(message: str) -> str:
     keys = {_dash(n) for n in AppConfig.model_fields} - {_dash(n) for n in RUN_ONLY}
     message = re.sub(r"'([a-z][a-z-]*)'", lambda m: f"'{m[1]}' (--{m[1]})" if m[1] in keys else m[0], message)
     for field, key in _ACCOUNTANT_KEYS.items():
-        message = re.sub(rf"(?<![-'\w]){field}\b", f"{key} (--{key})", message)
+        message = re.sub(rf"(?<![-'\w]){field}(?![-\w])", f"{key} (--{key})", message)  # not inside a dash key
     return message
 
 

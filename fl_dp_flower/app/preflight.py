@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 
 from fl_dp_flower.app.config import AUTO_SIGMA, AppConfig, ConfigError
-from fl_dp_flower.privacy.schedules import step_sizes
+from fl_dp_flower.privacy.preflight import MIN_SIGNAL_TO_NOISE, budget_plan
+from fl_dp_flower.privacy.preflight import noise_to_signal as library_noise_to_signal
 
 #: Per dataset: number of classes and trainable parameters of its model (training/models.py:
 #: LeNet-5 for MNIST, ResNet-18 with GroupNorm for CIFAR-10; tests/app/test_preflight.py checks them).
@@ -27,8 +27,6 @@ DATASET_FACTS: dict[str, tuple[int, int]] = {
     "mnist": (10, 61_706),
     "cifar10": (10, 11_173_962),
 }
-#: Below this signal-to-noise ratio (:func:`noise_to_signal`) the plan warns that learning is unlikely.
-MIN_SIGNAL_TO_NOISE = 0.25
 #: A final accuracy below this multiple of chance (1 / classes) gets a warning.
 NEAR_CHANCE_FACTOR = 1.5
 
@@ -38,26 +36,15 @@ def _eps(x: float) -> str:
 
 
 def noise_to_signal(config: AppConfig) -> tuple[float, float]:
-    """(largest total update norm, expected total noise norm) of the global model over the planned rounds.
-
-    Each round moves the global model by at most sum_k eta_{k,t} * V (K clipped steps; FedProx's
-    proximal term only shrinks it), and adds aggregate noise of norm about
-    sigma * sqrt(d / m) (d parameters, m clients averaged uniformly). Over T rounds the updates
-    add up to at most the sum of the per-round bounds, the independent noise to about
-    sqrt(T) * sigma * sqrt(d / m). A heuristic: it cannot know the data, only that when the
-    noise is several times the largest possible signal the model cannot learn much.
-    """
-    _, d = DATASET_FACTS[config.dataset]
-    signal = sum(math.fsum(step_sizes(config.schedule, config.lr, t, config.local_steps)) * config.clip_norm
-                 for t in range(config.num_server_rounds))
-    noise = math.sqrt(config.num_server_rounds) * config.sigma * math.sqrt(d / config.clients_per_round)
-    return signal, noise
+    """(largest total update norm, expected total noise norm) of the global model over the planned rounds:
+    the library's heuristic (:func:`fl_dp_flower.privacy.preflight.noise_to_signal`) for the dataset's model
+    and ``clients-per-round`` clients."""
+    acct = dataclasses.replace(config.accountant_config(), clients=config.clients_per_round)
+    return library_noise_to_signal(acct, config.num_server_rounds, DATASET_FACTS[config.dataset][1])
 
 
 def preflight(config: AppConfig) -> list[str]:
     """Lines to print before the run; raises ConfigError when the budget fits no round."""
-    from fl_dp_flower.privacy.planning import calibrate_sigma, planned_run
-
     notes: list[str] = []
     acct = config.accountant_config()
     rounds = config.num_server_rounds
@@ -68,19 +55,19 @@ def preflight(config: AppConfig) -> list[str]:
                      f"certify epsilon {_eps(cert.epsilon)} <= target-epsilon {config.target_epsilon:g} at delta "
                      f"{config.delta:g} ({cal.report.certified_bound}, threat model {config.threat_model})")
     elif config.target_epsilon > 0:
-        run = planned_run(acct, rounds, config.target_epsilon)
-        if run.stopped_by_budget:
-            need = calibrate_sigma(dataclasses.replace(acct, sigma=1.0), rounds, config.target_epsilon).sigma
-            if run.rounds_trained == 0:
-                first = planned_run(acct, 1).reports[0].certified.epsilon
+        budget = budget_plan(acct, rounds, config.target_epsilon)  # the library's rule (privacy/preflight.py)
+        if budget is not None:
+            need = budget.sigma_needed
+            if budget.rounds_trained == 0:
+                first = budget.epsilon_trained
                 raise ConfigError(
                     f"invalid run config:\n  - 'target-epsilon' = {config.target_epsilon!r}: no round fits the "
                     f"budget: the first planned round alone certifies epsilon {_eps(first)} at 'sigma' = "
                     f"{config.sigma!r}, so nothing would be trained. Set sigma = {AUTO_SIGMA!r} (calibrates "
                     f"sigma = {need:g} for {rounds} rounds), sigma >= {need:g}, or a larger 'target-epsilon'")
             notes.append(f"budget: target-epsilon {config.target_epsilon:g} stops the run after round "
-                         f"{run.rounds_trained} of {rounds} (planned certified epsilon "
-                         f"{_eps(run.reports[-1].certified.epsilon)}); sigma >= {need:g} (or sigma = "
+                         f"{budget.rounds_trained} of {rounds} (planned certified epsilon "
+                         f"{_eps(budget.epsilon_trained)}); sigma >= {need:g} (or sigma = "
                          f"{AUTO_SIGMA!r}) trains all {rounds} rounds")
     signal, noise = noise_to_signal(config)
     if signal < MIN_SIGNAL_TO_NOISE * noise:

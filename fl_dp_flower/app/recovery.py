@@ -4,7 +4,6 @@
   ServerApp log at ERROR (`flwr log`), once;
 - a full disk (ENOSPC, EDQUOT) anywhere in the run's writes becomes one message saying what
   happened, that nothing unaccounted was released, and how to resume;
-- an unfinished round (broadcast, no durable round line) is refused or charged by policy;
 - node exclusions (``node-excluded`` ledger events, ``max-node-refusals``) are carried across a
   resume: a node excluded earlier in a run is not sampled again by its resume.
 """
@@ -19,8 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fl_dp_flower import FlDpError
-from fl_dp_flower.app.config import AppConfig
-from fl_dp_flower.reporting.ledger import NODE_EXCLUDED_EVENT, LedgerContents
+from fl_dp_flower.reporting.ledger import NODE_EXCLUDED_EVENT
 from fl_dp_flower.strategies.noisy import NodeRefusals, NoisyStrategyMixin
 
 log = logging.getLogger("flwr").getChild(__name__)  # Flower's handlers: shows in `flwr log`
@@ -99,39 +97,3 @@ def restore_exclusions(strategy: NoisyStrategyMixin, events: list[dict[str, Any]
     if strategy.excluded_nodes:
         log.error("resume: nodes excluded earlier in this run stay excluded (not sampled): %s",
                   "; ".join(f"node {n} ({why})" for n, why in sorted(strategy.excluded_nodes.items())))
-
-
-def unfinished_round(config: AppConfig, path: Path, contents: LedgerContents, ckpt_round: int) -> int | None:
-    """The open round to account (policy ``account``), None if there is none; raise RunFailed
-    naming the real cause (policy ``refuse``, or an inconsistency). Reads only."""
-    last = contents.last_round
-    open_round = contents.open_round
-    if open_round is None:
-        if ckpt_round > last:
-            raise RunFailed(f"cannot resume {path}: checkpoint round {ckpt_round} is ahead of the ledger's "
-                            f"last round {last}, and no round is open in the ledger; the ledger is not the "
-                            "one this model was trained under")
-        if ckpt_round < last:
-            log.warning("checkpoint is from round %d, ledger has round %d: continuing from the older model "
-                        "(the later rounds stay accounted, as not applied)", ckpt_round, last)
-        return None
-    how = (f"its round line is torn (line {contents.line_count} was cut mid-write)"
-           if contents.torn_tail and contents.torn_round == open_round
-           else f"has no round line (opened at line {contents.open_round_line}; the server stopped before "
-                "recording it)")
-    where = (f"; the saved model is from round {ckpt_round}" if ckpt_round else "")
-    if config.resume_unfinished_round == "refuse":
-        message = (
-            f"cannot resume {path}: round {open_round} was broadcast but {how}{where}. Its uploads may have "
-            "reached the server, so its privacy may be spent. Nothing was written. To continue, resume "
-            "with resume-unfinished-round = 'account' (the round is charged as planned and marked not "
-            "applied: its aggregate was never saved or broadcast); do not edit the ledger or the checkpoint."
-        )
-        log.error("%s", message)
-        raise RunFailed(message, logged=True)
-    log.warning("round %d was broadcast but %s%s", open_round, how, where)
-    if ckpt_round >= open_round:  # the model holds the round's aggregate: not applied would under-count
-        raise RunFailed(f"cannot resume {path}: the checkpoint is from round {ckpt_round}, so it holds open round "
-                        f"{open_round}'s aggregate, which the ledger never recorded; it cannot be charged as not "
-                        "applied (docs/MATH.md §14.3a). Nothing was written.")
-    return open_round

@@ -50,7 +50,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -59,7 +59,7 @@ from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Result
 
-from fl_dp_flower.app.recovery import RunFailed, logged_failures, restore_exclusions, unfinished_round
+from fl_dp_flower.app.recovery import RunFailed, logged_failures, restore_exclusions
 from fl_dp_flower.app.threat import (final_model_assumptions, node_assumptions, publishes_per_round_models,
                                       run_grid)
 from fl_dp_flower.app.config import AppConfig, ConfigError
@@ -68,9 +68,8 @@ from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.reporting import PrivacyLedger, PrivacyMetricsExporter, plot_privacy_curve, render_summary
 from fl_dp_flower.reporting.console import conditional_note
 from fl_dp_flower.reporting.durable import atomic_write, write_json
-from fl_dp_flower.reporting.ledger import (FAILED_EVENT, NOT_APPLIED_EVENT, RESUME_EVENT, UNFINISHED_ROUND_EVENT,
-                                          LedgerContents, read_ledger)
-from fl_dp_flower.reporting.replay import round_records
+from fl_dp_flower.reporting.ledger import FAILED_EVENT, LedgerContents, read_ledger
+from fl_dp_flower.reporting.resume import ResumeRefused, resume_ledger
 from fl_dp_flower.reporting.logfilter import FlowerDumps
 from fl_dp_flower.reporting.rounds import RoundSink
 from fl_dp_flower.app.strategy import make_strategy
@@ -163,39 +162,14 @@ def _open_ledger(config: AppConfig, run_dir: Path) -> tuple[PrivacyLedger, Priva
         return ledger, PrivacyAccountant(acct_cfg), None
     _require_ledger(path)
     contents = PrivacyLedger.check_resumable(path, accountant_config=acct_cfg.to_dict())
-    records = round_records(contents)
     ckpt_round, arrays = _checkpoint(run_dir, contents)
-    unfinished = unfinished_round(config, path, contents, ckpt_round)
-    lost = [r.round for r in records if r.applied and r.round > ckpt_round]
-
-    ledger = PrivacyLedger.resume(path, accountant_config=acct_cfg.to_dict())  # first write
-    if lost:  # write-ahead, before any later round: the replay (round_records, verify) honours it
-        ledger.append_event(NOT_APPLIED_EVENT, {
-            "rounds": lost, "checkpoint_round": ckpt_round,
-            "reason": "round line written, aggregate lost before its checkpoint (training continues from "
-                      + (f"round {ckpt_round}'s model)" if ckpt_round else "the initial model)")})
-        records = [replace(r, applied=False) if r.round in lost else r for r in records]
-        log.warning("round(s) %s were accounted but their model was never saved: they stay charged to "
-                    "composition and local DP and leave the final-model bound (not applied)",
-                    ", ".join(map(str, lost)))
-    accountant = PrivacyAccountant.from_records(acct_cfg, records)
-    if unfinished is not None:
-        # secure aggregation: the smallest sum SecAggGrid unmasks (min-replies contributors), the costliest
-        smallest = min(acct_cfg.clients, config.min_replies) if config.threat_model == "secure-aggregation" else None
-        record = acct_cfg.planned_round(unfinished, smallest, applied=False)
-        report = accountant.step(record)
-        ledger.append_round(round=unfinished, record=record.to_dict(), report=report.to_dict(),
-                            metrics={"dp-unfinished-accounted": 1})
-        ledger.append_event(UNFINISHED_ROUND_EVENT, {
-            "round": unfinished, "line": contents.open_round_line, "torn": contents.torn_round == unfinished,
-            "accounted_as": "planned round, not applied (its aggregate was never saved or broadcast)"})
-        log.warning("round %d had no complete ledger line (line %s): charged as the planned round, not applied "
-                    "(its uploads may have reached the server; its aggregate was never saved or broadcast) "
-                    "(resume-unfinished-round = 'account'); certified epsilon now %.6g",
-                    unfinished, contents.open_round_line, report.certified.epsilon)
-    ledger.append_event(RESUME_EVENT, {"rounds_accounted": accountant.num_releases, "checkpoint_round": ckpt_round,
-                                   "plan": config.resumable_plan()})  # watch shows the resumed plan
-    log.info("resuming %s: %d rounds accounted", path, accountant.num_releases)
+    try:  # the library's one resume rule (reporting/resume.py): checks, then resume event, lost rounds, open round
+        ledger, accountant, _ = resume_ledger(path, acct_cfg, checkpoint_round=ckpt_round,
+                                              unfinished=config.resume_unfinished_round, min_replies=config.min_replies,
+                                              plan=config.resumable_plan(), option="resume-unfinished-round")
+    except ResumeRefused as err:
+        log.error("%s", err)
+        raise RunFailed(str(err), logged=True) from None
     return ledger, accountant, arrays
 
 

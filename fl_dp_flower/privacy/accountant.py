@@ -32,6 +32,7 @@ from .closed_forms import paper_mu
 from .final_model import OnlineFinalModel
 from .records import BOUND_NAMES, AccountantConfig, RoundRecord
 from .sampled import SAMPLED_BOUND, SampledAccount
+from .validate import plausible_delta
 from .running_sum import RunningSum
 from .secure_aggregation import SecureSumAccount, amend_secure_aggregation, rdp_delta
 from .schedules import step_sizes
@@ -51,8 +52,7 @@ class Budget:
     def __post_init__(self) -> None:
         if not (isinstance(self.epsilon, (int, float)) and self.epsilon > 0 and math.isfinite(self.epsilon)):
             raise ValueError(f"budget epsilon must be a finite number > 0, got {self.epsilon!r}")
-        if not (isinstance(self.delta, (int, float)) and 0 < self.delta < 1):
-            raise ValueError(f"budget delta must be in (0, 1), got {self.delta!r}")
+        plausible_delta("budget delta", self.delta)
 
 
 @dataclass(frozen=True)

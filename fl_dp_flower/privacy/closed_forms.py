@@ -16,7 +16,7 @@ import numpy as np
 from .bounds import _rounds, hidden_clients
 from .planned_terms import planned_theta
 from .records import AccountantConfig
-from .terms import resolve_cyclic_c, resolve_iterative_z
+from .terms import fedprox_log_rho, resolve_cyclic_c, resolve_iterative_z
 from .validate import int_at_least, positive
 
 __all__ = [
@@ -54,7 +54,9 @@ def _paper_form(
     V = float(config.clip_norm)
     if config.algorithm == "fedprox":  # Theorem 4
         alpha = float(config.prox_alpha)
-        return "tanh", 2.0 * V / alpha * pref, math.log1p(L / (alpha - L))
+        if not alpha > L:  # Theorem 4 needs alpha > L: no closed form (an infinite, unsound bound)
+            return "sd", math.inf, 0.0
+        return "tanh", 2.0 * V / alpha * pref, fedprox_log_rho(alpha, L)
     if config.schedule == "constant":  # Theorem 3(a)
         return "tanh", 2.0 * lr * V * K * pref, K * math.log1p(lr * L)
     if config.schedule == "cyclic":  # Theorem 3(b), lr restored

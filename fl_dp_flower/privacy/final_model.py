@@ -51,7 +51,7 @@ class OnlineFinalModel:
     dominant terms and accuracy does not degrade with the number of rounds.
     """
 
-    __slots__ = ("_count", "_cum", "_first", "_inner", "_ld", "_ln")
+    __slots__ = ("_count", "_cum", "_first", "_inner", "_ld", "_ln", "_unbounded")
 
     def __init__(self) -> None:
         self._count = 0
@@ -60,13 +60,18 @@ class OnlineFinalModel:
         self._first: list[float] = []  # log rho_u of the block's first round
         self._inner: list[float] = []  # sum_{j=u+1}^{v} log rho_j
         self._cum: list[float] = []  # cumulative block values (mu^2 so far)
+        #: a round with log rho = inf (FedProx with alpha <= L): the bound says nothing from then on
+        self._unbounded = False
 
     def __len__(self) -> int:
         return self._count
 
     @property
     def mu(self) -> float:
-        """mu_final after the rounds pushed so far (0.0 before the first round)."""
+        """mu_final after the rounds pushed so far (0.0 before the first round; inf after a round
+        with log rho = inf)."""
+        if self._unbounded:
+            return math.inf
         return math.sqrt(self._cum[-1]) if self._cum else 0.0
 
     @property
@@ -75,12 +80,17 @@ class OnlineFinalModel:
         return len(self._cum)
 
     def push(self, log_rho: float, gamma: float, noise_std: float) -> None:
-        """Add one round: log rho_t (finite), gamma_t >= 0, s_t > 0 (all finite)."""
+        """Add one round: log rho_t (finite, or +inf: no model-sensitivity bound, mu = inf from then
+        on), gamma_t >= 0, s_t > 0 (finite)."""
         log_rho = float(log_rho)
         g = float(gamma)
         s = float(noise_std)
+        if log_rho == math.inf:
+            self._unbounded = True
+            self._count += 1
+            return
         if not math.isfinite(log_rho):
-            raise ValueError(f"log_rho must be finite, got {log_rho!r}")
+            raise ValueError(f"log_rho must be finite or +inf, got {log_rho!r}")
         if not (math.isfinite(g) and g >= 0.0):
             raise ValueError(f"gamma must be a finite number >= 0, got {gamma!r}")
         if not (math.isfinite(s) and s > 0.0):
@@ -94,6 +104,8 @@ class OnlineFinalModel:
         Mirrors :meth:`_extend` step for step, so ``peek`` then ``push`` give the same mu bit
         for bit. Costs as many block merges as the push would do.
         """
+        if self._unbounded or float(log_rho) == math.inf:
+            return math.inf
         g, s = float(gamma), float(noise_std)
         first, ln, ld = float(log_rho), (math.log(g) if g > 0.0 else _NEG_INF), 2.0 * math.log(s)
         r = float(np.float64(g) / np.float64(s))
@@ -119,7 +131,17 @@ class OnlineFinalModel:
     def _extend_arrays(
         self, log_rhos: np.ndarray, gammas: np.ndarray, noise_stds: np.ndarray, out: np.ndarray | None = None
     ) -> None:
-        """Push validated rounds given as arrays (vectorized preparation, then the PAVA pass)."""
+        """Push validated rounds given as arrays (vectorized preparation, then the PAVA pass); from
+        the first log rho = inf on, the bound is unbounded (``out`` holds inf there)."""
+        infinite = np.flatnonzero(np.isposinf(log_rhos))
+        if infinite.size:
+            k = int(infinite[0])
+            if k:
+                self._extend_arrays(log_rhos[:k], gammas[:k], noise_stds[:k], None if out is None else out[:k])
+            if out is not None:
+                out[k:] = math.inf
+            self._unbounded, self._count = True, self._count + len(log_rhos) - k
+            return
         # math.log (not np.log) so that the result is bit-identical to push() round by round
         log = math.log
         g_list = gammas.tolist()

@@ -10,20 +10,27 @@ from __future__ import annotations
 
 from .validate import int_at_least, positive
 
-__all__ = ["SMOOTHNESS_FIELDS", "check_prox", "colluder_problems", "sampling_problems", "secure_sum_problems",
+__all__ = ["SECAGG_HONEST_MINIMUM", "SMOOTHNESS_FIELDS", "check_prox", "secure_contributor_problems", "colluder_problems", "sampling_problems", "secure_sum_problems",
            "smoothness_problems"]
 
 
-def check_prox(algorithm: str, prox_alpha: float | None, smoothness: float, max_step: float) -> None:
-    """FedProx's conditions: alpha given, alpha > L, and every step size eta <= 1/alpha."""
+def check_prox(algorithm: str, prox_alpha: float | None, smoothness: float, max_step: float,
+               assume_smooth_losses: bool = True) -> None:
+    """FedProx's conditions: alpha given, every step size eta <= 1/alpha (the clipping-only sensitivity
+    needs it), and alpha > L where a certifying bound rests on L: with ``assume_smooth_losses`` (the
+    final-model bound, per-sample clipping's drift bound). Without the assertion, alpha <= L is
+    allowed: composition and local DP hold by clipping alone; the L-dependent bounds (paper,
+    final-model) are then infinite (log rho = inf) and certify nothing."""
     if algorithm != "fedprox":
         return
     if prox_alpha is None:
-        raise ValueError("prox_alpha is required for fedprox (must be > smoothness L)")
+        raise ValueError("prox_alpha is required for fedprox (> 0)")
     positive("prox_alpha", prox_alpha)
-    if not prox_alpha > smoothness:
+    if assume_smooth_losses and not prox_alpha > smoothness:
         raise ValueError(
-            f"prox_alpha must be > smoothness L = {smoothness!r} for fedprox, got {prox_alpha!r}"
+            f"prox_alpha must be > smoothness L = {smoothness!r} for fedprox with assume_smooth_losses (the "
+            f"L-smooth bounds need alpha > L), got {prox_alpha!r}; without assume_smooth_losses any alpha > 0 "
+            "is certified by composition"
         )
     if max_step > 1.0 / prox_alpha:
         raise ValueError(
@@ -106,4 +113,28 @@ def secure_sum_problems(threat_model: str, step: float | None, dimension: int | 
         return ["sum_grid_step and sum_dimension come together (the grid step s and the number of values d)"]
     positive("sum_grid_step", step)
     int_at_least("sum_dimension", dimension, 1)
+    return []
+
+
+#: the fewest contributors outside the coalition a secure sum is unmasked for: Flower 1.41 derives every mask
+#: from a 32-bit seed (numpy MT19937), so with <= 3 of them a server can brute-force the masks of one upload
+SECAGG_HONEST_MINIMUM = 4
+
+
+def secure_contributor_problems(clients_per_round: int, min_replies: int, colluders: int) -> list[str]:
+    """What secure aggregation asks of the round's size (docs/MATH.md §20.3): a sum is unmasked only with
+    at least SECAGG_HONEST_MINIMUM contributors outside the coalition of ``colluders``, so a round of
+    ``clients_per_round`` clients needs ``clients_per_round - colluders >= 4``, else every round is
+    abandoned and nothing trains; and the budget is checked for sums of ``min_replies`` contributors, so
+    ``min_replies - colluders >= 4`` too (smaller sums are never unmasked)."""
+    need = colluders + SECAGG_HONEST_MINIMUM
+    if clients_per_round < need:
+        return [f"secure aggregation with {clients_per_round} clients per round and colluders = {colluders} can "
+                f"never unmask a sum: each needs at least {SECAGG_HONEST_MINIMUM} contributors outside the "
+                f"coalition (Flower's SecAgg+ masks come from 32-bit seeds), so every round would be abandoned "
+                f"and nothing trained; sample clients_per_round >= {need} (and min_replies >= {need})"]
+    if min_replies < need:
+        return [f"secure aggregation needs min_replies >= colluders + {SECAGG_HONEST_MINIMUM} = {need} (got "
+                f"{min_replies}): a sum with fewer than {SECAGG_HONEST_MINIMUM} contributors outside the coalition "
+                "is never unmasked, and the budget is checked at min_replies contributors"]
     return []

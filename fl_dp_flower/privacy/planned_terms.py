@@ -22,6 +22,7 @@ from .terms import (
     _kappa_from,
     _sum_log1p,
     drift_bound_allowed,
+    fedprox_log_rho,
     harmonic,
     per_sample_theta,
     resolve_cyclic_c,
@@ -58,7 +59,7 @@ def planned_theta(config: AccountantConfig) -> float:
     lr = float(config.lr)
     if config.algorithm == "fedprox":
         alpha = float(config.prox_alpha)
-        kappa = alpha / (alpha - L)
+        kappa = alpha / (alpha - L) if alpha > L else math.inf
     elif L == 0.0:
         kappa = 1.0
     elif config.schedule in ("constant", "stage"):
@@ -106,14 +107,14 @@ def _planned_fedprox_terms(config: AccountantConfig, T: int) -> tuple[np.ndarray
     """Exact per-round FedProx terms (log rho_t, gamma_t, add/remove gamma_t) of the planned rounds
     (what :func:`round_terms` gives them)."""
     alpha, L, V, m = float(config.prox_alpha), float(config.smoothness), float(config.clip_norm), config.clients
-    log_rho = np.full(T, math.log1p(L / (alpha - L)))
+    log_rho = np.full(T, fedprox_log_rho(alpha, L))
     client = 2.0 * V * -np.expm1(_log_prod_one_minus(config, T, alpha)) / alpha
     client_ar = client
     if config.local_steps == 1:
         first_ro, first_ar = _first_step_sensitivity(config.clipping, config.batch_size, V)
         first = _planned_first_steps(config, T)
         client, client_ar = first * first_ro, first * first_ar
-    elif drift_bound_allowed(config.clipping, config.local_steps, config.assume_smooth_losses):
+    elif drift_bound_allowed(config.clipping, config.local_steps, config.assume_smooth_losses) and alpha > L:
         gap = alpha - L
         smooth = (2.0 * V / (config.batch_size or 1)) * -np.expm1(_log_prod_one_minus(config, T, gap)) / gap
         client, client_ar = np.minimum(client, smooth), np.minimum(client_ar, smooth / 2.0)
@@ -213,7 +214,7 @@ def planned_terms(config: AccountantConfig, rounds: int) -> tuple[np.ndarray, np
     theta = planned_theta(config)
     if config.algorithm == "fedprox":
         alpha = float(config.prox_alpha)
-        log_rho = np.full(T, math.log1p(L / (alpha - L)))
+        log_rho = np.full(T, fedprox_log_rho(alpha, L))
         gamma = np.full(T, theta * 2.0 * V / (m * alpha))
         return log_rho, gamma
     schedule = config.schedule

@@ -31,7 +31,7 @@ from fl_dp_flower.vocabulary import (ALGORITHMS, BOUND_CHOICES, BOUND_NAMES, CLI
 from .plan_rules import (SMOOTHNESS_FIELDS, check_prox, colluder_problems, sampling_problems,  # noqa: F401
                          secure_sum_problems, smoothness_problems)
 from .schedules import step_sizes
-from .validate import choice, int_at_least, nonnegative, positive
+from .validate import choice, int_at_least, nonnegative, plausible_delta, positive
 
 __all__ = ["ALGORITHMS", "BOUND_CHOICES", "BOUND_NAMES", "CLIPPING_MODES", "SCHEDULES", "SMOOTHNESS_FIELDS",
            "THREAT_MODELS", "AccountantConfig", "colluder_problems", "sampling_problems", "secure_sum_problems",
@@ -119,10 +119,7 @@ class AccountantConfig:
         int_at_least("clients", self.clients, 1)
         positive("sigma", self.sigma)
         nonnegative("smoothness", self.smoothness)
-        if isinstance(self.delta, bool) or not isinstance(self.delta, (int, float)) or not (
-            0.0 < self.delta < 1.0
-        ):
-            raise ValueError(f"delta must be in (0, 1), got {self.delta!r}")
+        plausible_delta("delta", self.delta, self.clients)
         if self.clipping == "per-sample":
             if self.batch_size is None:
                 raise ValueError("batch_size is required with per-sample clipping (integer >= 1)")
@@ -133,7 +130,7 @@ class AccountantConfig:
             positive("cyclic_c", self.cyclic_c)
         if self.iterative_z is not None:
             positive("iterative_z", self.iterative_z)
-        check_prox(self.algorithm, self.prox_alpha, self.smoothness, self.lr)
+        check_prox(self.algorithm, self.prox_alpha, self.smoothness, self.lr, self.assume_smooth_losses)
         if self.sampling_rate is not None and not (positive("sampling_rate", self.sampling_rate) <= 1.0):
             raise ValueError(f"sampling_rate must be in (0, 1], got {self.sampling_rate!r}")
         for problem in colluder_problems(self.threat_model, self.colluders) + sampling_problems(

@@ -241,6 +241,13 @@ class RoundTerms:
     uses_smoothness: bool = False
 
 
+def fedprox_log_rho(alpha: float, L: float) -> float:
+    """FedProx's log rho_t = log(alpha / (alpha - L)) (docs/MATH.md §3); ``inf`` when alpha <= L: the
+    L-dependent bounds (paper, final-model, per-sample drift) then say nothing, while the clipping-only
+    sensitivity 2V(1 - prod(1 - eta alpha))/alpha, which needs only eta alpha <= 1, still holds."""
+    return math.log1p(L / (alpha - L)) if alpha > L else math.inf
+
+
 def _fedprox_parts(etas: np.ndarray, alpha: float, L: float) -> tuple[float, float]:
     """(1 - prod_k(1 - eta_k alpha), 1 - prod_k(1 - eta_k (alpha - L))) for eta_k <= 1/alpha."""
     x = np.minimum(etas * alpha, 1.0)
@@ -290,7 +297,7 @@ def round_terms(record: RoundRecord, smoothness: float, colluders: int = 0,
     Gamma *= theta_t = min(1, kappa_t/B), kappa_t = drift_kappa of this round's own steps
     (docs/MATH.md §13).
 
-    FedProx (Lemmas 9, 10; needs alpha > L and every eta_k <= 1/alpha, else ValueError):
+    FedProx (Lemmas 9, 10; needs every eta_k <= 1/alpha, else ValueError; alpha <= L: rho = inf, no drift bound):
     Gamma = 2V(1 - prod_k(1 - eta_k alpha))/alpha (telescoped, <= 2V/alpha) and the
     paper's log rho = log(alpha/(alpha - L)) = log1p(L/(alpha - L)). Per-sample clipping
     (K = 1: divided by B; K >= 2 only with ``assume_smooth_losses``) uses the sound
@@ -321,10 +328,6 @@ def round_terms(record: RoundRecord, smoothness: float, colluders: int = 0,
         if record.prox_alpha is None:  # RoundRecord validates prox_alpha > 0 for fedprox; never None here
             raise ValueError("a fedprox round needs prox_alpha (> 0)")
         alpha = float(record.prox_alpha)
-        if not alpha > L:
-            raise ValueError(
-                f"prox_alpha must be > smoothness L = {L!r} for fedprox, got {record.prox_alpha!r}"
-            )
         max_eta = float(np.max(etas))
         if max_eta > 1.0 / alpha:
             raise ValueError(
@@ -337,10 +340,10 @@ def round_terms(record: RoundRecord, smoothness: float, colluders: int = 0,
         client_ar = client
         if K == 1:  # one step from w_t: the prox term is common, eta times the first-step bound
             client, client_ar = etas[0] * first_ro, etas[0] * first_ar
-        elif drift:
+        elif drift and gap > 0:
             smooth = (2.0 * V / (record.batch_size or 1)) * frac_gap / gap
             client, client_ar = min(client, smooth), min(client_ar, smooth / 2.0)
-        log_rho = math.log1p(L / gap)
+        log_rho = fedprox_log_rho(alpha, L)
     else:
         sum_eta = math.fsum(record.step_sizes)
         clip_only = 2.0 * V * sum_eta

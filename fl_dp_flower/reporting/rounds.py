@@ -23,11 +23,12 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
-from fl_dp_flower.privacy.records import AccountantConfig, RoundRecord
+from fl_dp_flower.privacy.records import AccountantConfig
 
 from .console import format_round_line
 from .ledger import PrivacyLedger
 from .prometheus import PrivacyMetricsExporter
+from .resume import UnfinishedRound, resume_ledger
 
 #: metric keys of the ``dp-*`` family kept in the ledger (the bounds are in the report already)
 LEDGER_DP_KEYS = ("dp-aggregated", "dp-dropped", "dp-echo-mismatch", "dp-unfinished-accounted",
@@ -67,6 +68,13 @@ def dp_metrics(report: Any) -> dict[str, float | int]:
     }
 
 
+def without_dp_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
+    """``metrics`` without the ``dp-*`` family: what Flower's own console dumps show (its per-round
+    "Aggregated MetricRecord" and final summary); the ledger, the sinks, Prometheus and the strategy's
+    ``Result`` keep every number."""
+    return {key: value for key, value in metrics.items() if not key.startswith("dp-")}
+
+
 @runtime_checkable
 class PrivacySink(Protocol):
     """Receives the strategy's ledger events and closed rounds (both in strategy order)."""
@@ -104,26 +112,38 @@ class LedgerSink:
 
 
 def open_ledger(path: str | os.PathLike[str], config: AccountantConfig, *, resume: bool = False,
-                run_config: dict[str, Any] | None = None) -> tuple[LedgerSink, PrivacyAccountant]:
+                run_config: dict[str, Any] | None = None, unfinished_round: UnfinishedRound = "refuse",
+                checkpoint: Any = None, min_replies: int = 1) -> tuple[LedgerSink, PrivacyAccountant]:
     """A ledger sink and its accountant.
 
     New run (``resume=False``): creates the ledger (refuses an existing file: a ledger is never
     overwritten) with ``config`` and ``run_config`` (your settings, for the record) in its header.
-    Resume: checks the header's accountant config against ``config``, rebuilds the accountant
-    from the round records and appends from there. A round that was broadcast but never recorded
-    may have been spent, so such a ledger is refused here (the reference app's
-    ``resume-unfinished-round = "account"`` accounts it).
+
+    Resume (``resume=True``): checks the header's accountant config against ``config``, rebuilds the
+    accountant from the round records, writes a ``resume`` event (what ``fl-dp-flower verify`` expects
+    after a finished run) and appends from there (:mod:`fl_dp_flower.reporting.resume`). The model is
+    not part of the ledger: pass your ``checkpoint`` (a :class:`~fl_dp_flower.ModelCheckpoint`) and
+    start from ``checkpoint.restore(strategy)``. Accounted rounds that the checkpoint does not hold
+    (none: every round) stay charged and are marked not applied (out of the final-model bound).
+    ``unfinished_round``: a round that was broadcast but never recorded (a killed run) may have been
+    spent: ``"refuse"`` (default) raises naming it, nothing written; ``"account"`` charges it as the
+    planned round, not applied. ``min_replies``: your ``FederationSettings.min_replies`` (under secure
+    aggregation an unfinished round is charged at that many contributors).
     """
+    if checkpoint is not None and not resume and checkpoint.saved_round() > 0:
+        raise FileExistsError(f"checkpoint {checkpoint.path} already exists but resume=False: it belongs to an "
+                              "earlier run; resume that run (resume=True) or choose another checkpoint path")
     if not resume:
         ledger = PrivacyLedger.create(path, accountant_config=config.to_dict(), app_config=dict(run_config or {}))
-        return LedgerSink(ledger), PrivacyAccountant(config)
-    contents = PrivacyLedger.check_resumable(path, accountant_config=config.to_dict())
-    if contents.open_round is not None:
-        raise ValueError(f"cannot resume {path}: round {contents.open_round} was broadcast but has no round line "
-                         "(its privacy may be spent); nothing was written")
-    records = [RoundRecord.from_dict(entry["record"]) for entry in contents.rounds]
-    ledger = PrivacyLedger.resume(path, accountant_config=config.to_dict())
-    return LedgerSink(ledger), PrivacyAccountant.from_records(config, records)
+        sink, accountant = LedgerSink(ledger), PrivacyAccountant(config)
+    else:
+        saved = checkpoint.saved_round() if checkpoint is not None else 0
+        resumed, accountant, _ = resume_ledger(path, config, checkpoint_round=saved, unfinished=unfinished_round,
+                                               min_replies=min_replies)
+        sink = LedgerSink(resumed)
+    if checkpoint is not None:
+        checkpoint.ledger = sink  # the checkpoint checks that a round's line precedes its save
+    return sink, accountant
 
 
 class CheckpointSink:

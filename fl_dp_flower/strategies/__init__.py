@@ -4,6 +4,7 @@ from .budget import BudgetExhausted, check_before_broadcast, check_replies, pre_
 from fl_dp_flower.reporting.rounds import RoundOutcome, dp_metrics
 
 from .noisy import ModelNotFinite, NoisyFedAvg, NoisyFedProx, NoisyStrategyMixin, PendingRound
+from .pending import NothingAccounted
 from .sampling import NodeRefusals, NotEnoughNodes
 from .screening import ReplyChecks
 
@@ -15,6 +16,7 @@ __all__ = [
     "NoisyFedProx",
     "NoisyStrategyMixin",
     "NotEnoughNodes",
+    "NothingAccounted",
     "PendingRound",
     "ReplyChecks",
     "RoundOutcome",

@@ -38,12 +38,13 @@ from flwr.serverapp.strategy import FedAvg, FedProx, Result
 from fl_dp_flower import protocol
 from fl_dp_flower.privacy.accountant import Budget, PrivacyAccountant, PrivacySpent
 from fl_dp_flower.privacy.records import RoundRecord
-from fl_dp_flower.reporting.rounds import PrivacySink, RoundOutcome, dp_metrics
+from fl_dp_flower.reporting.rounds import PrivacySink, RoundOutcome, dp_metrics, without_dp_metrics
 from fl_dp_flower.settings import DPSettings, FederationSettings
 
 from .budget import BudgetExhausted, check_before_broadcast, check_replies
 from .guard import ReplyGuard, all_finite
 from .pending import ModelNotFinite, PendingRound
+from .preflight import check_budget_delta, log_preflight, nothing_accounted
 from .sampling import NodeRefusals, NodeSampling, check_plan
 from .echo import Applied
 from .replies import average_metrics, member_id, mismatches, reconcile, weights_for
@@ -62,6 +63,9 @@ class NoisyStrategyMixin(NodeSampling):
     arrayrecord_key: str
     configrecord_key: str
     min_available_nodes: int
+    #: True when the reference app drives the strategy: it logs its own preflight and fails a run that accounted
+    #: nothing itself (fl_dp_flower.app.strategy sets it); library use: the strategy does both
+    app_managed: bool = False
 
     def _init_dp(self, settings: DPSettings, accountant: PrivacyAccountant, federation: FederationSettings,
                  budget: Budget | None, sinks: Sequence[PrivacySink], reply_checks: ReplyChecks | None) -> None:
@@ -74,6 +78,7 @@ class NoisyStrategyMixin(NodeSampling):
         check_plan(settings, accountant.config, federation)
         if budget is not None and not isinstance(budget, Budget):
             raise TypeError(f"budget must be a Budget or None, got {type(budget).__name__}")
+        check_budget_delta(budget, accountant.config)
         for sink in sinks:
             if not isinstance(sink, PrivacySink):
                 raise TypeError(f"sink {sink!r} lacks on_event(kind, data) / on_round(outcome) (PrivacySink)")
@@ -87,8 +92,7 @@ class NoisyStrategyMixin(NodeSampling):
         self.budget = budget
         self.global_arrays: ArrayRecord | None = None
         self.stop_reason: str | None = None
-        self.echo_mismatches = 0
-        self._last_mismatch = 0
+        self.echo_mismatches = self._last_mismatch = 0
         self.refusals: dict[int, NodeRefusals] = {}
         self._round: PendingRound | None = None
         self._user_evaluate_fn: EvaluateFn | None = None
@@ -226,8 +230,8 @@ class NoisyStrategyMixin(NodeSampling):
                    "dp-expected-epsilon-increase": expected - before}
         # global_arrays (what a stop saves as the final model) changes only once the round line is durable
         pending.record, pending.report, pending.metrics = record, report, metrics
-        self._train_metrics[server_round] = MetricRecord(metrics)
-        return arrays, MetricRecord(metrics)
+        self._train_metrics[server_round] = MetricRecord(metrics)  # the Result's: every dp-* number (start)
+        return arrays, MetricRecord(without_dp_metrics(metrics))  # what Flower prints every round and at the end
 
     def _weights(self, usable: list) -> tuple[float, ...]:
         return weights_for(usable, self.federation.weighting, self.reply_checks.examples_cap_ratio)
@@ -312,6 +316,8 @@ class NoisyStrategyMixin(NodeSampling):
         timeout = self.federation.round_timeout if timeout is None else timeout
         self.global_arrays = initial_arrays
         self._user_evaluate_fn, self._closed = evaluate_fn, None
+        if not self.app_managed:  # library use (the reference app logs its own)
+            log_preflight(self.accountant, self.budget, initial_arrays, num_rounds, log)
         t0 = time.time()
         accounted_before = self.accountant.num_releases
         try:
@@ -319,6 +325,7 @@ class NoisyStrategyMixin(NodeSampling):
                 grid=grid, initial_arrays=initial_arrays, num_rounds=num_rounds, timeout=timeout,
                 train_config=train_config, evaluate_config=evaluate_config, evaluate_fn=self._evaluate,
             )
+            result.train_metrics_clientapp = dict(self._train_metrics)  # Flower printed them without dp-*
         except BudgetExhausted as exc:
             self.stop_reason = exc.reason
             log.warning("%s (after %.1fs)", exc.reason, time.time() - t0)
@@ -327,6 +334,8 @@ class NoisyStrategyMixin(NodeSampling):
         self._event("end", {"rounds_accounted": self.accountant.num_releases,
                             "rounds_this_run": self.accountant.num_releases - accounted_before,
                             "stopped_by_budget": self.stop_reason is not None})
+        if not self.app_managed and self.accountant.num_releases == accounted_before and self.stop_reason is None:
+            nothing_accounted(num_rounds)  # library use (the ServerApp fails such a run itself, RunFailed)
         return result
 
     def partial_result(self) -> Result:

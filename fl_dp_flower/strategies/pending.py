@@ -30,3 +30,9 @@ class PendingRound:
 
 class ModelNotFinite(FlDpError, RuntimeError):
     """The aggregated global model has non-finite values: the run cannot continue."""
+
+
+class NothingAccounted(FlDpError, RuntimeError):
+    """A library run asked for rounds and accounted none, with no budget stop: every round was void
+    (no usable reply: refusals, errors, timeouts). Raised by ``start`` after the ``end`` event, so a
+    run that trained nothing never looks like a success."""

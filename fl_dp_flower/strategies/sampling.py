@@ -30,6 +30,7 @@ from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from fl_dp_flower.errors import FlDpError
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
+from fl_dp_flower.privacy.plan_rules import secure_contributor_problems
 from fl_dp_flower.privacy.records import AccountantConfig
 from fl_dp_flower.privacy.secure_aggregation import NOT_YET_CERTIFIABLE, SECURE_AGGREGATION_THREAT
 from fl_dp_flower.settings import DPSettings, FederationSettings
@@ -70,6 +71,9 @@ def check_plan(settings: DPSettings, config: AccountantConfig, federation: Feder
         if federation.clients_per_node != 1:
             raise ValueError(f"threat_model '{SECURE_AGGREGATION_THREAT}' needs one client per node (clients_per_node "
                              f"= 1, got {federation.clients_per_node}): cohorts do not upload the integer sum yet")
+        for problem in secure_contributor_problems(federation.clients_per_round, federation.min_replies,
+                                                   config.colluders):
+            raise ValueError(problem)  # before round 1: otherwise every round is abandoned, silently
     if config.sampling_rate != federation.accountant_sampling_rate:
         raise ValueError(f"the accountant's sampling_rate {config.sampling_rate!r} does not match the federation "
                          f"(client_sampling {federation.client_sampling!r}, sampling_rate {federation.sampling_rate!r}"

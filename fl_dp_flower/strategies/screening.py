@@ -77,6 +77,8 @@ class ScreeningRules:
     #: secure aggregation: every reply holds w_t + the average of the secure sum, not one upload, so only the
     #: echoes are checked (the magnitude and residual-noise checks describe one client's upload)
     secure_sum: bool = False
+    #: the run asserts L-smooth losses: FedProx's alpha must then exceed L (plan_rules.check_prox)
+    assume_smooth_losses: bool = True
 
 
 @dataclass(frozen=True)
@@ -113,7 +115,8 @@ def rules_for(planned: Applied, settings: DPSettings, plan: AccountantConfig, ch
                           smoothness=plan.smoothness, per_sample=settings.clipping == "per-sample",
                           echo_tolerance=checks.echo_tolerance, noise_check_alpha=checks.noise_check_alpha,
                           update_bound_alpha=checks.update_bound_alpha,
-                          secure_sum=plan.threat_model == "secure-aggregation")
+                          secure_sum=plan.threat_model == "secure-aggregation",
+                          assume_smooth_losses=plan.assume_smooth_losses)
 
 
 def _within(name: str, echoed: float, planned: float, tolerance: float) -> None:
@@ -150,7 +153,7 @@ def check_echo(echoed: Applied, rules: ScreeningRules) -> None:
         alpha = min(a for a in (echoed.prox_alpha, p.prox_alpha) if a is not None)
         etas = worst_step_sizes(echoed, rules)
         try:
-            check_prox("fedprox", alpha, rules.smoothness, max(etas))
+            check_prox("fedprox", alpha, rules.smoothness, max(etas), rules.assume_smooth_losses)
         except ValueError as err:
             raise Rejected(f"echoed FedProx settings break the preconditions of its bound: {err}") from None
 

@@ -34,15 +34,15 @@ from flwr.server.workflow.constant import Key as WorkflowKey
 from flwr.server.workflow.secure_aggregation.secaggplus_workflow import WorkflowState
 from flwr.serverapp import Grid
 
+from fl_dp_flower.privacy.plan_rules import SECAGG_HONEST_MINIMUM
 from fl_dp_flower.protocol import sum_grid_config
 from fl_dp_flower.training.secure_sum import FLOWER_LEVELS, FLOWER_MODULUS, FLOWER_RANGE, SumGrid, decode_sum
 
 __all__ = ["HONEST_MINIMUM", "SecAggGrid", "SecureRound"]
 
 log = logging.getLogger(__name__)
-#: the fewest contributors outside the coalition a sum is unmasked for: Flower 1.41 derives every mask from a
-#: 32-bit seed (numpy MT19937), so with <= 3 of them a server can brute-force the masks of one upload
-HONEST_MINIMUM = 4
+#: the fewest contributors outside the coalition a sum is unmasked for (privacy/plan_rules.py, the one rule)
+HONEST_MINIMUM = SECAGG_HONEST_MINIMUM
 
 
 @dataclass

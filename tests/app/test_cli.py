@@ -90,7 +90,7 @@ def test_per_sample_clipping_scales_by_theta_only_under_the_smoothness_assertion
         (["--sigma", "nan"], "--sigma"),
         (["--sigma", "1", "--local-steps", "0"], "--local-steps"),
         (["--sigma", "1", "--delta", "1.5"], "--delta"),
-        (["--sigma", "1", "--algorithm", "fedprox", "--prox-alpha", "0.5"], "--prox-alpha"),
+        (["--sigma", "1", "--algorithm", "fedprox", "--prox-alpha", "0.5", "--assume-smooth-losses"], "--prox-alpha"),
         (["--sigma", "1", "--algorithm", "fedprox", "--prox-alpha", "20"], "--lr"),
         (["--sigma", "1", "--per-sample-clipping", "--batch-size", "0"], "--batch-size"),
         (["--sigma", "auto"], "--target-epsilon"),
@@ -191,3 +191,23 @@ def test_colluding_clients_default_counts_only_the_other_participants(capsys):
     calib = _json(capsys, ["calibrate", *args, "--target-epsilon", "2", "--rounds", "100", "--json"])
     calib0 = _json(capsys, ["calibrate", *BASE, "--target-epsilon", "2", "--rounds", "100", "--json"])
     assert calib["sigma"] == pytest.approx(calib0["sigma"] * math.sqrt(20 / 19), rel=1e-9)
+
+
+def test_a_users_app_keys_are_ignored_with_a_note_and_known_keys_are_listed_cleanly(tmp_path, capsys):
+    """Issue 30 item 7: a user's own app (the digits example's keys: secure-aggregation, resume, ...) is planned,
+    its own keys ignored with a note on stderr; an unknown key typed on the command line is still refused, and
+    the list of known keys is not garbled ('clients-per-round (--clients-per-round)-per-node')."""
+    (tmp_path / "pyproject.toml").write_text('[tool.flwr.app.config]\n"local-steps" = 3\nsigma = 0.7\n'
+                                             'secagg = true\n"my-data-dir" = "/data"\n')
+    out = _json(capsys, ["calibrate", "--app", str(tmp_path), "--target-epsilon", "2", "--json"])
+    assert out["sigma"] > 0
+    assert main(["privacy", "--app", str(tmp_path), "--json"]) == 0
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    assert out["run_config"]["values"]["local-steps"] == 3 and out["sigma"] == 0.7
+    assert "note: ignoring run-config key(s) my-data-dir, secagg" in captured.err
+    with pytest.raises(SystemExit):
+        main(["privacy", "--run-config", "zzz-unknown=1"])
+    err = capsys.readouterr().err
+    assert "unknown run-config key 'zzz-unknown'" in err
+    assert "clients-per-node" in err and ")-per-node" not in err and ")-per-" not in err

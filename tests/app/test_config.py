@@ -67,8 +67,8 @@ BAD = [
     ("num-partitions", 0, "an integer >= 1"),
     ("test-fraction", 1.0, "a finite number > 0 and < 1"),
     ("target-epsilon", -1.0, "a finite number >= 0"),
-    ("delta", 0.0, "a finite number > 0 and < 1"),
-    ("delta", 1.0, "a finite number > 0 and < 1"),
+    ("delta", 0.0, "a finite number > 0 and < 0.1"),
+    ("delta", 0.5, "a finite number > 0 and < 0.1"),
     ("threat-model", "none", "one of 'all-rounds', 'final-model', 'curious-server'"),
     ("assume-smooth-losses", "maybe", "true or false"),
     ("colluding-clients", -1, "an integer >= 0"),
@@ -151,8 +151,11 @@ def test_numbers_from_cli_are_coerced():
 
 # ------------------------------------------------------------------ cross-field checks
 def test_fedprox_needs_alpha_above_smoothness():
+    """alpha > L where a certifying bound rests on L (assume-smooth-losses); otherwise any alpha > 0
+    (issue 30: composition rests on clipping alone; tests/privacy/test_fedprox_small_alpha.py)."""
     with pytest.raises(ConfigError, match=r"'prox-alpha' = 1.0: must be > 'smoothness' = 1.0"):
-        AppConfig.from_run_config({"algorithm": "fedprox", "prox-alpha": 1.0})
+        AppConfig.from_run_config({"algorithm": "fedprox", "prox-alpha": 1.0, "assume-smooth-losses": True})
+    assert AppConfig.from_run_config({"algorithm": "fedprox", "prox-alpha": 1.0}).accountant_config().prox_alpha == 1.0
     cfg = AppConfig.from_run_config({"algorithm": "fedprox", "prox-alpha": 2.0, "lr": 0.5})
     assert cfg.accountant_config().prox_alpha == 2.0
 
@@ -238,3 +241,9 @@ def test_final_model_refuses_colluders():
     assert cfg.accountant_config().colluders == 0
     with pytest.raises(ValueError, match="final-model' requires colluders = 0"):
         AccountantConfig(threat_model="final-model", assume_smooth_losses=True, colluders=2)
+
+
+def test_delta_must_be_below_one_over_the_clients_per_round():
+    """Issue 30: an implausible delta is refused naming the key (the accountant's rule, privacy/validate.py)."""
+    with pytest.raises(ConfigError, match=r"'delta' = 0.05: must be below 1/'clients-per-round' = 0.05"):
+        AppConfig.from_run_config({"delta": 0.05, "clients-per-round": 20})

@@ -146,7 +146,8 @@ def test_unfinished_round_charged_as_planned_and_not_applied_on_request(tmp_path
     assert contents.rounds[2]["record"]["applied"] is False
     assert contents.rounds[2]["metrics"] == {"dp-unfinished-accounted": 1}
     events = [e["event"] for e in contents.events]
-    assert events.index("torn-tail") < events.index("unfinished-round-accounted") < events.index("resume")
+    # the resume event comes first (verify accepts nothing else after a finished run's end; issue 30)
+    assert events.index("torn-tail") < events.index("resume") < events.index("unfinished-round-accounted")
     # composition and local DP: never fewer rounds, exactly the planned round's charge
     cfg = _config(tmp_path)
     ran = PrivacyAccountant(cfg.accountant_config())

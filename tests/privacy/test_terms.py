@@ -303,8 +303,8 @@ def test_round_terms_fedprox_matches_linear_loss_simulation():
 def test_round_terms_bad_inputs():
     rec = RoundRecord(round=1, algorithm="fedprox", step_sizes=[0.4], clip_norm=1.0, sigma=1.0,
                       weights=[1.0], prox_alpha=2.0)
-    with pytest.raises(ValueError, match="prox_alpha"):
-        round_terms(rec, 2.0)
+    at_L = round_terms(rec, 2.0)  # alpha <= L (issue 30): no rho (inf), the clipping-only sensitivity stays
+    assert at_L.log_rho == math.inf and at_L.client_sensitivity == pytest.approx(0.4 * 2.0, rel=1e-15)
     big = RoundRecord(round=1, algorithm="fedprox", step_sizes=[0.4, 0.6], clip_norm=1.0,
                       sigma=1.0, weights=[1.0], prox_alpha=2.0)
     with pytest.raises(ValueError, match="step_sizes"):

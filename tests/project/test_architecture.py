@@ -12,9 +12,9 @@ import pytest
 PRIVACY = [f"fl_dp_flower.privacy.{m}" for m in
            ("schedules", "records", "gdp", "terms", "planned_terms", "bounds", "closed_forms", "final_model",
             "planned_bounds", "accountant", "planning", "sampled", "secure_aggregation", "skellam", "plan_rules",
-            "running_sum")]
+            "running_sum", "preflight")]
 REPORTING = [f"fl_dp_flower.reporting.{m}" for m in ("ledger", "console", "prometheus", "plot", "durable",
-                                                                "logfilter")]
+                                                                "logfilter", "resume", "rounds")]
 
 
 def _loaded_after_import(modules: list[str]) -> set[str]:

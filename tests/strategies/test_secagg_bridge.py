@@ -76,9 +76,8 @@ def _run(tmp_path, nodes: int, dies: dict[int, str], *, min_contributors: int | 
     app = ClientApp(mods=[secaggplus_mod, secure_upload_mod])
     app.train()(recording_train)
     config = tiny_config(tmp_path, **{"clients-per-round": nodes, "num-partitions": nodes, "num-server-rounds": rounds,
-                                      **extra,
                                       "threat-model": threat_model, "colluding-clients": colluders,
-                                      "min-replies": min(nodes, colluders + 4)})
+                                      "min-replies": min(nodes, colluders + 4), **extra})
     model = build_model(config.dataset)
     initial = {k: v.numpy().copy() for k, v in model.state_dict().items()}
     values = sum(v.size for v in initial.values())
@@ -195,7 +194,9 @@ def test_a_coalition_as_large_as_the_secagg_threshold_is_refused(tmp_path, caplo
         tiny_config(tmp_path, **{"threat-model": "secure-aggregation", "clients-per-round": 8, "num-partitions": 8,
                                  "colluding-clients": 4, "min-replies": 8})
     caplog.set_level(logging.ERROR, logger="fl_dp_flower.strategies.secagg")
-    accountant, grid, seen, uploads, _, _ = _run(tmp_path, 8, {}, colluders=3, accountant_colluders=4)
+    # min-replies 8: the library's plan check (min_replies - colluders >= 4, issue 30) passes; the grid holds the line
+    accountant, grid, seen, uploads, _, _ = _run(tmp_path, 8, {}, colluders=3, accountant_colluders=4,
+                                                 **{"min-replies": 8})
     assert not grid.rounds[0].completed and seen == [] and uploads == {} and accountant.num_releases == 0
     assert any("reach SecAgg+'s reconstruction threshold 4" in r.getMessage() for r in caplog.records)
 

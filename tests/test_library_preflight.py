@@ -1,0 +1,59 @@
+"""Issue 30 item 5: the reference app's preflight (early budget stop and the sigma that would fit, a
+budget no round fits, noise that drowns the signal) for library users: a public function
+(fl_dp_flower.preflight_notes) and the strategy's log before round 1."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from flwr.app import ArrayRecord
+from flwr.clientapp import ClientApp
+
+from fl_dp_flower import (Budget, DPSettings, FederationSettings, NoisyFedAvg, PrivacyAccountant, dp_train,
+                          preflight_notes)
+from fl_dp_flower.privacy.planning import planned_run
+from fl_dp_flower.testing import LocalGrid, task_identity
+from tests.test_public_api import NODES, TinyNet, load_data
+
+SETTINGS = DPSettings(sigma=0.5, clip_norm=1.0, local_steps=2, batch_size=8, lr=0.1)
+PLAN = SETTINGS.accountant_config(clients=NODES)
+TEN_ROUNDS_EPS = planned_run(PLAN, 10).reports[-1].certified.epsilon
+
+
+def test_an_early_budget_stop_is_said_with_the_sigma_that_fits():
+    target = planned_run(PLAN, 3).reports[-1].certified.epsilon * 1.0001  # fits 3 of 10 planned rounds
+    [note] = preflight_notes(PLAN, 10, target_epsilon=target)
+    assert "stops the run after round 3 of 10" in note
+    sigma = float(note.rsplit("sigma >= ", 1)[1].split()[0])
+    # independent of the note's arithmetic: at that sigma the accountant's own replay trains all 10 rounds,
+    # 1% below it does not
+    assert not planned_run(dataclasses.replace(PLAN, sigma=sigma), 10, target).stopped_by_budget
+    assert planned_run(dataclasses.replace(PLAN, sigma=sigma * 0.99), 10, target).stopped_by_budget
+    assert preflight_notes(PLAN, 10, target_epsilon=TEN_ROUNDS_EPS * 1.0001) == []
+
+
+def test_a_budget_no_round_fits_and_drowning_noise_are_warned():
+    first = planned_run(PLAN, 1).reports[0].certified.epsilon
+    [note] = preflight_notes(PLAN, 10, target_epsilon=first / 2)
+    assert note.startswith("warning: budget epsilon") and "fits no round" in note
+    # 4 clients, sigma 5, 10,000 values: noise sqrt(10) * 5 * sqrt(10000 / 4) = 790 >> 10 rounds x 0.2
+    loud = dataclasses.replace(PLAN, sigma=5.0, clients=4)
+    [drown] = preflight_notes(loud, 10, dimension=10_000)
+    assert "the planned noise drowns the learning signal" in drown and "790.6" in drown
+    assert preflight_notes(PLAN, 10, dimension=10) == []
+
+
+def test_the_strategy_logs_the_preflight_before_round_1(caplog):
+    caplog.set_level(logging.WARNING)
+    target = planned_run(PLAN, 2).reports[-1].certified.epsilon * 1.0001
+    strategy = NoisyFedAvg(SETTINGS, PrivacyAccountant(PLAN), budget=Budget(target, PLAN.delta),
+                           federation=FederationSettings(clients_per_round=NODES, num_server_rounds=4))
+    app = ClientApp()
+    app.train()(dp_train(TinyNet, load_data))
+    with task_identity():
+        strategy.start(grid=LocalGrid(app, NODES), initial_arrays=ArrayRecord(TinyNet().state_dict()))
+    messages = [r.getMessage() for r in caplog.records]
+    said = next(i for i, m in enumerate(messages) if "preflight: warning: budget epsilon" in m)
+    assert "stops the run after round 2 of 4" in messages[said]
+    assert strategy.accountant.num_releases == 2
