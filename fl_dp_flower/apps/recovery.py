@@ -5,8 +5,9 @@
 - a full disk (ENOSPC, EDQUOT) anywhere in the run's writes becomes one message saying what
   happened, that nothing unaccounted was released, and how to resume;
 - an unfinished round (broadcast, no durable round line) is refused or charged by policy;
-- node exclusions (``node-excluded`` ledger events, ``max-node-refusals``) are carried across a
-  resume: a node excluded earlier in a run is not sampled again by its resume.
+- node exclusions (``node-excluded`` ledger events, ``max-node-refusals``) and partition claims
+  (``partition-claimed``) are carried across a resume: a node excluded earlier in a run is not
+  sampled again by its resume, and a contested partition id stays contested.
 """
 
 from __future__ import annotations
@@ -87,7 +88,9 @@ def disk_full_message(err: OSError, run_dir: Path) -> str:
 
 def restore_exclusions(strategy: NoisyStrategyMixin, events: list[dict[str, Any]]) -> None:
     """Nodes excluded (``node-excluded`` ledger events) before a resume stay excluded: a node that
-    refused ``max-node-refusals`` rounds in a row of this run is not sampled again by its resume."""
+    refused ``max-node-refusals`` rounds in a row of this run is not sampled again by its resume; the
+    partition claims of the run are restored too (``strategy.guard.restore``)."""
+    strategy.guard.restore(events)
     for event in events:
         if event.get("event") != NODE_EXCLUDED_EVENT:
             continue

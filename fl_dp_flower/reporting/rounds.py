@@ -30,7 +30,7 @@ from .ledger import PrivacyLedger
 from .prometheus import PrivacyMetricsExporter
 
 #: metric keys of the ``dp-*`` family kept in the ledger (the bounds are in the report already)
-LEDGER_DP_KEYS = ("dp-aggregated", "dp-dropped", "dp-echo-mismatch", "dp-unfinished-accounted",
+LEDGER_DP_KEYS = ("dp-aggregated", "dp-dropped", "dp-capped", "dp-echo-mismatch", "dp-unfinished-accounted",
                   "dp-epsilon-increase", "dp-expected-epsilon-increase")
 
 

@@ -17,4 +17,6 @@ FAILED_EVENT = "failed"  # the run's last line when the ServerApp raised
 CLOSING_EVENTS = (END_EVENT, FAILED_EVENT)
 BUDGET_STOP_EVENT = "budget-stop"
 NODE_EXCLUDED_EVENT = "node-excluded"
+NODE_CAPPED_EVENT = "node-capped"  # weighting "examples": a node capped max-node-refusals rounds in a row
+PARTITION_CLAIMED_EVENT = "partition-claimed"  # a node's first echoed dp.partition-id (one per node and run)
 UNFINISHED_ROUND_EVENT = "unfinished-round-accounted"
