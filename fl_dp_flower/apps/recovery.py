@@ -21,7 +21,7 @@ from typing import Any
 
 from fl_dp_flower import FlDpError
 from fl_dp_flower.config import AppConfig
-from fl_dp_flower.reporting.ledger import NODE_EXCLUDED_EVENT, LedgerContents
+from fl_dp_flower.reporting.ledger import LEDGER_FILE, NODE_EXCLUDED_EVENT, LedgerContents
 from fl_dp_flower.strategies.noisy import NodeRefusals, NoisyStrategyMixin
 
 log = logging.getLogger("flwr").getChild(__name__)  # Flower's handlers: shows in `flwr log`
@@ -78,6 +78,12 @@ def disk_full_cause(exc: BaseException) -> OSError | None:
 
 def disk_full_message(err: OSError, run_dir: Path) -> str:
     what = f" while writing {err.filename}" if err.filename else ""
+    ledger = run_dir / LEDGER_FILE
+    if not ledger.exists() or ledger.stat().st_size == 0:  # the ledger's creation is whole or nothing
+        return (f"disk full ({errno.errorcode.get(err.errno or 0, err.errno)}: {err.strerror}){what}: the run "
+                f"stopped before its privacy ledger {ledger} was created, so no round was opened and nothing was "
+                f"spent. Free space on the file system of {run_dir}, then submit the same run config again "
+                "(resume = false, or resume = true if the run was a resume: an empty ledger is replaced).")
     return (f"disk full ({errno.errorcode.get(err.errno or 0, err.errno)}: {err.strerror}){what}: the run stopped. "
             "Nothing unaccounted was released: every round is written to the ledger (fsynced) before its model "
             "is broadcast or saved, so the ledger holds every round that may have been spent. Free space on the "

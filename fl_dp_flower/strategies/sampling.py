@@ -185,9 +185,10 @@ class NodeSampling:
     @property
     def set_aside_nodes(self) -> dict[int, str]:
         """Claimants of a contested partition id (not sampled, not refusing), with the contest."""
-        strategy: Any = self  # NoisyStrategyMixin: guard
+        guard = getattr(self, "guard", None)  # NoisyStrategyMixin's ReplyGuard (none on a bare sampler)
+        contested: dict[int, tuple[int, ...]] = guard.contested if guard is not None else {}
         return {n: f"{protocol.PARTITION_ID} = {p} claimed by nodes {', '.join(map(str, nodes))}"
-                for p, nodes in strategy.guard.contested.items() for n in nodes}
+                for p, nodes in contested.items() for n in nodes}
 
     def _screen_replies(self, replies: list[Message], pending: Any, dropped: list[tuple[int, str, bool]]) -> list[Usable]:
         """The round's reply checks, one pipeline for ``aggregate_train`` and the secure-aggregation admission:

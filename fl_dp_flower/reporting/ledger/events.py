@@ -4,6 +4,7 @@ and every consumer (verify, watch, replay, resume, plot, Prometheus) read them t
 
 from __future__ import annotations
 
+LEDGER_FILE = "ledger.jsonl"  # a run folder's ledger
 SCHEMA = 2  # written by this version: hash-chained lines
 SCHEMAS = (1, 2)  # read: 1 = before the chain
 TORN_TAIL_EVENT = "torn-tail"
