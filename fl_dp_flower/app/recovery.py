@@ -4,8 +4,9 @@
   ServerApp log at ERROR (`flwr log`), once;
 - a full disk (ENOSPC, EDQUOT) anywhere in the run's writes becomes one message saying what
   happened, that nothing unaccounted was released, and how to resume;
-- node exclusions (``node-excluded`` ledger events, ``max-node-refusals``) are carried across a
-  resume: a node excluded earlier in a run is not sampled again by its resume.
+- node exclusions (``node-excluded`` ledger events, ``max-node-refusals``) and partition claims
+  (``partition-claimed``) are carried across a resume: a node excluded earlier in a run is not
+  sampled again by its resume, and a contested partition id stays contested.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from fl_dp_flower import FlDpError
-from fl_dp_flower.reporting.ledger import NODE_EXCLUDED_EVENT
+from fl_dp_flower.reporting.ledger import LEDGER_FILE, NODE_EXCLUDED_EVENT
 from fl_dp_flower.strategies.noisy import NodeRefusals, NoisyStrategyMixin
 
 log = logging.getLogger("flwr").getChild(__name__)  # Flower's handlers: shows in `flwr log`
@@ -75,6 +76,12 @@ def disk_full_cause(exc: BaseException) -> OSError | None:
 
 def disk_full_message(err: OSError, run_dir: Path) -> str:
     what = f" while writing {err.filename}" if err.filename else ""
+    ledger = run_dir / LEDGER_FILE
+    if not ledger.exists() or ledger.stat().st_size == 0:  # the ledger's creation is whole or nothing
+        return (f"disk full ({errno.errorcode.get(err.errno or 0, err.errno)}: {err.strerror}){what}: the run "
+                f"stopped before its privacy ledger {ledger} was created, so no round was opened and nothing was "
+                f"spent. Free space on the file system of {run_dir}, then submit the same run config again "
+                "(resume = false, or resume = true if the run was a resume: an empty ledger is replaced).")
     return (f"disk full ({errno.errorcode.get(err.errno or 0, err.errno)}: {err.strerror}){what}: the run stopped. "
             "Nothing unaccounted was released: every round is written to the ledger (fsynced) before its model "
             "is broadcast or saved, so the ledger holds every round that may have been spent. Free space on the "
@@ -85,7 +92,9 @@ def disk_full_message(err: OSError, run_dir: Path) -> str:
 
 def restore_exclusions(strategy: NoisyStrategyMixin, events: list[dict[str, Any]]) -> None:
     """Nodes excluded (``node-excluded`` ledger events) before a resume stay excluded: a node that
-    refused ``max-node-refusals`` rounds in a row of this run is not sampled again by its resume."""
+    refused ``max-node-refusals`` rounds in a row of this run is not sampled again by its resume; the
+    partition claims of the run are restored too (``strategy.guard.restore``)."""
+    strategy.guard.restore(events)
     for event in events:
         if event.get("event") != NODE_EXCLUDED_EVENT:
             continue

@@ -157,7 +157,7 @@ def _open_ledger(config: AppConfig, run_dir: Path) -> tuple[PrivacyLedger, Priva
     """
     acct_cfg = config.accountant_config()
     path = run_dir / LEDGER
-    if not config.resume:
+    if not config.resume or (path.exists() and path.stat().st_size == 0):  # empty: creation interrupted, nothing spent
         ledger = PrivacyLedger.create(path, accountant_config=acct_cfg.to_dict(), app_config=config.to_run_config())
         return ledger, PrivacyAccountant(acct_cfg), None
     _require_ledger(path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -70,6 +71,44 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
         Path(tmp).unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+def create_whole(path: Path, data: bytes) -> bool:
+    """Create ``path`` holding ``data``, whole or not at all, never over a non-empty file: ``data`` goes to
+    an owner-only temp file in the same folder, fsynced, then hard-linked to ``path`` (which fails if
+    ``path`` exists) and the folder fsynced. A full disk leaves no ``path`` (and no temp file). An
+    existing *empty* ``path`` (a creation an older writer left half done) is replaced: returns True then.
+    Raises FileExistsError for any other existing ``path``. On a file system without hard links, the
+    temp file is renamed to ``path`` after checking that it does not exist."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # mode 0600
+    replaced = False
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            if path.stat().st_size != 0:
+                raise
+            os.replace(tmp, path)
+            replaced = True
+        except OSError as err:
+            if err.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
+                raise
+            if path.exists() and path.stat().st_size != 0:
+                raise FileExistsError(errno.EEXIST, "File exists", str(path)) from None
+            replaced = path.exists()
+            os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    fsync_dir(path.parent)
+    return replaced
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

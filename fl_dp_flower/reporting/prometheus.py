@@ -28,11 +28,13 @@ Exposure: the endpoint binds ``127.0.0.1`` unless told otherwise. ``certfile``/`
 serve it over HTTPS (TLS 1.2+), and ``auth_file`` (lines ``user:password``, owner-only)
 requires HTTP basic auth; a scrape without valid credentials gets 401 and no numbers.
 
-Hardening: at most ``max_connections`` connections are served at once (one thread each; one
-beyond the cap is closed at once), every connection is cut after ``connection_seconds`` in all
-(a client that trickles its request or stalls its TLS handshake holds a thread no longer), and a
-connection that fails (a refused handshake, a scraper that hangs up before reading) is logged in
-one line of the ServerApp log, never as a traceback.
+Hardening (:mod:`.metrics_server`): at most ``max_connections`` connections are served at once (one
+thread each); a connection that has not sent its request within ``handshake_seconds`` (idle, a
+stalled TLS handshake, a trickled request) is cut, and when the cap is reached a new connection
+evicts the oldest one still waiting for its request, so idle connections cannot keep a scraper out;
+every connection is cut after ``connection_seconds`` in all; a connection that fails is logged in
+one line of the ServerApp log, never as a traceback, at most one line a minute (with the count of
+the others).
 """
 
 from __future__ import annotations
@@ -40,26 +42,18 @@ from __future__ import annotations
 import base64
 import hmac
 import json
-import logging
 import os
-import socket
 import ssl
-import sys
 import threading
 from pathlib import Path
-from socketserver import ThreadingMixIn
 from typing import Any, Iterable, cast
-from wsgiref.simple_server import (
-    ServerHandler,
-    WSGIRequestHandler,
-    WSGIServer,
-    make_server,
-)
+from wsgiref.simple_server import make_server
 
 from prometheus_client import CollectorRegistry, Gauge, Info, make_wsgi_app
 
+from .metrics_server import QuietHandler, ThreadingServer
+
 _NAN = float("nan")
-log = logging.getLogger("flwr").getChild(__name__)  # Flower's handlers: the ServerApp log
 
 
 def read_basic_auth_file(path: str | os.PathLike[str]) -> dict[str, str]:
@@ -107,117 +101,18 @@ def _basic_auth(app, users: dict[str, str]):
     return wrapped
 
 
-def _one_line(err: BaseException | None) -> str:
-    return f"{type(err).__name__}: {err}" if err is not None else "unknown error"
-
-
-class _ThreadingServer(ThreadingMixIn, WSGIServer):
-    """One thread per connection, at most ``max_connections`` at a time; a connection beyond the
-    cap is closed at once. Each connection is cut after ``connection_seconds`` in total, so a
-    client that trickles its request (or never finishes a TLS handshake) holds a slot no longer."""
-
-    daemon_threads = True
-
-    def limit(self, max_connections: int, connection_seconds: float) -> None:
-        """Set the caps (before :meth:`serve_forever`)."""
-        if max_connections < 1 or not connection_seconds > 0:
-            raise ValueError(f"metrics endpoint: max_connections must be >= 1 and connection_seconds > 0, got "
-                             f"{max_connections} and {connection_seconds}")
-        self.max_connections, self.connection_seconds = max_connections, connection_seconds
-        self._slots = threading.BoundedSemaphore(max_connections)
-        self.refused_connections = 0
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            self.refused_connections += 1
-            if self.refused_connections == 1 or self.refused_connections % 100 == 0:
-                log.warning("metrics endpoint: %d concurrent connections (the cap): closed the connection from "
-                            "%s (%d refused so far)", self.max_connections, _peer(client_address),
-                            self.refused_connections)
-            self.shutdown_request(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._slots.release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        watchdog = threading.Timer(self.connection_seconds, _cut, (request,))
-        watchdog.daemon = True
-        watchdog.start()
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            watchdog.cancel()
-            self._slots.release()
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """One log line for a failed connection (a failed TLS handshake, a dropped scraper), never a
-        traceback: it is not the run's business, and the log is the operator's."""
-        log.info("metrics endpoint: connection from %s failed: %s", _peer(client_address),
-                 _one_line(sys.exc_info()[1]))
-
-
-def _peer(client_address: Any) -> str:
-    try:
-        return f"{client_address[0]}:{client_address[1]}"
-    except (TypeError, IndexError):
-        return str(client_address)
-
-
-def _cut(sock: socket.socket) -> None:
-    """Unblock every read or write on ``sock`` (the connection's thread then ends)."""
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-
-
-class _OneLineServerHandler(ServerHandler):
-    def log_exception(self, exc_info: Any) -> None:
-        handler = getattr(self, "request_handler", None)
-        peer = _peer(handler.client_address) if handler is not None else "?"
-        log.info("metrics endpoint: connection from %s ended early: %s", peer, _one_line(exc_info[1]))
-
-
-class _QuietHandler(WSGIRequestHandler):
-    timeout = 10  # seconds a single read or write may stall (also bounds the TLS handshake)
-
-    def setup(self) -> None:
-        if isinstance(self.request, ssl.SSLSocket):  # handshake in this connection's thread, not in
-            self.request.settimeout(self.timeout)    # the accept loop: a stalled client blocks no one
-            self.request.do_handshake()
-        super().setup()
-
-    def handle(self) -> None:
-        """:meth:`WSGIRequestHandler.handle` with a WSGI handler that logs a failed response in one
-        line instead of printing its traceback to stderr (the ServerApp's log)."""
-        self.raw_requestline = self.rfile.readline(65537)
-        if len(self.raw_requestline) > 65536:
-            self.requestline, self.request_version, self.command = "", "", ""
-            self.send_error(414)
-            return
-        if not self.parse_request():
-            return
-        handler: Any = _OneLineServerHandler(self.rfile, cast(Any, self.wfile), self.get_stderr(),
-                                             self.get_environ(), multithread=False)
-        handler.request_handler = self
-        handler.run(cast(Any, self.server).get_app())
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (stdlib signature)
-        pass
-
-
 class PrivacyMetricsExporter:
     """Serve the accountant's numbers at ``http(s)://<addr>:<port>/metrics``.
 
     ``port=0`` binds a free port; the bound port is :attr:`port`. ``certfile`` and ``keyfile``
-    (PEM) turn on TLS; ``auth_file`` turns on HTTP basic auth (see the module docstring).
+    (PEM) turn on TLS; ``auth_file`` turns on HTTP basic auth; ``max_connections``,
+    ``connection_seconds`` and ``handshake_seconds`` (capped at ``connection_seconds``) are the
+    hardening's limits (see the module docstring).
     """
 
     def __init__(self, port: int, addr: str = "127.0.0.1", *, certfile: str = "", keyfile: str = "",
-                 auth_file: str = "", max_connections: int = 16, connection_seconds: float = 30.0) -> None:
+                 auth_file: str = "", max_connections: int = 16, connection_seconds: float = 30.0,
+                 handshake_seconds: float = 3.0) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self._rounds = Gauge("fl_dp_rounds_completed", "Rounds accounted so far", registry=r)
@@ -262,14 +157,14 @@ class PrivacyMetricsExporter:
         app = make_wsgi_app(self.registry)
         if auth_file:
             app = _basic_auth(app, read_basic_auth_file(auth_file))
-        server = cast(_ThreadingServer, make_server(addr, port, app, _ThreadingServer, handler_class=_QuietHandler))
-        server.limit(max_connections, connection_seconds)
+        server = cast(ThreadingServer, make_server(addr, port, app, ThreadingServer, handler_class=QuietHandler))
+        server.limit(max_connections, connection_seconds, min(handshake_seconds, connection_seconds))
         if certfile or keyfile:
             ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             ctx.minimum_version = ssl.TLSVersion.TLSv1_2
             ctx.load_cert_chain(certfile, keyfile)
             server.socket = ctx.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
-        self._server: _ThreadingServer | None = server
+        self._server: ThreadingServer | None = server
         self._thread = threading.Thread(target=server.serve_forever, daemon=True)
         self._thread.start()
         self.addr = addr

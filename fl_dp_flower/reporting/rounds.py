@@ -31,7 +31,7 @@ from .prometheus import PrivacyMetricsExporter
 from .resume import UnfinishedRound, resume_ledger
 
 #: metric keys of the ``dp-*`` family kept in the ledger (the bounds are in the report already)
-LEDGER_DP_KEYS = ("dp-aggregated", "dp-dropped", "dp-echo-mismatch", "dp-unfinished-accounted",
+LEDGER_DP_KEYS = ("dp-aggregated", "dp-dropped", "dp-capped", "dp-echo-mismatch", "dp-unfinished-accounted",
                   "dp-epsilon-increase", "dp-expected-epsilon-increase")
 
 

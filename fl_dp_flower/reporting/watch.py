@@ -33,6 +33,10 @@ _EVENT_TEXT = {
     ev.BUDGET_STOP_EVENT: lambda d: f"budget stop: {d.get('reason', '')}",
     ev.NODE_EXCLUDED_EVENT: lambda d: f"node {d.get('node_id')} excluded after {d.get('consecutive_refusals')} "
                                f"refusals: {d.get('reason', '')}",
+    ev.PARTITION_CLAIMED_EVENT: lambda d: f"partition-id {d.get('partition_id')} contested by nodes {d.get('nodes')}: "
+                                   "their replies are dropped, none is sampled again",
+    ev.NODE_CAPPED_EVENT: lambda d: f"node {d.get('node_id')} flagged: num-examples {d.get('claimed')} capped "
+                             f"{d.get('consecutive')} rounds in a row (weighted as {d.get('weighted_as')})",
     ev.ROUND_VOID_EVENT: lambda d: f"round {d.get('round')} voided ({d.get('reason')})",
     ev.TORN_TAIL_EVENT: lambda d: f"torn line {d.get('line')} found on resume",
     ev.UNFINISHED_ROUND_EVENT: lambda d: f"round {d.get('round')} charged as planned, not applied (unfinished)",
@@ -54,6 +58,7 @@ class RunView:
     ended: bool = False
     last_time: str | None = None
     resumed_plan: dict[str, Any] = field(default_factory=dict)  # the latest resume event's "plan"
+    claims: dict[Any, set[Any]] = field(default_factory=dict)  # partition id -> nodes (partition-claimed events)
 
     def add(self, entry: dict[str, Any]) -> None:
         self.last_time = entry.get("time", self.last_time)
@@ -68,6 +73,12 @@ class RunView:
             name, data = entry.get("event", ""), entry.get("data") or {}
             if name == ev.ROUND_OPEN_EVENT:
                 return
+            if name == ev.PARTITION_CLAIMED_EVENT:  # shown only when a claim contests a partition id
+                nodes = self.claims.setdefault(data.get("partition_id"), set())
+                nodes.add(data.get("node_id"))
+                if len(nodes) < 2:
+                    return
+                data = {**data, "nodes": ", ".join(map(str, sorted(nodes, key=str)))}
             if name == ev.RESUME_EVENT and isinstance(data.get("plan"), dict):
                 self.resumed_plan = dict(data["plan"])  # a resume may plan fewer or more rounds
             self.ended = name in ev.CLOSING_EVENTS or (self.ended and name != ev.RESUME_EVENT)

@@ -2,10 +2,19 @@
 
 - **Duplicate partition ids**: each ClientApp echoes its node config's ``partition-id`` as
   ``dp.partition-id``. Two nodes given the same partition train on the same data, which breaks
-  the one-sample-of-one-client unit of every bound (a sample would sit in two clients). The
-  first node to echo a partition id owns it for the run; a reply of another node echoing the
-  same id is dropped as a refusal (so that node is excluded after ``max-node-refusals``). Only
-  a misconfiguration is caught: a hostile node can echo any id (docs/MATH.md §17).
+  the one-sample-of-one-client unit of every bound (a sample would sit in two clients). Once a
+  second node claims a partition id (in the same round or any later one), the id is *contested*
+  for the rest of the run: the replies of **all** its claimants are dropped, none counts as a
+  refusal, and the sampler sets the claimants aside (:mod:`.sampling`: none of their replies could
+  be used). The server cannot tell a misconfigured node from one that lies (a hostile node can echo
+  any id, docs/MATH.md §17), so it never takes the first claimant's word: under the old rule (the
+  first node to echo an id owns it) a fast liar echoing an honest site's id evicted that site, was
+  named as its owner, and kept its weight. Now a liar costs the run its victim's data and its own,
+  and the ERROR names both without taking sides. Before the contest at most one node's replies for
+  the id were accepted, after it none, so the partition's data reached the model through one client
+  at most. A node that echoes a partition id other than its first is dropped as a refusal (a node's
+  partition does not change within a run), so a liar can contest one id only. Claims are
+  ``partition-claimed`` ledger events, restored on resume (:meth:`ReplyGuard.restore`).
 - **Accountant errors per reply**: a reply whose echoes (accepted within ``echo-tolerance``)
   make the round's terms fail (ValueError, OverflowError, any ArithmeticError) is dropped as a
   refusal, so no reply can fail the run. Replies echoing exactly the plan are never the cause
@@ -16,7 +25,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord
@@ -25,11 +35,13 @@ from fl_dp_flower import protocol
 from fl_dp_flower.errors import FlDpError
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.privacy.records import RoundRecord
+from fl_dp_flower.reporting.ledger.events import PARTITION_CLAIMED_EVENT
 
 from .echo import Applied
 from .replies import Usable, mismatches
 
 Dropped = list[tuple[int, str, bool]]
+Event = Callable[[str, dict[str, Any]], None]
 ACCOUNTANT_ERRORS = (ValueError, ArithmeticError)  # OverflowError is an ArithmeticError
 
 
@@ -43,25 +55,73 @@ class UnaccountableSum(FlDpError, RuntimeError):
 
 
 class ReplyGuard:
-    """Run-long state of the round-level guards (partition owners)."""
+    """Run-long state of the round-level guards (partition claims)."""
 
-    def __init__(self, accountant: PrivacyAccountant, log: logging.Logger) -> None:
+    def __init__(self, accountant: PrivacyAccountant, log: logging.Logger, event: Event | None = None) -> None:
         self.accountant = accountant
         self.log = log
-        self.partition_owner: dict[int, int] = {}  # partition id -> the node that echoed it first
+        self.event = event  # the strategy's ledger events (partition claims)
+        self.node_partition: dict[int, int] = {}  # node -> the partition id it echoed first
+        self.claimants: dict[int, set[int]] = {}  # partition id -> the nodes that claimed it
 
-    def check_partitions(self, usable: list[Usable], dropped: Dropped) -> list[Usable]:
-        """Drop (into ``dropped``, as refusals) replies echoing another node's partition id."""
+    @property
+    def contested(self) -> dict[int, tuple[int, ...]]:
+        """Partition ids claimed by more than one node, with their claimants."""
+        return {p: tuple(sorted(nodes)) for p, nodes in self.claimants.items() if len(nodes) > 1}
+
+    def _claim(self, node: int, partition: int, server_round: int) -> None:
+        self.node_partition[node] = partition
+        nodes = self.claimants.setdefault(partition, set())
+        nodes.add(node)
+        if self.event is not None:
+            self.event(PARTITION_CLAIMED_EVENT, {"partition_id": partition, "node_id": node, "round": server_round})
+        if len(nodes) > 1:
+            self.log.error(
+                "round %d: %s = %d is claimed by nodes %s: two nodes with one partition break the one-client unit of "
+                "the bounds. The server cannot tell which node is misconfigured or lying, so every claimant's "
+                "replies are dropped and no claimant is sampled again in this run; none counts as a refusal. "
+                "Check the partition-id in the node config of each of these nodes; a node you do not operate "
+                "that claims your partition may be lying (revoke its SuperNode key)", server_round,
+                protocol.PARTITION_ID, partition, ", ".join(map(str, sorted(nodes))))
+
+    def restore(self, events: Iterable[dict[str, Any]]) -> None:
+        """A resume keeps the run's partition claims (``partition-claimed`` ledger events)."""
+        for entry in events:
+            if entry.get("event") == PARTITION_CLAIMED_EVENT:
+                data = entry.get("data") or {}
+                node, partition = int(data["node_id"]), int(data["partition_id"])
+                self.node_partition.setdefault(node, partition)
+                self.claimants.setdefault(partition, set()).add(node)
+        for partition, nodes in sorted(self.contested.items()):
+            self.log.error("resume: %s = %d stays contested (claimed by nodes %s): they are not sampled",
+                           protocol.PARTITION_ID, partition, ", ".join(map(str, nodes)))
+
+    def check_partitions(self, usable: list[Usable], dropped: Dropped, server_round: int = 0) -> list[Usable]:
+        """Drop (into ``dropped``) replies echoing a contested partition id (not refusals) or a partition id
+        other than their node's first (refusals); record this round's new claims first."""
+        changed = set()
+        for u in usable:
+            if u.partition_id is None:
+                continue
+            first = self.node_partition.get(u.node_id)
+            if first is None:
+                self._claim(u.node_id, u.partition_id, server_round)
+            elif first != u.partition_id:
+                changed.add(u.node_id)
+        contested = self.contested
         kept = []
         for u in usable:
-            if u.partition_id is not None:
-                owner = self.partition_owner.setdefault(u.partition_id, u.node_id)
-                if owner != u.node_id:
-                    why = (f"{protocol.PARTITION_ID} = {u.partition_id} is already node {owner}'s: two nodes with one "
-                           "partition break the one-client unit of the bounds (fix the node config's partition-id)")
-                    dropped.append((u.node_id, why, True))
-                    continue
-            kept.append(u)
+            if u.node_id in changed:
+                why = (f"{protocol.PARTITION_ID} = {u.partition_id} differs from the {protocol.PARTITION_ID} = "
+                       f"{self.node_partition[u.node_id]} it echoed first: a node's partition does not change within a run")
+                dropped.append((u.node_id, why, True))
+            elif u.partition_id in contested:
+                why = (f"{protocol.PARTITION_ID} = {u.partition_id} is contested (claimed by nodes "
+                       f"{', '.join(map(str, contested[u.partition_id]))}): every claimant's reply is dropped, "
+                       "not counted as a refusal")
+                dropped.append((u.node_id, why, False))
+            else:
+                kept.append(u)
         return kept
 
     def _fails(self, record_of: Callable[[list[Usable]], RoundRecord], usable: list[Usable]) -> str | None:

@@ -47,7 +47,7 @@ from .pending import ModelNotFinite, PendingRound
 from .preflight import check_budget_delta, log_preflight, nothing_accounted
 from .sampling import NodeRefusals, NodeSampling, check_plan
 from .echo import Applied
-from .replies import average_metrics, member_id, mismatches, reconcile, weights_for
+from .replies import average_metrics, member_id, mismatches, reconcile
 from .screening import ReplyChecks, ScreeningRules, rules_for
 from .server_opt import ServerUpdate
 
@@ -99,7 +99,7 @@ class NoisyStrategyMixin(NodeSampling):
         self._closed: tuple[int, MetricRecord | None] | None = None  # round closed before its evaluation
         self._train_metrics: dict[int, MetricRecord] = {}  # the Result so far, per server round
         self._eval_metrics: dict[int, MetricRecord] = {}
-        self.guard = ReplyGuard(accountant, log)  # duplicate partition ids, per-reply accountant errors
+        self.guard = ReplyGuard(accountant, log, self._event)  # partition claims, per-reply accountant errors
         self.residual_energies: list[tuple[int, int, float | None]] = []  # (round, node, E): tests, never published
         self.diverged: str | None = None
         self.server_update = ServerUpdate(federation, accountant.config.threat_model)  # refused under final-model
@@ -225,16 +225,13 @@ class NoisyStrategyMixin(NodeSampling):
                 server_round, arrived, self.federation.min_replies, arrived,
             )
         metrics = {**(average_metrics(usable, weights) if usable else {}), **dp_metrics(report), "dp-aggregated": int(aggregated),
-                   "dp-dropped": len(dropped), "dp-echo-mismatch": self._last_mismatch,
+                   "dp-dropped": len(dropped), "dp-capped": self._last_capped, "dp-echo-mismatch": self._last_mismatch,
                    "dp-epsilon-increase": report.certified.epsilon - before,
                    "dp-expected-epsilon-increase": expected - before}
         # global_arrays (what a stop saves as the final model) changes only once the round line is durable
         pending.record, pending.report, pending.metrics = record, report, metrics
         self._train_metrics[server_round] = MetricRecord(metrics)  # the Result's: every dp-* number (start)
         return arrays, MetricRecord(without_dp_metrics(metrics))  # what Flower prints every round and at the end
-
-    def _weights(self, usable: list) -> tuple[float, ...]:
-        return weights_for(usable, self.federation.weighting, self.reply_checks.examples_cap_ratio)
 
     def _screening_rules(self, planned: Applied) -> ScreeningRules:
         """The reply checks of this round (:class:`ReplyChecks`: the library's defaults unless given)."""

@@ -23,10 +23,10 @@ from itertools import zip_longest
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, Message, MetricRecord
+from flwr.common.constant import ErrorCode
 
 from fl_dp_flower.privacy.schedules import step_sizes
 from fl_dp_flower import protocol
-from fl_dp_flower.protocol import REFUSAL_CODE, REFUSAL_PREFIX
 
 from .echo import Applied, metric_number, parse_applied
 from .screening import Rejected, ScreeningRules, check_reply, reference_norm
@@ -34,6 +34,8 @@ from .screening import Rejected, ScreeningRules, check_reply, reference_norm
 log = logging.getLogger("flwr").getChild(__name__)  # Flower's handlers: shows in `flwr log`
 
 SUPERLINK_NODE_ID = 1  # src_node_id of error replies the SuperLink makes (timeouts, dead nodes)
+#: codes of the error replies the SuperLink makes for a node (message expired, node gone): the node did not answer
+SUPERLINK_ERROR_CODES = (ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE, ErrorCode.NODE_UNAVAILABLE)
 
 @dataclass(frozen=True)
 class Usable:
@@ -71,11 +73,6 @@ def _signature(arrays: ArrayRecord) -> dict[str, tuple[tuple[int, ...], str]]:
     return {k: (tuple(a.shape), str(a.dtype)) for k, a in arrays.items()}
 
 
-def is_refusal(msg: Message) -> bool:
-    """Whether an error reply is a node's refusal (its guardrails or policy), not a failure."""
-    return msg.has_error() and msg.error.code == REFUSAL_CODE and msg.error.reason.startswith(REFUSAL_PREFIX)
-
-
 def addressee(msg: Message, by_message_id: Mapping[str, int]) -> int:
     """The node a reply answers for: the addressee of the instruction it replies to.
 
@@ -99,6 +96,11 @@ def screen(
     exactly those in ``dp.members``, and carries their summed uploads.
     ``rules``: the echo bounds, update-magnitude and residual-noise checks of :mod:`.screening`;
     a reply they reject is dropped as a refusal of its node.
+
+    ``is_refusal`` (counts towards ``max-node-refusals``) is true for every reply a node sent in answer to
+    its own instruction: a refusal, an error reply of its ClientApp, a malformed reply (records, keys,
+    values, ``num-examples``), a rejected one; false for what the node did not send (the SuperLink's
+    error replies for a node that is gone or too late, a reply sent by another node) and for a duplicate.
     """
     usable: list[Usable] = []
     dropped: list[tuple[int, str, bool]] = []
@@ -108,15 +110,19 @@ def screen(
     by_message_id = {mid: node for node, mid in asked.items() if mid}
     for msg in replies:
         node = addressee(msg, by_message_id)
+        own = node in asked and int(msg.metadata.src_node_id) == node  # the node's answer to its instruction
+        counts = False  # whether a drop counts towards the node's exclusion
         try:
             if msg.has_error():
+                counts = own and msg.error.code not in SUPERLINK_ERROR_CODES
                 raise ValueError(f"error reply (code {msg.error.code}): {msg.error.reason}")
             if node not in asked:
                 raise ValueError("reply from a node that was not asked this round")
-            if int(msg.metadata.src_node_id) != node:
+            if not own:
                 raise ValueError(f"reply sent by node {msg.metadata.src_node_id} for the instruction of node {node}")
             if node in seen:
                 raise ValueError("duplicate reply")
+            counts = True  # from here on: a malformed answer of the node itself
             content = msg.content
             if arrays_key not in content.array_records or len(content.array_records) != 1:
                 raise ValueError(f"expected exactly one ArrayRecord {arrays_key!r}")
@@ -143,7 +149,7 @@ def screen(
             dropped.append((node, str(err), True))  # a screening rule: counts towards exclusion
             continue
         except ValueError as err:
-            dropped.append((node, str(err), is_refusal(msg)))
+            dropped.append((node, str(err), counts))
             continue
         seen.add(node)
         usable.append(Usable(node, arrays, metrics, applied, int(n), members, energy, partition))

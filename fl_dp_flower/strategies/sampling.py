@@ -8,10 +8,20 @@ divided by q N_t (a sum mechanism, docs/MATH.md §19). A Poisson round that samp
 from which nothing usable arrives, keeps the global model and is accounted all the same (with no
 contribution: the amplified bound charges it as if the target alone might have taken part).
 
-A node that refuses (``Error`` reply from its guardrails or policy) ``max-node-refusals`` rounds in
-a row is no longer sampled (logged at ERROR, reported in the summary and as a ``node-excluded``
-ledger event). When fewer eligible nodes than ``clients-per-round`` remain, every eligible node is
-sampled; when fewer than ``min-replies`` remain, the run fails with :class:`NotEnoughNodes`.
+A node that refuses (``Error`` reply from its guardrails or policy, or any reply of its own that
+screening drops: malformed, rejected) ``max-node-refusals`` rounds in a row is no longer sampled
+(logged at ERROR, reported in the summary and as a ``node-excluded`` ledger event). The claimants of
+a contested partition id (:mod:`.guard`) are set aside: not sampled, since none of their replies
+could be used (a secure sum with one of them would never be unmasked), and not counted as refusing.
+When fewer eligible nodes than ``clients-per-round`` remain, every eligible node is sampled; when
+fewer than ``min-replies`` remain, the run fails with :class:`NotEnoughNodes`.
+
+``weighting = "examples"``: a node whose num-examples is capped (``examples-cap-ratio`` times the
+round's median claim) in ``max-node-refusals`` of its usable replies in a row is *flagged*, not
+excluded (a site may truly hold ten times the median): an ERROR naming it and its claim, a
+``node-capped`` ledger event, its counts in the summary's ``node_refusals``; every round's ``dp-capped``
+metric counts its capped replies. The accountant uses the capped weights as aggregated, so the
+bound stays sound; what the flag says is that one node steers most of the model.
 """
 
 from __future__ import annotations
@@ -28,6 +38,8 @@ from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
+from fl_dp_flower import protocol
+from .screening import ReplyChecks
 from fl_dp_flower.errors import FlDpError
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.privacy.plan_rules import secure_contributor_problems
@@ -37,7 +49,7 @@ from fl_dp_flower.settings import DPSettings, FederationSettings
 
 from .guard import UnaccountableSum
 from .nodes import warn_until_enough_nodes
-from .replies import Usable, average_arrays, screen
+from .replies import Usable, average_arrays, capped_examples, screen, weights_for
 
 log = logging.getLogger("flwr").getChild(__name__)
 
@@ -48,16 +60,22 @@ class NotEnoughNodes(FlDpError, RuntimeError):
 
 @dataclass
 class NodeRefusals:
-    """Refusals of one node: ``consecutive`` since its last usable reply, ``total`` overall."""
+    """Refusals of one node: ``consecutive`` since its last usable reply, ``total`` overall; with
+    ``weighting = "examples"``, ``capped`` / ``capped_total``: its usable replies whose num-examples was
+    capped, in a row and overall, and ``flagged_at_round``: the round its claims were flagged."""
 
     consecutive: int = 0
     total: int = 0
     last_reason: str = ""
     excluded_at_round: int | None = None
+    capped: int = 0
+    capped_total: int = 0
+    flagged_at_round: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"consecutive": self.consecutive, "total": self.total, "last_reason": self.last_reason,
-                "excluded_at_round": self.excluded_at_round}
+                "excluded_at_round": self.excluded_at_round, "capped": self.capped,
+                "capped_total": self.capped_total, "flagged_at_round": self.flagged_at_round}
 
 
 def check_plan(settings: DPSettings, config: AccountantConfig, federation: FederationSettings) -> None:
@@ -137,8 +155,17 @@ class NodeSampling:
     accountant: PrivacyAccountant
     refusals: dict[int, NodeRefusals]
     min_available_nodes: int
+    reply_checks: ReplyChecks
     _population: int = 0  # N_t of the Poisson round in flight
     _drawn: int = 0  # clients that round's sample drew
+    _last_capped: int = 0  # replies whose num-examples was capped in the last aggregated round
+
+    def _cap_ratio(self) -> float:
+        """``ReplyChecks.examples_cap_ratio`` (run-config key ``examples-cap-ratio``)."""
+        return self.reply_checks.examples_cap_ratio
+
+    def _weights(self, usable: list) -> tuple[float, ...]:
+        return weights_for(usable, self.federation.weighting, self._cap_ratio())
 
     def _aggregate(self, usable: list[Usable], weights: tuple[float, ...], reference: ArrayRecord) -> ArrayRecord:
         """The round's aggregate: the weighted average, or with Poisson sampling the fixed-denominator sum."""
@@ -158,9 +185,17 @@ class NodeSampling:
         """Nodes no longer sampled, with their last refusal reason."""
         return {n: r.last_reason for n, r in self.refusals.items() if r.excluded_at_round is not None}
 
+    @property
+    def set_aside_nodes(self) -> dict[int, str]:
+        """Claimants of a contested partition id (not sampled, not refusing), with the contest."""
+        guard = getattr(self, "guard", None)  # NoisyStrategyMixin's ReplyGuard (none on a bare sampler)
+        contested: dict[int, tuple[int, ...]] = guard.contested if guard is not None else {}
+        return {n: f"{protocol.PARTITION_ID} = {p} claimed by nodes {', '.join(map(str, nodes))}"
+                for p, nodes in contested.items() for n in nodes}
+
     def _screen_replies(self, replies: list[Message], pending: Any, dropped: list[tuple[int, str, bool]]) -> list[Usable]:
         """The round's reply checks, one pipeline for ``aggregate_train`` and the secure-aggregation admission:
-        :func:`.replies.screen` (echoes, arrays), partition owners, then the accountant (``guard.accountable``,
+        :func:`.replies.screen` (echoes, arrays), partition claims, then the accountant (``guard.accountable``,
         which may raise :class:`~.guard.UnaccountableSum`); the usable replies, the others appended to ``dropped``."""
         strategy: Any = self  # NoisyStrategyMixin: settings, guard, _screening_rules, _record, _weights
         usable, found = screen(replies, asked={m.metadata.dst_node_id: m.metadata.message_id for m in pending.sent},
@@ -169,7 +204,7 @@ class NodeSampling:
                                clients_per_node=self.federation.clients_per_node,
                                rules=strategy._screening_rules(pending.planned))
         dropped.extend(found)
-        usable = strategy.guard.check_partitions(usable, dropped)
+        usable = strategy.guard.check_partitions(usable, dropped, pending.server_round)
         return strategy.guard.accountable(usable, dropped, pending.planned, lambda us: strategy._record(  # type: ignore[no-any-return]
             pending.server_round, pending.planned, us, strategy._weights(us), applied=True, quiet=True))
 
@@ -192,7 +227,7 @@ class NodeSampling:
         probability q), grouped by node: node -> its sampled member slots (``(0,)`` outside cohort
         mode). Waits until enough nodes are connected.
 
-        Eligible: connected and not excluded for refusing. In cohort mode every eligible node
+        Eligible: connected, not excluded for refusing, not set aside (a contested partition id). In cohort mode every eligible node
         offers ``clients-per-node`` slots and the clients are sampled uniformly among all slots.
         With ``seed`` >= 0 the sample is a function of (seed, t, exclusions) only, so a resumed
         run samples like an uninterrupted one; otherwise it uses OS entropy.
@@ -203,13 +238,14 @@ class NodeSampling:
         warn_until_enough_nodes(grid, self.min_available_nodes, c)
         _, available = sample_nodes(grid, self.min_available_nodes, self.min_available_nodes)  # waits
         excluded = self.excluded_nodes
-        eligible = sorted(n for n in available if n not in excluded)
+        aside = self.set_aside_nodes
+        eligible = sorted(n for n in available if n not in excluded and n not in aside)
         if len(eligible) * cpn < c.min_replies:
-            raise NotEnoughNodes(
-                f"only {len(eligible)} eligible node(s) left, fewer than min-replies = {c.min_replies}: "
-                f"{len(excluded)} node(s) excluded after {c.max_node_refusals} consecutive refusals ("
-                + "; ".join(f"node {n}: {why}" for n, why in sorted(excluded.items())) + ")"
-            )
+            why = [f"{len(nodes)} node(s) {what} (" + "; ".join(f"node {n}: {r}" for n, r in sorted(nodes.items())) + ")"
+                   for what, nodes in ((f"excluded after {c.max_node_refusals} consecutive refusals", excluded),
+                                       ("set aside as claimants of a contested partition id", aside)) if nodes]
+            raise NotEnoughNodes(f"only {len(eligible)} eligible node(s) left, fewer than min-replies = "
+                                 f"{c.min_replies}: " + ", ".join(why))
         population = [(n, j) for n in eligible for j in range(cpn)]
         rng = random.Random(f"{c.seed}:{t}") if c.seed >= 0 else random.SystemRandom()
         if c.poisson:  # each client independently with probability q (docs/MATH.md §19)
@@ -218,16 +254,43 @@ class NodeSampling:
         else:
             k = min(c.clients_per_round, len(population))
             if k < c.clients_per_round:
-                log.warning("round t=%d: only %d eligible clients (%d nodes excluded for refusing): sampling all "
-                            "of them", t, len(population), len(excluded))
+                log.warning("round t=%d: only %d eligible clients (%d nodes excluded for refusing, %d set aside): "
+                            "sampling all of them", t, len(population), len(excluded), len(aside))
             chosen = rng.sample(population, k)
         slots: dict[int, list[int]] = {}
         for node, j in sorted(chosen):
             slots.setdefault(node, []).append(j)
         return {n: tuple(js) for n, js in slots.items()}, available
 
+    def _track_caps(self, server_round: int, usable: list[Usable]) -> None:
+        """``weighting = "examples"``: count capped claims per node; flag a node capped ``max-node-refusals``
+        usable replies in a row (ERROR, ``node-capped`` ledger event), once per run."""
+        self._last_capped = 0
+        if self.federation.weighting != "examples" or not usable:
+            return
+        limit = self.federation.max_node_refusals
+        counts = capped_examples([u.num_examples for u in usable], self._cap_ratio())
+        for u, weighted in zip(usable, counts):
+            if weighted >= u.num_examples:
+                if u.node_id in self.refusals:
+                    self.refusals[u.node_id].capped = 0
+                continue
+            state = self.refusals.setdefault(u.node_id, NodeRefusals())
+            self._last_capped += 1
+            state.capped += 1
+            state.capped_total += 1
+            if state.flagged_at_round is None and state.capped >= limit:
+                state.flagged_at_round = server_round
+                log.error("round %d: node %d claimed num-examples = %d, above examples-cap-ratio = %g times the "
+                          "round's median claim, %d rounds in a row: it is weighted as %d, and still steers a large "
+                          "share of the model. It stays sampled (a site may hold that much data): check its claim",
+                          server_round, u.node_id, u.num_examples, self._cap_ratio(), state.capped, weighted)
+                self._event("node-capped", {"node_id": u.node_id, "round": server_round, "consecutive": state.capped,
+                                            "claimed": u.num_examples, "weighted_as": weighted})
+
     def _track_refusals(self, server_round: int, usable: list, dropped: list[tuple[int, str, bool]]) -> None:
-        """Count consecutive refusals per node; exclude a node after ``max-node-refusals``."""
+        """Count consecutive refusals per node; exclude a node after ``max-node-refusals``; the capped claims."""
+        self._track_caps(server_round, usable)
         for u in usable:
             if u.node_id in self.refusals:
                 self.refusals[u.node_id].consecutive = 0

@@ -5,7 +5,9 @@ on the real ServerApp (``run_server``) and the real ClientApp on the in-process 
   unaccounted was released, and how to resume; the resume then works;
 - "accounted no round", "all rounds already accounted", an existing ledger: logged at ERROR
   (``flwr log`` showed only "Exit Code: 201");
-- nodes excluded for refusing stay excluded when the run is resumed.
+- nodes excluded for refusing stay excluded when the run is resumed;
+- a full disk while the ledger is created leaves no ledger (issue 28.8), and an empty ledger an older
+  version left is replaced by a fresh run or a resume.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import os
 
 import pytest
 
@@ -83,6 +86,60 @@ def test_a_full_disk_says_what_happened_and_how_to_resume(tmp_path, monkeypatch,
     outcome, _ = run_local(tiny_config(tmp_path, **resume))
     assert outcome.accountant.num_releases == 3
     assert verify_ledger(ledger).ok
+
+
+def _disk_full_at_ledger_creation(monkeypatch) -> None:
+    """ENOSPC at the ledger's first write, whichever call makes it: the line writer (the header, written in
+    place before issue 28.8) or an ``os.write`` to a file named after the ledger (its temp file since)."""
+    real_write_locked, real_os_write = PrivacyLedger._write_locked, os.write
+
+    def write_locked(self, line: bytes) -> None:
+        if line.startswith(b'{"kind":"header"'):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_write_locked(self, line)
+
+    def os_write(fd, data):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            target = ""
+        if LEDGER in os.path.basename(target):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_os_write(fd, data)
+
+    monkeypatch.setattr(PrivacyLedger, "_write_locked", write_locked)
+    monkeypatch.setattr(os, "write", os_write)
+
+
+def test_a_full_disk_while_the_ledger_is_created_leaves_no_ledger(tmp_path, monkeypatch, caplog):
+    """Before: a 0-byte ledger.jsonl stayed; the advised resume failed with a traceback (`is empty`), a fresh
+    run said "already exists", and the message forbade deleting it."""
+    caplog.set_level(logging.INFO)
+    cfg = tiny_config(tmp_path)
+    with monkeypatch.context() as m:
+        _disk_full_at_ledger_creation(m)
+        with pytest.raises(RunFailed) as info:
+            run_local(cfg)
+    run_dir = tmp_path / "run"
+    assert not (run_dir / LEDGER).exists() and list(run_dir.glob(f".{LEDGER}.*")) == []  # no ledger, no temp file
+    message = str(info.value)
+    assert message.startswith("disk full (ENOSPC: No space left on device)")
+    assert "before its privacy ledger" in message and "nothing was spent" in message and "resume = false" in message
+    assert _errors(caplog).count(message) == 1, _errors(caplog)
+    outcome, _ = run_local(cfg)  # the run the message names
+    assert outcome.accountant.num_releases == 2 and verify_ledger(run_dir / LEDGER).ok
+
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_an_empty_ledger_is_replaced_by_a_fresh_run_or_a_resume(tmp_path, caplog, resume):
+    """An empty ledger (what an older version's interrupted creation left) holds no header, so no round was
+    ever opened: the run replaces it, with a WARNING. Before: "already exists" / a traceback (`is empty`)."""
+    caplog.set_level(logging.INFO)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / LEDGER).write_bytes(b"")
+    outcome, _ = run_local(tiny_config(tmp_path, resume=resume))
+    assert outcome.accountant.num_releases == 2 and verify_ledger(tmp_path / "run" / LEDGER).ok
+    assert any("was empty (0 bytes" in r.getMessage() and r.levelno == logging.WARNING for r in caplog.records)
 
 
 def test_no_round_left_to_account_is_logged(tmp_path, caplog):

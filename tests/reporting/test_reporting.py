@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import math
@@ -108,6 +109,21 @@ def test_create_refuses_existing_file(tmp_path):
         PrivacyLedger.create(path, accountant_config=ACCT, app_config=APP)
     assert str(path) in str(err.value) and "run-name" in str(err.value)
     assert path.read_bytes() == before
+
+
+def test_create_refuses_a_non_empty_file_without_hard_links(tmp_path, monkeypatch):
+    """The ledger is created by a hard link (atomic, never over a file); where the file system has none,
+    by a rename after checking: an existing ledger is still refused, a missing one created whole."""
+    def no_links(src, dst):
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    path = tmp_path / "ledger.jsonl"
+    PrivacyLedger.create(path, accountant_config=ACCT, app_config=APP).close()
+    assert read_ledger(path).header["kind"] == "header" and oct(path.stat().st_mode & 0o777) == "0o600"
+    with pytest.raises(FileExistsError, match="already exists"):
+        PrivacyLedger.create(path, accountant_config=ACCT, app_config=APP)
+    assert [p.name for p in tmp_path.iterdir()] == ["ledger.jsonl"]  # no temp file left
 
 
 def test_resume_checks_accountant_config(tmp_path):

@@ -1,7 +1,8 @@
 """One hostile or broken node must never crash the run, inflate the model, or be accounted at a
 privacy level it did not provide: the real ServerApp (``run_server``) and the real ClientApp on
 the in-process grid, with one node's replies altered the way the issue reports found them
-(issues 16.6, 16.10e, 18.4, 18.5, 18.6, 18.8)."""
+(issues 16.6, 16.10e, 18.4, 18.5, 18.6, 18.8; 28.7 a liar claiming an honest site's partition id, 28.9
+malformed replies counting towards exclusion, 28.10 a node capped round after round)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import math
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
 
 from fl_dp_flower.app.clientapp import app as client_app
 from fl_dp_flower.app.serverapp import LEDGER, SUMMARY, RunFailed
@@ -220,13 +221,16 @@ def test_a_300_digit_num_examples_is_malformed(tmp_path, caplog):
 
 
 # ------------------------------------------------------------------ 16.10e duplicate partition ids
-def test_second_node_with_the_same_partition_id_is_dropped_and_excluded(tmp_path, caplog):
+def test_two_nodes_with_the_same_partition_id_are_both_set_aside_and_neither_refusing(tmp_path, caplog):
+    """Nodes 1 and 3 both hold partition 0 (a misconfiguration, or a liar: the server cannot tell which):
+    neither's replies reach the model, neither is blamed or counted as refusing (issue 28.7)."""
     caplog.set_level(logging.WARNING)
     cfg = tiny_config(tmp_path, **{"num-server-rounds": 3, "max-node-refusals": 2})
-    out, _ = run_local(cfg, node_config={3: {"partition-id": 0}})  # nodes 1 and 3 both hold partition 0
-    assert [sorted(r.node_ids) for r in out.accountant.records] == [[1, 2]] * 3
-    assert "dp.partition-id = 0 is already node 1's" in _dropped(caplog, 3)[0]
-    assert _summary(out)["excluded_nodes"].keys() == {"3"}
+    out, _ = run_local(cfg, node_config={3: {"partition-id": 0}})
+    assert [sorted(r.node_ids) for r in out.accountant.records] == [[2]] * 3
+    assert "dp.partition-id = 0 is contested (claimed by nodes 1, 3)" in _dropped(caplog, 3)[0]
+    assert "dp.partition-id = 0 is contested (claimed by nodes 1, 3)" in _dropped(caplog, 1)[0]
+    assert _summary(out)["excluded_nodes"] == {} and out.strategy.set_aside_nodes.keys() == {1, 3}
 
 
 def test_planned_and_accounted_rounds_in_the_summary(tmp_path):
@@ -257,3 +261,156 @@ def test_a_300_digit_count_in_a_ledger_is_not_accepted(tmp_path):
         read_ledger(path)
     result = verify_ledger(path)
     assert not result.ok and result.failure_line == at + 1, result.failure
+
+
+# ------------------------------------------------------------------ issue 28: 7 eviction, 9 malformed, 10 capped
+LIAR, VICTIM = 1, 2  # node 1 answers first on the in-process grid; node 2's node config has partition-id 1
+
+
+def _asked(grid, node: int) -> int:
+    return sum(1 for m in grid.sent if m.metadata.dst_node_id == node)
+
+
+def _events(out, kind: str) -> list[dict]:
+    return [e["data"] for e in read_ledger(out.run_dir / LEDGER).events if e["event"] == kind]
+
+
+# ------------------------------------------------------------------ 7 a liar claiming an honest site's partition
+def test_a_liar_echoing_an_honest_sites_partition_id_does_not_evict_it(tmp_path, caplog):
+    """Before: node 1 (first to answer) owned partition 1, node 2's replies were refusals, node 2 was excluded
+    at round 2 and the log told the operator to fix node 2's config, while node 1 kept weight 1/3. Now both
+    claimants are dropped and set aside (not sampled: none of their replies could be used), neither refusing."""
+    caplog.set_level(logging.WARNING)
+    cfg = tiny_config(tmp_path, **{"num-server-rounds": 4, "max-node-refusals": 2})
+    out, grid = run_local(cfg, _altering(change_reply=_echo(**{"dp.partition-id": 1}), node=LIAR))
+    assert [sorted(r.node_ids) for r in out.accountant.records] == [[3]] * 4  # neither claimant is aggregated
+    summary = _summary(out)
+    assert summary["excluded_nodes"] == {}  # not excluded for refusing, not blamed ...
+    assert _asked(grid, VICTIM) == _asked(grid, LIAR) == 1  # ... set aside with the liar after round 1
+    assert all(r["consecutive"] == 0 for r in summary["node_refusals"].values())
+    assert out.strategy.set_aside_nodes.keys() == {LIAR, VICTIM}
+    reasons = _dropped(caplog, VICTIM) + _dropped(caplog, LIAR)
+    assert len(reasons) == 2 and all("is contested (claimed by nodes 1, 2)" in r for r in reasons)
+    assert not any("(refusal)" in r.getMessage() for r in caplog.records)
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "claimed by nodes 1, 2" in errors[0] and "none counts as a refusal" in errors[0]
+    assert not any("already node" in r.getMessage() or "fix the node config" in r.getMessage() for r in caplog.records)
+    claims = _events(out, "partition-claimed")
+    assert sorted((c["partition_id"], c["node_id"], c["round"]) for c in claims) == [(1, 1, 1), (1, 2, 1), (2, 3, 1)]
+
+
+def test_a_contested_partition_id_stays_contested_after_a_resume(tmp_path, caplog):
+    """The claims are ledger events: after a resume in which the victim does not answer, the liar's claim on
+    partition 1 is still contested (without them it would be the only claim, and accepted), and both claimants
+    stay set aside."""
+    caplog.set_level(logging.WARNING)
+    lying = _altering(change_reply=_echo(**{"dp.partition-id": 1}), node=LIAR)
+    run_local(tiny_config(tmp_path, **{"num-server-rounds": 2}), lying)
+    caplog.clear()
+    cfg = tiny_config(tmp_path, **{"num-server-rounds": 4, "resume": True})
+    out, grid = run_local(cfg, lying, silent={VICTIM})
+    assert [sorted(r.node_ids) for r in out.accountant.records] == [[3]] * 4
+    assert _asked(grid, LIAR) == _asked(grid, VICTIM) == 0
+    assert any("resume: dp.partition-id = 1 stays contested (claimed by nodes 1, 2)" in r.getMessage()
+               for r in caplog.records)
+    assert _summary(out)["excluded_nodes"] == {}
+
+
+def test_a_node_that_changes_its_partition_id_is_refused(tmp_path, caplog):
+    """A node's partition does not change within a run: a liar can contest one id only."""
+    caplog.set_level(logging.WARNING)
+    calls = []
+
+    def later_another_id(reply: Message) -> None:
+        calls.append(1)
+        if len(calls) > 1:
+            reply.content["metrics"]["dp.partition-id"] = 7
+    cfg = tiny_config(tmp_path, **{"num-server-rounds": 4, "max-node-refusals": 2})
+    out, _ = run_local(cfg, _altering(change_reply=later_another_id, node=VICTIM))
+    assert [sorted(r.node_ids) for r in out.accountant.records] == [[1, 2, 3], [1, 3], [1, 3], [1, 3]]
+    assert "dp.partition-id = 7 differs from the dp.partition-id = 1 it echoed first" in _dropped(caplog, VICTIM)[0]
+    assert _summary(out)["excluded_nodes"].keys() == {str(VICTIM)}
+
+
+# ------------------------------------------------------------------ 9 malformed replies count towards exclusion
+def _without_metrics(reply: Message) -> None:
+    del reply.content["metrics"]
+
+
+def _extra_record(reply: Message) -> None:
+    reply.content["more"] = MetricRecord({"x": 1})
+
+
+def _renamed_arrays(reply: Message) -> None:
+    arrays = reply.content["arrays"]
+    reply.content["arrays"] = ArrayRecord({f"x.{k}": a for k, a in arrays.items()})
+
+
+def _nan_arrays(reply: Message) -> None:
+    arrays = reply.content["arrays"]
+    reply.content["arrays"] = ArrayRecord({k: Array(np.full(a.shape, np.nan, a.numpy().dtype))
+                                           for k, a in arrays.items()})
+
+
+def _without_num_examples(reply: Message) -> None:
+    del reply.content["metrics"]["num-examples"]
+
+
+@pytest.mark.parametrize("change, reason", [
+    (_without_metrics, "expected exactly one MetricRecord"),
+    (_extra_record, "expected exactly one MetricRecord"),
+    (_renamed_arrays, "array keys/shapes/dtypes differ"),
+    (_nan_arrays, "arrays contain non-finite values"),
+    (_without_num_examples, "metrics lack 'num-examples'"),
+    (_echo(**{"num-examples": 2.0**60}), "exceeds 2**53"),
+    (_echo(**{"dp.sigma": float("inf")}), "dp.sigma = inf is not a finite number"),
+])
+def test_a_node_sending_malformed_replies_is_excluded(tmp_path, caplog, change, reason):
+    """Before: these drops never counted, so a node sending only garbage was sampled and dropped every round."""
+    caplog.set_level(logging.WARNING)
+    cfg = tiny_config(tmp_path, **{"num-server-rounds": 3, "max-node-refusals": 2})
+    out, grid = run_local(cfg, _altering(change_reply=change))
+    assert [sorted(r.node_ids) for r in out.accountant.records] == [[1, 3]] * 3
+    assert reason in _dropped(caplog)[0]
+    assert _summary(out)["excluded_nodes"].keys() == {"2"} and _asked(grid, 2) == 2  # not asked in round 3
+
+
+def test_error_replies_of_a_node_count_those_the_superlink_makes_do_not(tmp_path):
+    cfg = tiny_config(tmp_path, **{"num-server-rounds": 3, "max-node-refusals": 2, "run-name": "failing"})
+    failing, grid = run_local(cfg, failing={2})  # the node's own Error reply (its ClientApp failed)
+    assert _summary(failing)["excluded_nodes"].keys() == {"2"} and _asked(grid, 2) == 2
+    cfg = tiny_config(tmp_path, **{"num-server-rounds": 3, "max-node-refusals": 2, "run-name": "gone"})
+    gone, grid = run_local(cfg, unavailable={2})  # the SuperLink answers for a node that went away
+    assert _summary(gone)["excluded_nodes"] == {} and _asked(grid, 2) == 3
+
+
+# ------------------------------------------------------------------ 10 a node capped round after round
+def test_a_node_capped_round_after_round_is_flagged(tmp_path, caplog):
+    """Before: a WARNING per round and nothing else (the node held most of every round's model, unflagged)."""
+    caplog.set_level(logging.WARNING)
+    cfg = tiny_config(tmp_path, **{"num-server-rounds": 3, "weighting": "examples", "max-node-refusals": 2})
+    out, grid = run_local(cfg, _altering(change_reply=_echo(**{"num-examples": 10**15})))
+    assert [sorted(r.node_ids) for r in out.accountant.records] == [[1, 2, 3]] * 3  # flagged, not excluded
+    assert _asked(grid, 2) == 3
+    rounds = read_ledger(out.run_dir / LEDGER).rounds
+    assert [r["metrics"]["dp-capped"] for r in rounds] == [1, 1, 1]
+    [event] = _events(out, "node-capped")
+    assert (event["node_id"], event["round"], event["consecutive"], event["claimed"]) == (2, 2, 2, 10**15)
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "node 2 claimed num-examples = 1000000000000000" in errors[0]
+    state = _summary(out)["node_refusals"]["2"]
+    assert (state["capped"], state["capped_total"], state["flagged_at_round"]) == (3, 3, 2)
+    assert _summary(out)["excluded_nodes"] == {}
+
+
+def test_an_honest_count_resets_the_capped_streak(tmp_path):
+    calls = []
+
+    def every_other(reply: Message) -> None:
+        calls.append(1)
+        if len(calls) % 2:
+            reply.content["metrics"]["num-examples"] = 10**15
+    cfg = tiny_config(tmp_path, **{"num-server-rounds": 3, "weighting": "examples", "max-node-refusals": 2})
+    out, _ = run_local(cfg, _altering(change_reply=every_other))
+    assert [r["metrics"]["dp-capped"] for r in read_ledger(out.run_dir / LEDGER).rounds] == [1, 0, 1]
+    assert _events(out, "node-capped") == []

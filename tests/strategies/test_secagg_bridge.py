@@ -232,9 +232,23 @@ def test_a_sum_with_a_contributor_the_strategy_would_drop_is_never_unmasked(tmp_
 
 def test_a_node_the_admission_check_rejects_is_excluded_like_a_refusing_node(tmp_path):
     """Second review finding: a contributor rejected before unmasking must count as a refusal, or it voids
-    every round it is sampled in. With max-node-refusals 2 node 6 (a duplicated partition) is excluded
-    after two void rounds and the third round's sum of nodes 1-5 is unmasked and accounted."""
-    accountant, grid, seen, _, _, _ = _run(tmp_path, 6, {}, node_config={6: {"partition-id": 0}}, rounds=3,
+    every round it is sampled in. With max-node-refusals 2 node 6 (echoing a sigma outside the plan) is
+    excluded after two void rounds and the third round's sum of nodes 1-5 is unmasked and accounted."""
+    def lying_echo(msg, ctx):
+        reply = our_train(msg, ctx)
+        if ctx.node_id == 6 and not reply.has_error():
+            reply.content["metrics"]["dp.sigma"] = 0.5 * float(reply.content["metrics"]["dp.sigma"])
+        return reply
+    accountant, grid, seen, _, _, _ = _run(tmp_path, 6, {}, train=lying_echo, rounds=3,
                                            **{"max-node-refusals": 2, "min-replies": 5})
     assert [r.completed for r in grid.rounds] == [False, False, True]
     assert grid.rounds[2].contributors == [1, 2, 3, 4, 5] and accountant.num_releases == 1
+
+
+def test_claimants_of_a_contested_partition_void_one_secure_round_only(tmp_path):
+    """Issue 28.7: a duplicated partition id is no refusal (the server cannot tell the liar from its victim);
+    both claimants are set aside, so only the round that revealed the contest is not unmasked."""
+    accountant, grid, _, _, _, _ = _run(tmp_path, 7, {}, node_config={7: {"partition-id": 0}}, rounds=2,
+                                        **{"max-node-refusals": 2})
+    assert [r.completed for r in grid.rounds] == [False, True]
+    assert grid.rounds[1].contributors == [2, 3, 4, 5, 6] and accountant.num_releases == 1

@@ -51,13 +51,13 @@ line that is (or may be) a round line leaves that round open, also in ledgers wr
 Files are created owner-only (mode 0600).
 """
 
-from .events import (BUDGET_STOP_EVENT, CLOSING_EVENTS, END_EVENT, FAILED_EVENT, FILE_MODE, NODE_EXCLUDED_EVENT,
+from .events import (BUDGET_STOP_EVENT, CLOSING_EVENTS, END_EVENT, FAILED_EVENT, FILE_MODE, LEDGER_FILE, NODE_EXCLUDED_EVENT,
                      NOT_APPLIED_EVENT, RESUME_EVENT, ROUND_OPEN_EVENT, ROUND_VOID_EVENT, SCHEMA, SCHEMAS,
                      TORN_TAIL_EVENT, UNFINISHED_ROUND_EVENT)
 from .reader import LedgerContents, LedgerFollower, decode, line_hash, parse_line, read_ledger, split_lines
 from .writer import PrivacyLedger, utc_now
 
-__all__ = ["BUDGET_STOP_EVENT", "CLOSING_EVENTS", "END_EVENT", "FAILED_EVENT", "NODE_EXCLUDED_EVENT",
+__all__ = ["BUDGET_STOP_EVENT", "CLOSING_EVENTS", "END_EVENT", "FAILED_EVENT", "LEDGER_FILE", "NODE_EXCLUDED_EVENT",
            "RESUME_EVENT", "UNFINISHED_ROUND_EVENT", "FILE_MODE", "NOT_APPLIED_EVENT", "ROUND_OPEN_EVENT", "ROUND_VOID_EVENT", "SCHEMA", "SCHEMAS",
            "TORN_TAIL_EVENT", "LedgerContents", "LedgerFollower", "PrivacyLedger", "decode", "line_hash",
            "parse_line", "read_ledger", "split_lines", "utc_now"]

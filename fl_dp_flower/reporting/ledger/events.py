@@ -4,6 +4,7 @@ and every consumer (verify, watch, replay, resume, plot, Prometheus) read them t
 
 from __future__ import annotations
 
+LEDGER_FILE = "ledger.jsonl"  # a run folder's ledger
 SCHEMA = 2  # written by this version: hash-chained lines
 SCHEMAS = (1, 2)  # read: 1 = before the chain
 TORN_TAIL_EVENT = "torn-tail"
@@ -17,4 +18,6 @@ FAILED_EVENT = "failed"  # the run's last line when the ServerApp raised
 CLOSING_EVENTS = (END_EVENT, FAILED_EVENT)
 BUDGET_STOP_EVENT = "budget-stop"
 NODE_EXCLUDED_EVENT = "node-excluded"
+NODE_CAPPED_EVENT = "node-capped"  # weighting "examples": a node capped max-node-refusals rounds in a row
+PARTITION_CLAIMED_EVENT = "partition-claimed"  # a node's first echoed dp.partition-id (one per node and run)
 UNFINISHED_ROUND_EVENT = "unfinished-round-accounted"

@@ -87,7 +87,9 @@ def read_ledger(path: str | os.PathLike[str]) -> LedgerContents:
     path = Path(path)
     data = path.read_bytes()
     if not data:
-        raise ValueError(f"privacy ledger {path} is empty (its creation was interrupted)")
+        raise ValueError(f"privacy ledger {path} is empty (0 bytes: its creation was interrupted before its header "
+                         "was written, so no round was ever opened or spent; the ServerApp replaces an empty ledger, "
+                         "with resume = true or false)")
     lines, ends_with_newline = split_lines(data)
     parsed = [parse_line(raw) for raw in lines]
     torn_tail = not ends_with_newline and parsed[-1] is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import threading
@@ -12,11 +13,14 @@ from typing import Any
 
 from fl_dp_flower.privacy.records import AccountantConfig, RoundRecord
 
-from ..durable import fsync_dir as _fsync_dir
+from ..durable import create_whole
 from ..durable import json_safe as _encode
-from .events import FILE_MODE, SCHEMA, TORN_TAIL_EVENT
+from .events import SCHEMA, TORN_TAIL_EVENT
 from .reader import decode as _decode
 from .reader import LedgerContents, line_hash, read_ledger
+
+log = logging.getLogger("flwr").getChild(__name__)  # Flower's handlers: the ServerApp log
+
 
 def utc_now() -> str:
     """Current UTC time as ISO 8601 (millisecond precision)."""
@@ -64,23 +68,27 @@ class PrivacyLedger:
     @classmethod
     def create(cls, path: str | os.PathLike[str], *, accountant_config: dict[str, Any],
                app_config: dict[str, Any]) -> "PrivacyLedger":
-        """Create a new ledger and write (and fsync) its header. Refuses an existing file."""
+        """Create a new ledger with its header, whole or not at all (:func:`..durable.create_whole`: a full disk
+        leaves no ledger, never an empty one). Refuses an existing ledger; an existing *empty* one (a creation
+        an older version left half done: no header, so no round was ever opened) is replaced, with a WARNING."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
+        now = utc_now()
+        header = {"kind": "header", "schema": SCHEMA, "accountant_config": accountant_config,
+                  "app_config": app_config, "created": now, "time": now, "prev": None}
+        line = _dumps(header)
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, FILE_MODE)
+            replaced = create_whole(path, line)
         except FileExistsError:
             raise FileExistsError(
                 f"privacy ledger {path} already exists; a ledger is never overwritten. "
                 "Set resume = true to continue that run, or choose another run-name."
             ) from None
-        now = utc_now()
-        header = {"kind": "header", "schema": SCHEMA, "accountant_config": accountant_config,
-                  "app_config": app_config, "created": now, "time": now}
-        ledger = cls(path, fd, _normalize({**header, "prev": None}), [])
-        ledger._write(header)
-        _fsync_dir(path.parent)
-        return ledger
+        if replaced:
+            log.warning("privacy ledger %s was empty (0 bytes: its creation was interrupted before its header was "
+                        "written, so no round was ever opened or spent): replaced by this run's ledger", path)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        return cls(path, fd, _normalize(header), [], head=line_hash(line))
 
     @staticmethod
     def check_resumable(path: str | os.PathLike[str], *, accountant_config: dict[str, Any]) -> LedgerContents:
