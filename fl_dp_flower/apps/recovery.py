@@ -20,6 +20,7 @@ from typing import Any
 
 from fl_dp_flower import FlDpError
 from fl_dp_flower.config import AppConfig
+from fl_dp_flower.privacy.records import AccountantConfig
 from fl_dp_flower.reporting.ledger import NODE_EXCLUDED_EVENT, LedgerContents
 from fl_dp_flower.strategies.noisy import NodeRefusals, NoisyStrategyMixin
 
@@ -135,3 +136,26 @@ def unfinished_round(config: AppConfig, path: Path, contents: LedgerContents, ck
                         f"{open_round}'s aggregate, which the ledger never recorded; it cannot be charged as not "
                         "applied (docs/MATH.md §14.3a). Nothing was written.")
     return open_round
+
+
+def unfinished_contributors(config: AccountantConfig, contents: LedgerContents) -> int | None:
+    """How many contributors the open round is charged as a sum of: None (the planned m) outside secure
+    aggregation; under it the smallest sum SecAggGrid could have unmasked in that round, the floor recorded
+    in its ``round-open`` event (``min_replies``), never the resumed run's (issue 28 item 1: a resume may
+    raise min-replies for later rounds, not for a round already broadcast). A ``round-open`` event written
+    before the floor was recorded is charged at the smallest floor any version of the ServerApp accepted,
+    ``colluding-clients`` + 4 (docs/MATH.md §20.5)."""
+    if config.threat_model != "secure-aggregation":
+        return None
+    data = contents.open_round_event or {}
+    floor = data.get("min_replies")
+    if isinstance(floor, bool) or not isinstance(floor, int) or floor < 1:
+        floor = config.colluders + LEGACY_SECURE_FLOOR
+        log.warning("round %s's round-open event records no contributor floor (a ledger written before it was "
+                    "recorded): charged as a sum of %d contributors, the smallest any version allowed",
+                    contents.open_round, floor)
+    return min(config.clients, floor)
+
+
+#: min-replies - colluding-clients >= 4 under secure aggregation since its run path existed (config_secagg.py)
+LEGACY_SECURE_FLOOR = 4

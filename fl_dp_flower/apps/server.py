@@ -59,7 +59,8 @@ from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Result
 
-from fl_dp_flower.apps.recovery import RunFailed, logged_failures, restore_exclusions, unfinished_round
+from fl_dp_flower.apps.recovery import (RunFailed, logged_failures, restore_exclusions, unfinished_contributors,
+                                        unfinished_round)
 from fl_dp_flower.apps.threat import (final_model_assumptions, node_assumptions, publishes_per_round_models,
                                       run_grid)
 from fl_dp_flower.config import AppConfig, ConfigError
@@ -179,15 +180,15 @@ def _open_ledger(config: AppConfig, run_dir: Path) -> tuple[PrivacyLedger, Priva
                     ", ".join(map(str, lost)))
     accountant = PrivacyAccountant.from_records(acct_cfg, records)
     if unfinished is not None:
-        # secure aggregation: the smallest sum SecAggGrid unmasks (min-replies contributors), the costliest
-        smallest = min(acct_cfg.clients, config.min_replies) if config.threat_model == "secure-aggregation" else None
+        smallest = unfinished_contributors(acct_cfg, contents)  # secure aggregation: the floor at round-open
         record = acct_cfg.planned_round(unfinished, smallest, applied=False)
         report = accountant.step(record)
         ledger.append_round(round=unfinished, record=record.to_dict(), report=report.to_dict(),
                             metrics={"dp-unfinished-accounted": 1})
         ledger.append_event(UNFINISHED_ROUND_EVENT, {
             "round": unfinished, "line": contents.open_round_line, "torn": contents.torn_round == unfinished,
-            "accounted_as": "planned round, not applied (its aggregate was never saved or broadcast)"})
+            "accounted_as": "planned round, not applied (its aggregate was never saved or broadcast)",
+            "contributors": record.clients})
         log.warning("round %d had no complete ledger line (line %s): charged as the planned round, not applied "
                     "(its uploads may have reached the server; its aggregate was never saved or broadcast) "
                     "(resume-unfinished-round = 'account'); certified epsilon now %.6g",
