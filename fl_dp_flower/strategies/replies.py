@@ -28,7 +28,7 @@ from fl_dp_flower.privacy.schedules import step_sizes
 from fl_dp_flower import protocol
 from fl_dp_flower.protocol import REFUSAL_CODE, REFUSAL_PREFIX
 
-from .screening import Rejected, ScreeningRules, check_reply, reference_norm
+from .screening import Rejected, ScreeningRules, check_batch, check_reply, reference_norm
 
 log = logging.getLogger("flwr").getChild(__name__)  # Flower's handlers: shows in `flwr log`
 
@@ -185,6 +185,7 @@ def screen(
                 partition = int(_number(metrics, protocol.PARTITION_ID, integer=True, minimum=0, strict=False))
             energy = None
             if rules is not None:
+                check_batch(applied, int(n), rules)
                 energy = check_reply(arrays, reference, len(members), applied, rules, w_norm)
         except Rejected as err:
             dropped.append((node, str(err), True))  # a screening rule: counts towards exclusion

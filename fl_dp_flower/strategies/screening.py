@@ -9,7 +9,9 @@
    planned one, and ``dp.local-steps`` may not exceed ``floor(local-steps * echo-tolerance)``
    (so no size the server allocates comes from a reply). FedProx echoes must meet the
    preconditions of the FedProx terms (alpha > L, every eta_k <= 1/alpha), as the ClientApp's
-   own instruction check does.
+   own instruction check does: for the echo's own alpha and steps and for the least private combination
+   of plan and echo the round is charged at (issue 34). Under per-sample clipping the echoed batch size
+   may not exceed the reply's num-examples (:func:`check_batch`).
 2. **Update magnitude** (:func:`check_magnitude`): the M members summed in a reply each moved
    at most ``V * sum_k eta_k`` from the broadcast model w_t (every clipped step has norm <= V,
    FedProx's pull only shrinks the distance since eta_k alpha <= 1), and their summed noise
@@ -118,12 +120,25 @@ def check_echo(echoed: Applied, rules: ScreeningRules) -> None:
             raise Rejected(f"a fedprox reply must echo {protocol.PROX_ALPHA}")
         if p.prox_alpha is not None:
             _within(protocol.PROX_ALPHA, echoed.prox_alpha, p.prox_alpha, tol)
+        # the preconditions (alpha > L, every eta_k <= 1/alpha) must hold for what the node says it ran (its
+        # own alpha and steps: issue 34, lr 0.4 with alpha 4 inside a tolerance of 4) and for what the round
+        # is charged at, the least private of plan and echo (smallest alpha, element-wise largest steps)
+        own = step_sizes(rules.schedule, echoed.lr, echoed.round_index, echoed.local_steps)
         alpha = min(a for a in (echoed.prox_alpha, p.prox_alpha) if a is not None)
-        etas = worst_step_sizes(echoed, rules)
-        try:
-            check_prox("fedprox", alpha, rules.smoothness, max(etas))
-        except ValueError as err:
-            raise Rejected(f"echoed FedProx settings break the preconditions of its bound: {err}") from None
+        for what, a, etas in (("echoed", echoed.prox_alpha, own),
+                              ("charged (least private of plan and echo)", alpha, worst_step_sizes(echoed, rules))):
+            try:
+                check_prox("fedprox", a, rules.smoothness, max(etas))
+            except ValueError as err:
+                raise Rejected(f"{what} FedProx settings break the preconditions of its bound: {err}") from None
+
+
+def check_batch(echoed: Applied, num_examples: int, rules: ScreeningRules) -> None:
+    """Per-sample clipping: the echoed batch size B must fit the examples the reply claims (a client with
+    fewer samples than B averages over fewer than B clipped gradients, so 2V/B would understate it)."""
+    if rules.per_sample and echoed.batch_size is not None and echoed.batch_size > num_examples:
+        raise Rejected(f"echoed {protocol.BATCH_SIZE} = {echoed.batch_size} exceeds the reply's num-examples = "
+                       f"{num_examples}: per-sample clipping over fewer samples than the B it is charged at")
 
 
 def worst_step_sizes(echoed: Applied, rules: ScreeningRules) -> tuple[float, ...]:
