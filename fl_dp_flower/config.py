@@ -28,6 +28,7 @@ from .config_server import ServerUpdateConfig
 from . import protocol
 from .privacy.accountant import Budget
 from .privacy.records import SMOOTHNESS_FIELDS, AccountantConfig, colluder_problems, sampling_problems, smoothness_problems
+from .privacy.screening_charge import DEFAULT_CHECK_LEVEL
 from .settings import DPSettings, FederationSettings
 from .vocabulary import (Algorithm, ClientSampling, Clipping, CohortNoise, Dataset, ModelName, NoiseMode, Partitioning,
                          Schedule, ThreatModel, UnfinishedRoundPolicy, Weighting, model_problem)
@@ -139,14 +140,17 @@ class AppConfig(ServerUpdateConfig, SecureAggregationConfig, BaseModel):
         f"{protocol.BATCH_SIZE}, {protocol.PROX_ALPHA}) may differ from the plan and still be accepted; accepted "
         "deviations are accounted least privately. 1 = the echo must equal the plan. A reply outside "
         "is dropped as a refusal of its node."))
-    noise_check_alpha: float = Field(1e-9, ge=0, lt=1, description=(
+    noise_check_alpha: float = Field(DEFAULT_CHECK_LEVEL, ge=0, lt=1, description=(
         "False-alarm rate of the residual-noise check: a reply whose residual energy "
         "||reply - M w_t||^2 / (d M sigma^2) is below the chi2_d quantile at this level carries less "
-        "noise than it is accounted at and is dropped as a refusal. 0 = no check."))
-    update_bound_alpha: float = Field(1e-9, gt=0, lt=1, description=(
+        "noise than it is accounted at and is dropped as a refusal. 0 = no check. An honest reply is "
+        "dropped with probability at most this, depending on its data, so the rounds' sum of it and "
+        "'update-bound-alpha' is charged to delta (x (1 + e^eps); docs/MATH.md §17.1)."))
+    update_bound_alpha: float = Field(DEFAULT_CHECK_LEVEL, gt=0, lt=1, description=(
         "Tail probability of the noise-norm bound in the update-magnitude check: a reply farther "
         "than M V sum(eta) + sigma sqrt(M chi2_d.isf(alpha)) from M times the broadcast model is "
-        "dropped as a refusal."))
+        "dropped as a refusal (an honest reply with probability at most this: charged to delta with "
+        "'noise-check-alpha', docs/MATH.md §17.1)."))
     examples_cap_ratio: float = Field(10.0, ge=1, description=(
         "weighting 'examples': each node's num-examples is capped at this many times the round's "
         "(lower) median claim, with a WARNING; counts above 2**53 are malformed."))

@@ -67,7 +67,7 @@ from fl_dp_flower.config import AppConfig, ConfigError
 from fl_dp_flower.preflight import chance_level_warning, log_preflight
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.reporting import PrivacyLedger, PrivacyMetricsExporter, plot_privacy_curve, render_summary
-from fl_dp_flower.reporting.console import conditional_note
+from fl_dp_flower.reporting.console import conditional_note, delta_text
 from fl_dp_flower.reporting.durable import atomic_write, write_json
 from fl_dp_flower.reporting.ledger import (FAILED_EVENT, NOT_APPLIED_EVENT, RESUME_EVENT, UNFINISHED_ROUND_EVENT,
                                           LedgerContents, read_ledger)
@@ -370,8 +370,8 @@ def _finish(config: AppConfig, run_dir: Path, ledger: PrivacyLedger, accountant:
         log.warning("%s", warning)
     cert, assumes = summary["final_report"]["certified"], summary["threat_model_assumes"]
     log.info("finished: %d of %d planned rounds accounted, certified epsilon %s (mu %s, %s, replace-one%s) at "
-             "delta %g; add/remove-one epsilon %s%s%s", accountant.num_releases, config.num_server_rounds,
-             cert["epsilon"], cert["mu"], cert["bound"], conditional_note(cert), config.delta,
+             "delta %s; add/remove-one epsilon %s%s%s", accountant.num_releases, config.num_server_rounds,
+             cert["epsilon"], cert["mu"], cert["bound"], conditional_note(cert), delta_text(summary["final_report"]),
              summary["final_report"]["add_remove"]["epsilon"],
              f"; final-model bound assumes {'; '.join(assumes)}; released model accuracy {summary['final_accuracy']}"
              if assumes else "", f"; stopped: {strategy.stop_reason}" if strategy.stop_reason else "")

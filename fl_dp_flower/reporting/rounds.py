@@ -63,7 +63,7 @@ def dp_metrics(report: Any) -> dict[str, float | int]:
         "dp-final-model-epsilon": b["final_model"].epsilon,
         "dp-local-mu": b["local_dp"].mu,
         "dp-local-epsilon": b["local_dp"].epsilon,
-        "dp-delta": report.delta,
+        "dp-delta": report.delta_total,  # delta plus the screening drops' charge (docs/MATH.md §17.1)
     }
 
 

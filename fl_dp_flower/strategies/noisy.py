@@ -261,7 +261,7 @@ class NoisyStrategyMixin(NodeSampling):
             round=planned.round_index + 1, algorithm=c.algorithm, step_sizes=etas, clip_norm=worst.clip_norm,
             sigma=worst.sigma, weights=weights, clipping=c.clipping, batch_size=worst.batch_size,
             prox_alpha=worst.prox_alpha, node_ids=tuple(m for u in usable for m in u.members), applied=applied,
-            **self._sampling_fields())
+            screening_drop=self._screening_rules(planned).drop_probability, **self._sampling_fields())
 
     # ------------------------------------------------------------ round closing
     def configure_evaluate(

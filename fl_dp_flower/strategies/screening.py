@@ -24,10 +24,11 @@
    ``E = ||reply - M w_t||^2 / (d M sigma^2)`` of an honest reply is ``chi2_d(lambda) / d``,
    lambda = ||sum of updates||^2 / (M sigma^2): a noncentral chi-square, which stochastically
    dominates the central chi2_d. Rejecting ``E < chi2_d.ppf(alpha) / d`` therefore drops an
-   honest reply with probability <= alpha (``noise-check-alpha``, 0 = off). A node that sent
+   honest reply with probability <= alpha (``noise-check-alpha``, 0 = off). Both checks' levels are
+   charged to delta (:attr:`ScreeningRules.drop_probability`, docs/MATH.md §17.1). A node that sent
    no noise (or much less than it claims) has E close to ``lambda / d``, far below 1, and is
    caught. The check cannot catch noise a little below the claimed sigma (the threshold for
-   d = 61,706 and alpha = 1e-9 is E >= 0.966, so a node adding 0.98 sigma passes), and it is
+   d = 61,706 and alpha = 1e-12 is E >= 0.960, so a node adding 0.98 sigma passes), and it is
    weak for small d (the chi2_d quantile spreads as sqrt(2/d)). docs/MATH.md §17 states the
    honest-node assumption every bound rests on.
 """
@@ -48,6 +49,7 @@ from fl_dp_flower import protocol
 from fl_dp_flower.errors import FlDpError
 from fl_dp_flower.privacy.records import check_prox
 from fl_dp_flower.privacy.schedules import step_sizes
+from fl_dp_flower.privacy.screening_charge import DEFAULT_CHECK_LEVEL
 from fl_dp_flower.vocabulary import Schedule
 
 if TYPE_CHECKING:
@@ -73,11 +75,18 @@ class ScreeningRules:
     smoothness: float
     per_sample: bool
     echo_tolerance: float = 1.0  # (echo-tolerance) >= 1
-    noise_check_alpha: float = 1e-9  # (noise-check-alpha) false-alarm rate; 0 = off
-    update_bound_alpha: float = 1e-9  # (update-bound-alpha) tail probability of the noise norm bound
+    noise_check_alpha: float = DEFAULT_CHECK_LEVEL  # (noise-check-alpha) false-alarm rate; 0 = off
+    update_bound_alpha: float = DEFAULT_CHECK_LEVEL  # (update-bound-alpha) tail probability of the noise norm bound
     #: secure aggregation: every reply holds w_t + the average of the secure sum, not one upload, so only the
     #: echoes are checked (the magnitude and residual-noise checks describe one client's upload)
     secure_sum: bool = False
+
+    @property
+    def drop_probability(self) -> float:
+        """Bound on the probability that the data-dependent checks drop one honest reply: alpha + beta (the
+        residual energy dominates chi2_d, the distance stays within the magnitude bound but with probability
+        beta); 0 when they do not run. Charged to delta (docs/MATH.md §17.1)."""
+        return 0.0 if self.secure_sum else self.noise_check_alpha + self.update_bound_alpha
 
 
 def rules_for(config: AppConfig, planned: Applied) -> ScreeningRules:

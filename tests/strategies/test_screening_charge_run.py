@@ -1,0 +1,27 @@
+"""Issue 28 item 2 end to end: every round the real ServerApp screens records the checks' drop probability
+(noise-check-alpha + update-bound-alpha), the ledger's report and summary.json carry the delta it costs, and
+verify reproduces it from the ledger (docs/MATH.md §17.1)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from fl_dp_flower.apps.server import LEDGER, SUMMARY
+from fl_dp_flower.reporting import read_ledger
+from fl_dp_flower.reporting.verify import verify_ledger
+from fl_dp_flower.testing import run_local, tiny_config
+
+
+@pytest.mark.parametrize("overrides, drop", [({}, 2e-12), ({"noise-check-alpha": 0.0, "update-bound-alpha": 1e-6}, 1e-6)])
+def test_screened_rounds_charge_their_drop_probability_to_delta(tmp_path, overrides, drop):
+    out, _ = run_local(tiny_config(tmp_path, **overrides))
+    assert [r.screening_drop for r in out.accountant.records] == [drop, drop]
+    report = read_ledger(tmp_path / "run" / LEDGER).rounds[-1]["report"]
+    eps = report["certified"]["epsilon"]
+    assert report["screening"]["delta_total"] == pytest.approx(1e-5 + (1 + math.exp(eps)) * 2 * drop, rel=1e-12)
+    summary = json.loads((tmp_path / "run" / SUMMARY).read_text())
+    assert summary["final_report"]["screening"] == report["screening"]
+    assert verify_ledger(tmp_path / "run" / LEDGER).ok
