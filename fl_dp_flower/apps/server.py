@@ -62,7 +62,7 @@ from flwr.serverapp.strategy import Result
 from fl_dp_flower.apps.recovery import (RunFailed, logged_failures, restore_exclusions, unfinished_contributors,
                                         unfinished_round)
 from fl_dp_flower.apps.threat import (final_model_assumptions, node_assumptions, publishes_per_round_models,
-                                      run_grid)
+                                      run_grid, start_warnings)
 from fl_dp_flower.config import AppConfig, ConfigError
 from fl_dp_flower.preflight import chance_level_warning, log_preflight
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
@@ -247,6 +247,8 @@ def _run_server(grid: Grid, config: AppConfig, fraction_evaluate: float,
     except ConfigError as err:  # the budget fits no round: said in the log that `flwr log` shows
         log.error("%s", err)
         raise
+    for warning in start_warnings(config, grid):  # fixed seed; cohort collusion outside simulation (issue 28)
+        log.warning("%s", warning)
     run_dir = (Path(config.output_dir).expanduser() / config.run_name).resolve()
     if config.resume:
         _require_ledger(run_dir / LEDGER)  # before any folder is made

@@ -23,6 +23,7 @@ The public shape mirrors Flower's ``flwr.serverapp.PrivacyAccountant`` protocol
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -34,7 +35,7 @@ from .records import BOUND_NAMES, AccountantConfig, RoundRecord
 from .sampled import SAMPLED_BOUND, SampledAccount
 from .screening_charge import screening_charge
 from .running_sum import RunningSum
-from .secure_aggregation import SecureSumAccount, amend_secure_aggregation, rdp_delta
+from .secure_aggregation import REAL_SUM_LABEL, SecureSumAccount, amend_secure_aggregation, rdp_delta
 from .schedules import step_sizes
 from .terms import RoundTerms, round_terms
 
@@ -81,6 +82,12 @@ class PrivacyReport:
     screening: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def planning_only(self) -> bool:
+        """The certified number is the real-valued secure sum's, planning only and not sound for a run
+        (issue 28 item 5): a secure-aggregation accountant without the integer grid."""
+        return REAL_SUM_LABEL in self.certified.assumes
+
+    @property
     def delta_total(self) -> float:
         """The delta the certified epsilon holds at: ``delta`` plus the screening charge (if any)."""
         return float(self.screening.get("delta_total", self.delta))
@@ -103,7 +110,8 @@ class PrivacyReport:
             "colluders": self.colluders,
             "bounds": {name: value.to_dict() for name, value in self.bounds.items()},
             "certified": {"bound": self.certified_bound, "mu": mu, "epsilon": self.certified.epsilon,
-                          "assumes": list(self.certified.assumes)},
+                          "assumes": list(self.certified.assumes),
+                          **({"planning_only": True} if self.planning_only else {})},
             "rdp": {"orders": list(orders), "values": list(rdp_values), "epsilon": rdp_eps},
             "relation": RELATION,
             "add_remove": dict(self.add_remove),
@@ -122,6 +130,9 @@ class PrivacySpent:
     accounting_method: str
     mu: float
     bound: str
+    #: True: not a certificate. The real-valued secure sum's bound (threat_model "secure-aggregation" without
+    #: the integer grid, sum_grid_step): a run certifies the integer sum's Skellam bound (docs/MATH.md §20)
+    planning_only: bool = False
 
 
 def _ratio_sq(numerator: float, denominator: float) -> float:
@@ -157,6 +168,9 @@ class PrivacyAccountant:
         q = config.sampling_rate  # Poisson client sampling: the amplified bound (docs/MATH.md §19)
         self._sampled = None if q is None else SampledAccount(q, config.colluders)
         grid = config.sum_grid_step  # secure aggregation's integer sum (docs/MATH.md §20.4)
+        if grid is None and config.threat_model == "secure-aggregation":
+            warnings.warn(f"threat_model 'secure-aggregation' without sum_grid_step: {REAL_SUM_LABEL}; its epsilon is "
+                          "not sound for a run (reports and get_privacy_spent() say planning_only)", stacklevel=2)
         self._secure = None if grid is None else SecureSumAccount(grid, config.sum_dimension or 0, config.colluders)
 
     # ------------------------------------------------------------ protocol shape
@@ -195,6 +209,7 @@ class PrivacyAccountant:
             accounting_method=ACCOUNTING_METHOD if report.rdp_curve is None else "skellam-rdp",
             mu=mu,
             bound=report.certified_bound,
+            planning_only=report.planning_only,
         )
 
     # ------------------------------------------------------------------- rounds

@@ -93,7 +93,8 @@ def format_round_line(report: dict[str, Any], *, accuracy: float | None, clients
     parts = [f"round {report['round']}", f"clients {clients}"]
     if not (final_model and accuracy is None):
         parts.append(f"acc {fmt_acc(accuracy)}")
-    parts.append(f"certified mu={fmt_num(cert['mu'])} eps={fmt_num(cert['epsilon'])} "
+    label = "PLANNING ONLY (not a certificate)" if cert.get("planning_only") else "certified"
+    parts.append(f"{label} mu={fmt_num(cert['mu'])} eps={fmt_num(cert['epsilon'])} "
                  f"(delta={delta_text(report)}, {cert['bound']}, {report.get('relation', 'replace-one')}"
                  f"{conditional_note(cert)}{', if ' + FINAL_MODEL_ASSUMES if final_model else ''})")
     if add_remove_note(report):
