@@ -23,7 +23,6 @@ The public shape mirrors Flower's ``flwr.serverapp.PrivacyAccountant`` protocol
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -35,7 +34,7 @@ from .records import BOUND_NAMES, AccountantConfig, RoundRecord
 from .sampled import SAMPLED_BOUND, SampledAccount
 from .screening_charge import screening_charge
 from .running_sum import RunningSum
-from .secure_aggregation import REAL_SUM_LABEL, SecureSumAccount, amend_secure_aggregation, rdp_delta
+from .secure_aggregation import REAL_SUM_LABEL, SecureSumAccount, amend_secure_aggregation, rdp_delta, warn_planning_only
 from .schedules import step_sizes
 from .terms import RoundTerms, round_terms
 
@@ -77,19 +76,11 @@ class PrivacyReport:
     sampling: dict[str, Any] = field(default_factory=dict)
     #: the certified bound's RDP curve (orders, nats) where it comes from RDP (the Skellam secure sum), else None
     rdp_curve: tuple[tuple[int, ...], tuple[float, ...]] | None = None
-    #: screening drops charged to delta (docs/MATH.md §17.1): drop_probability, delta (the charge),
-    #: delta_total (the delta the certified epsilon holds at); {} when nothing is charged
+    #: screening drops charged to delta (docs/MATH.md §17.1: drop_probability, delta, delta_total), or {}
     screening: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def planning_only(self) -> bool:
-        """The certified number is the real-valued secure sum's, planning only and not sound for a run
-        (issue 28 item 5): a secure-aggregation accountant without the integer grid."""
-        return REAL_SUM_LABEL in self.certified.assumes
-
-    @property
-    def delta_total(self) -> float:
-        """The delta the certified epsilon holds at: ``delta`` plus the screening charge (if any)."""
+    def delta_total(self) -> float:  # the delta the certified epsilon holds at, screening drops included
         return float(self.screening.get("delta_total", self.delta))
 
     @property
@@ -111,7 +102,7 @@ class PrivacyReport:
             "bounds": {name: value.to_dict() for name, value in self.bounds.items()},
             "certified": {"bound": self.certified_bound, "mu": mu, "epsilon": self.certified.epsilon,
                           "assumes": list(self.certified.assumes),
-                          **({"planning_only": True} if self.planning_only else {})},
+                          **({"planning_only": True} if REAL_SUM_LABEL in self.certified.assumes else {})},
             "rdp": {"orders": list(orders), "values": list(rdp_values), "epsilon": rdp_eps},
             "relation": RELATION,
             "add_remove": dict(self.add_remove),
@@ -130,9 +121,7 @@ class PrivacySpent:
     accounting_method: str
     mu: float
     bound: str
-    #: True: not a certificate. The real-valued secure sum's bound (threat_model "secure-aggregation" without
-    #: the integer grid, sum_grid_step): a run certifies the integer sum's Skellam bound (docs/MATH.md §20)
-    planning_only: bool = False
+    planning_only: bool = False  # True: the real-valued secure sum's bound, not a certificate (MATH §20.2)
 
 
 def _ratio_sq(numerator: float, denominator: float) -> float:
@@ -168,9 +157,7 @@ class PrivacyAccountant:
         q = config.sampling_rate  # Poisson client sampling: the amplified bound (docs/MATH.md §19)
         self._sampled = None if q is None else SampledAccount(q, config.colluders)
         grid = config.sum_grid_step  # secure aggregation's integer sum (docs/MATH.md §20.4)
-        if grid is None and config.threat_model == "secure-aggregation":
-            warnings.warn(f"threat_model 'secure-aggregation' without sum_grid_step: {REAL_SUM_LABEL}; its epsilon is "
-                          "not sound for a run (reports and get_privacy_spent() say planning_only)", stacklevel=2)
+        warn_planning_only(config.threat_model, grid)
         self._secure = None if grid is None else SecureSumAccount(grid, config.sum_dimension or 0, config.colluders)
 
     # ------------------------------------------------------------ protocol shape
@@ -209,7 +196,7 @@ class PrivacyAccountant:
             accounting_method=ACCOUNTING_METHOD if report.rdp_curve is None else "skellam-rdp",
             mu=mu,
             bound=report.certified_bound,
-            planning_only=report.planning_only,
+            planning_only=REAL_SUM_LABEL in report.certified.assumes,  # no certificate (MATH §20.2)
         )
 
     # ------------------------------------------------------------------- rounds

@@ -29,7 +29,7 @@ CHARGED_THREAT_MODELS = ("all-rounds", "final-model")
 
 
 def screening_charge(drop_probability: float, epsilon: float, delta: float, threat_model: str,
-                     add_remove_epsilon: float | None = None) -> dict[str, Any]:
+                     add_remove_epsilon: Any = None) -> dict[str, Any]:
     """The report's ``screening`` entry: {} when nothing is charged, else the summed drop probability P,
     the charge (1 + e^eps) P, and delta_total = delta + charge (the delta the certified epsilon holds at,
     drops included); the same for the add/remove-one epsilon when given. An infinite epsilon gives an
@@ -39,7 +39,7 @@ def screening_charge(drop_probability: float, epsilon: float, delta: float, thre
     out: dict[str, Any] = {"drop_probability": drop_probability, "delta": _charge(drop_probability, epsilon)}
     out["delta_total"] = min(1.0, delta + out["delta"])
     if add_remove_epsilon is not None:
-        charge = _charge(drop_probability, add_remove_epsilon)
+        charge = _charge(drop_probability, float(add_remove_epsilon))
         out["add_remove_delta_total"] = min(1.0, delta + charge)
     return out
 

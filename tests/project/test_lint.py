@@ -17,7 +17,8 @@ STRICT = ["fl_dp_flower/privacy/validate.py", "fl_dp_flower/privacy/schedules.py
           "fl_dp_flower/node.py", "fl_dp_flower/client.py", "fl_dp_flower/interop.py", "fl_dp_flower/app_project.py",
           "fl_dp_flower/reporting/rounds.py", "fl_dp_flower/privacy/terms.py", "fl_dp_flower/privacy/bounds.py",
           "fl_dp_flower/privacy/planning.py", "fl_dp_flower/privacy/sampled.py",
-          "fl_dp_flower/privacy/secure_aggregation.py", "fl_dp_flower/privacy/skellam.py"]
+          "fl_dp_flower/privacy/secure_aggregation.py", "fl_dp_flower/privacy/skellam.py",
+          "fl_dp_flower/privacy/screening_charge.py"]
 
 
 def _tool(name: str) -> str:
