@@ -157,5 +157,15 @@ def unfinished_contributors(config: AccountantConfig, contents: LedgerContents) 
     return min(config.clients, floor)
 
 
+def unfinished_screening_drop(config: AppConfig, contents: LedgerContents) -> float:
+    """The open round's screening charge (docs/MATH.md §17.1: its replies may have been screened and a drop
+    logged before the crash), as recorded in its ``round-open`` event; a ledger written before it was recorded
+    gets the resumed run's levels (none under secure aggregation, whose per-upload checks do not run)."""
+    recorded = (contents.open_round_event or {}).get("screening_drop")
+    if isinstance(recorded, (int, float)) and not isinstance(recorded, bool) and 0.0 <= recorded <= 1.0:
+        return float(recorded)
+    return 0.0 if config.threat_model == "secure-aggregation" else config.noise_check_alpha + config.update_bound_alpha
+
+
 #: min-replies - colluding-clients >= 4 under secure aggregation since its run path existed (config_secagg.py)
 LEGACY_SECURE_FLOOR = 4

@@ -60,7 +60,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Result
 
 from fl_dp_flower.apps.recovery import (RunFailed, logged_failures, restore_exclusions, unfinished_contributors,
-                                        unfinished_round)
+                                        unfinished_round, unfinished_screening_drop)
 from fl_dp_flower.apps.threat import (final_model_assumptions, node_assumptions, publishes_per_round_models,
                                       run_grid, start_warnings)
 from fl_dp_flower.config import AppConfig, ConfigError
@@ -181,7 +181,8 @@ def _open_ledger(config: AppConfig, run_dir: Path) -> tuple[PrivacyLedger, Priva
     accountant = PrivacyAccountant.from_records(acct_cfg, records)
     if unfinished is not None:
         smallest = unfinished_contributors(acct_cfg, contents)  # secure aggregation: the floor at round-open
-        record = acct_cfg.planned_round(unfinished, smallest, applied=False)
+        record = replace(acct_cfg.planned_round(unfinished, smallest, applied=False),
+                         screening_drop=unfinished_screening_drop(config, contents))
         report = accountant.step(record)
         ledger.append_round(round=unfinished, record=record.to_dict(), report=report.to_dict(),
                             metrics={"dp-unfinished-accounted": 1})

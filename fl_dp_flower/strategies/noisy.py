@@ -141,9 +141,10 @@ class NoisyStrategyMixin(NodeSampling):
             if self.cohort else sorted(slots)
         log.info("round %d (t=%d): sampled %d clients on %d of %d nodes", server_round, t, len(members),
                  len(slots), len(available))
-        # write-ahead; min_replies: the smallest sum this round may be aggregated (unmasked) from, what a
-        # resume charges if the round is left open (a resume may change min-replies for later rounds)
-        self._event("round-open", {"round": t + 1, "node_ids": members, "min_replies": self.federation.min_replies})
+        # write-ahead; what a resume charges if the round is left open (it may change these for later rounds):
+        # min_replies, the smallest sum this round may be aggregated (unmasked) from, and screening_drop
+        self._event("round-open", {"round": t + 1, "node_ids": members, "min_replies": self.federation.min_replies,
+                                   "screening_drop": self._screening_rules(self.planned(t)).drop_probability})
         base = ConfigRecord(dict(config))  # start() reuses one record for all rounds: never alias it
         base["server-round"] = server_round
         for key, value in self.train_settings(t).items():

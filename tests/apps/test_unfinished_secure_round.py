@@ -74,7 +74,24 @@ def test_a_round_open_without_a_recorded_floor_is_charged_at_the_smallest_floor_
     assert "records no contributor floor" in caplog.text
 
 
-def test_the_server_records_min_replies_in_every_round_open_event(tmp_path):
-    run_local(tiny_config(tmp_path, **{"min-replies": 2}))
+def test_the_server_records_min_replies_and_the_screening_levels_in_every_round_open_event(tmp_path):
+    run_local(tiny_config(tmp_path, **{"min-replies": 2, "noise-check-alpha": 1e-7}))
     opened = [e["data"] for e in read_ledger(tmp_path / "run" / LEDGER).events if e["event"] == "round-open"]
     assert [d["min_replies"] for d in opened] == [2, 2]
+    assert [d["screening_drop"] for d in opened] == [1e-7 + 1e-12] * 2
+
+
+def test_an_open_all_rounds_round_is_charged_its_recorded_screening_levels(tmp_path):
+    """Its replies may have been screened (and a drop logged) before the crash: the charge of docs/MATH.md §17.1
+    at the levels recorded at round-open, not the resumed run's."""
+    cfg = {"threat-model": "all-rounds", "clients-per-round": 10, "num-partitions": 10}
+    opened = _config(tmp_path, **cfg)
+    ledger = PrivacyLedger.create(tmp_path / "run" / LEDGER, accountant_config=opened.accountant_config().to_dict(),
+                                  app_config=opened.to_run_config())
+    ledger.append_event("round-open", {"round": 1, "node_ids": list(range(1, 11)), "min_replies": 1,
+                                       "screening_drop": 2e-6})
+    ledger.close()
+    resumed = _config(tmp_path, **cfg, **{"resume": True, "resume-unfinished-round": "account"})
+    ledger, accountant, _ = _open_ledger(resumed, tmp_path / "run")
+    ledger.close()
+    assert accountant.records[0].screening_drop == 2e-6 and accountant.report().screening["drop_probability"] == 2e-6
