@@ -30,19 +30,20 @@ def final_model_assumptions(config: AppConfig) -> list[str]:
 
 
 def node_assumptions(config: AppConfig) -> list[str]:
-    """What every certified number assumes of the nodes and their sampler (printed with it), and what a fixed
-    seed does to it (:func:`fixed_seed_note`, last)."""
-    seed = [note] if (note := fixed_seed_note(config)) else []
+    """What every certified number assumes of the nodes and their sampler (printed with it), then what a fixed
+    seed does to it (:func:`fixed_seed_note`) and, in cohort mode, who it is against (:func:`cohort_collusion_warning`)."""
+    notes = [note] if (note := fixed_seed_note(config)) else []
+    notes += [note] if (note := cohort_collusion_warning(config)) else []  # who the certificate is against
     if config.threat_model == "secure-aggregation":
         return ["honest nodes: every client in the sum ran the update it echoes and added its own integer Skellam "
                 "noise of variance sigma^2 before masking (not screened: the server sees only the sum)",
-                "an exact Poisson sampler (numpy's, PCG64 seeded from OS entropy; docs/MATH.md §20.4)", *seed]
+                "an exact Poisson sampler (numpy's, PCG64 seeded from OS entropy; docs/MATH.md §20.4)", *notes]
     return [
         "honest nodes: every aggregated client ran the update it echoes and added its own N(0, sigma^2) "
         f"(replies screened for it at noise-check-alpha = {config.noise_check_alpha:g}; docs/MATH.md §17)",
         f"an exact Gaussian sampler (noise-mode = {config.noise_mode!r}: truncated at "
         f"{'8.29' if config.noise_mode == 'secure' else '5.77'} sigma; docs/MATH.md §18)",
-        *seed,
+        *notes,
     ]
 
 

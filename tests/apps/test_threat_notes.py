@@ -33,6 +33,7 @@ def test_the_main_job_against_one_node_operator():
         in warning
     assert cohort_collusion_warning(AppConfig.from_run_config({**PRESETS["main"], "colluding-clients": 400})) is None
     assert cohort_collusion_warning(tiny_config("/tmp")) is None  # one client per node: nothing to say
+    assert warning in node_assumptions(MAIN)  # printed with the certificate (summary.json, the final log line)
 
 
 def test_the_warning_comes_outside_simulation_only():
