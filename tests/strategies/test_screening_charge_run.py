@@ -25,3 +25,25 @@ def test_screened_rounds_charge_their_drop_probability_to_delta(tmp_path, overri
     summary = json.loads((tmp_path / "run" / SUMMARY).read_text())
     assert summary["final_report"]["screening"] == report["screening"]
     assert verify_ledger(tmp_path / "run" / LEDGER).ok
+
+
+def test_a_void_round_s_screening_is_charged_with_the_next_record(tmp_path):
+    """Round 1 gets no usable reply (a screening drop could be why, and the void is visible): its drop probability
+    is carried to the next accounted record, which then holds two rounds' worth."""
+    from fl_dp_flower.apps.client import app as client_app
+    from fl_dp_flower.apps.server import run_server
+    from fl_dp_flower.testing import TINY_NODES, LocalGrid, task_identity
+
+    config = tiny_config(tmp_path)
+    grid = LocalGrid(client_app, TINY_NODES, config.to_run_config(), failing=set(range(1, TINY_NODES + 1)))
+    first = grid.send_and_receive
+
+    def then_healthy(*args, **kwargs):
+        replies = first(*args, **kwargs)
+        grid.failing.clear()
+        return replies
+    grid.send_and_receive = then_healthy
+    with task_identity():
+        out = run_server(grid, config)
+    assert [e["event"] for e in read_ledger(tmp_path / "run" / LEDGER).events][:2] == ["round-open", "round-void"]
+    assert [r.screening_drop for r in out.accountant.records] == [4e-12]
