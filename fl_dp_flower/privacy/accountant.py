@@ -76,8 +76,7 @@ class PrivacyReport:
     sampling: dict[str, Any] = field(default_factory=dict)
     #: the certified bound's RDP curve (orders, nats) where it comes from RDP (the Skellam secure sum), else None
     rdp_curve: tuple[tuple[int, ...], tuple[float, ...]] | None = None
-    #: screening drops charged to delta (docs/MATH.md §17.1: drop_probability, delta, delta_total), or {}
-    screening: dict[str, Any] = field(default_factory=dict)
+    screening: dict[str, Any] = field(default_factory=dict)  # drops charged to delta (MATH §17.1), or {}
 
     @property
     def delta_total(self) -> float:  # the delta the certified epsilon holds at, screening drops included
@@ -180,10 +179,12 @@ class PrivacyAccountant:
     def get_delta(self, epsilon: float) -> float:
         report = self.report()
         if report.certified_bound == SAMPLED_BOUND and self._sampled is not None:
-            return self._sampled.replace_one.delta(epsilon)
-        if report.rdp_curve is not None and self._secure is not None:  # RDP -> delta (docs/MATH.md §20.4)
-            return rdp_delta(report.rdp_curve[1], report.rdp_curve[0], epsilon, self._secure.log_clamp)
-        return gdp.delta(report.certified.mu, epsilon)
+            delta = self._sampled.replace_one.delta(epsilon)
+        elif report.rdp_curve is not None and self._secure is not None:  # RDP -> delta (docs/MATH.md §20.4)
+            delta = rdp_delta(report.rdp_curve[1], report.rdp_curve[0], epsilon, self._secure.log_clamp)
+        else:
+            delta = gdp.delta(report.certified.mu, epsilon)  # plus the screening drops' charge (MATH §17.1):
+        return float(screening_charge(self._screening_drop, epsilon, delta, self._config.threat_model).get("delta_total", delta))
 
     def get_privacy_spent(self, delta: float | None = None) -> PrivacySpent:
         d = self._config.delta if delta is None else delta

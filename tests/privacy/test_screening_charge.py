@@ -79,6 +79,7 @@ def test_the_charge_is_in_the_report_privacy_spent_and_the_round_line():
     report = accountant.report()
     spent = accountant.get_privacy_spent()
     assert spent.epsilon == report.certified.epsilon and spent.delta == report.delta_total > 1e-5
+    assert accountant.get_delta(report.certified.epsilon) == pytest.approx(report.delta_total, rel=1e-6)
     data = report.to_dict()
     assert data["delta"] == 1e-5 and data["screening"]["delta_total"] == report.delta_total
     line = format_round_line(json.loads(json.dumps(data)), accuracy=None, clients=4000)
