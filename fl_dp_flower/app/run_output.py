@@ -66,11 +66,17 @@ def spent_text(ledger: Path) -> str:
     cert = contents.rounds[-1]["report"]["certified"]
     text = (f"privacy spent: {len(contents.rounds)} rounds accounted, certified eps "
             f"{num(cert['epsilon'])} (mu {num(cert['mu'])}, {cert['bound']}) at delta "
-            f"{contents.rounds[-1]['report']['delta']:g}")
+            f"{_delta(contents.rounds[-1]['report'])}")
     if contents.open_round is not None:
         text += (f"; round {contents.open_round} was under way (resume with --resume and "
                  "resume-unfinished-round='account' to account it)")
     return text
+
+
+def _delta(report: dict[str, Any]) -> str:
+    """The delta the certified epsilon holds at (with screening drops charged, docs/MATH.md §17.1)."""
+    screening = report.get("screening") or {}
+    return f"{report['delta']:g} + {screening['delta']:.2g} (screening drops)" if screening else f"{report['delta']:g}"
 
 
 def shortfall_text(summary: dict[str, Any]) -> str:

@@ -61,12 +61,12 @@ from flwr.serverapp.strategy import Result
 
 from fl_dp_flower.app.recovery import RunFailed, logged_failures, restore_exclusions
 from fl_dp_flower.app.threat import (final_model_assumptions, node_assumptions, publishes_per_round_models,
-                                      run_grid)
+                                      run_grid, start_warnings)
 from fl_dp_flower.app.config import AppConfig, ConfigError
 from fl_dp_flower.app.preflight import chance_level_warning, log_preflight
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.reporting import PrivacyLedger, PrivacyMetricsExporter, plot_privacy_curve, render_summary
-from fl_dp_flower.reporting.console import conditional_note
+from fl_dp_flower.reporting.console import conditional_note, delta_text
 from fl_dp_flower.reporting.durable import atomic_write, write_json
 from fl_dp_flower.reporting.ledger import FAILED_EVENT, LedgerContents, read_ledger
 from fl_dp_flower.reporting.resume import ResumeRefused, resume_ledger
@@ -165,8 +165,9 @@ def _open_ledger(config: AppConfig, run_dir: Path) -> tuple[PrivacyLedger, Priva
     ckpt_round, arrays = _checkpoint(run_dir, contents)
     try:  # the library's one resume rule (reporting/resume.py): checks, then resume event, lost rounds, open round
         ledger, accountant, _ = resume_ledger(path, acct_cfg, checkpoint_round=ckpt_round,
-                                              unfinished=config.resume_unfinished_round, min_replies=config.min_replies,
-                                              plan=config.resumable_plan(), option="resume-unfinished-round")
+                                              unfinished=config.resume_unfinished_round, plan=config.resumable_plan(),
+                                              option="resume-unfinished-round",
+                                              legacy_screening_levels=config.noise_check_alpha + config.update_bound_alpha)
     except ResumeRefused as err:
         log.error("%s", err)
         raise RunFailed(str(err), logged=True) from None
@@ -221,6 +222,8 @@ def _run_server(grid: Grid, config: AppConfig, fraction_evaluate: float,
     except ConfigError as err:  # the budget fits no round: said in the log that `flwr log` shows
         log.error("%s", err)
         raise
+    for warning in start_warnings(config, grid):  # fixed seed; cohort collusion outside simulation (issue 28)
+        log.warning("%s", warning)
     run_dir = (Path(config.output_dir).expanduser() / config.run_name).resolve()
     if config.resume:
         _require_ledger(run_dir / LEDGER)  # before any folder is made
@@ -344,8 +347,8 @@ def _finish(config: AppConfig, run_dir: Path, ledger: PrivacyLedger, accountant:
         log.warning("%s", warning)
     cert, assumes = summary["final_report"]["certified"], summary["threat_model_assumes"]
     log.info("finished: %d of %d planned rounds accounted, certified epsilon %s (mu %s, %s, replace-one%s) at "
-             "delta %g; add/remove-one epsilon %s%s%s", accountant.num_releases, config.num_server_rounds,
-             cert["epsilon"], cert["mu"], cert["bound"], conditional_note(cert), config.delta,
+             "delta %s; add/remove-one epsilon %s%s%s", accountant.num_releases, config.num_server_rounds,
+             cert["epsilon"], cert["mu"], cert["bound"], conditional_note(cert), delta_text(summary["final_report"]),
              summary["final_report"]["add_remove"]["epsilon"],
              f"; final-model bound assumes {'; '.join(assumes)}; released model accuracy {summary['final_accuracy']}"
              if assumes else "", f"; stopped: {strategy.stop_reason}" if strategy.stop_reason else "")

@@ -33,8 +33,9 @@ from .final_model import OnlineFinalModel
 from .records import BOUND_NAMES, AccountantConfig, RoundRecord
 from .sampled import SAMPLED_BOUND, SampledAccount
 from .validate import plausible_delta
+from .screening_charge import screening_charge
 from .running_sum import RunningSum
-from .secure_aggregation import SecureSumAccount, amend_secure_aggregation, rdp_delta
+from .secure_aggregation import REAL_SUM_LABEL, SecureSumAccount, amend_secure_aggregation, rdp_delta, warn_planning_only
 from .schedules import step_sizes
 from .terms import RoundTerms, round_terms
 
@@ -75,6 +76,11 @@ class PrivacyReport:
     sampling: dict[str, Any] = field(default_factory=dict)
     #: the certified bound's RDP curve (orders, nats) where it comes from RDP (the Skellam secure sum), else None
     rdp_curve: tuple[tuple[int, ...], tuple[float, ...]] | None = None
+    screening: dict[str, Any] = field(default_factory=dict)  # drops charged to delta (MATH §17.1), or {}
+
+    @property
+    def delta_total(self) -> float:  # the delta the certified epsilon holds at, screening drops included
+        return float(self.screening.get("delta_total", self.delta))
 
     @property
     def certified(self) -> BoundValue:
@@ -94,11 +100,13 @@ class PrivacyReport:
             "colluders": self.colluders,
             "bounds": {name: value.to_dict() for name, value in self.bounds.items()},
             "certified": {"bound": self.certified_bound, "mu": mu, "epsilon": self.certified.epsilon,
-                          "assumes": list(self.certified.assumes)},
+                          "assumes": list(self.certified.assumes),
+                          **({"planning_only": True} if REAL_SUM_LABEL in self.certified.assumes else {})},
             "rdp": {"orders": list(orders), "values": list(rdp_values), "epsilon": rdp_eps},
             "relation": RELATION,
             "add_remove": dict(self.add_remove),
             **({"sampling": dict(self.sampling)} if self.sampling else {}),
+            **({"screening": dict(self.screening)} if self.screening else {}),
         }
 
 
@@ -112,6 +120,7 @@ class PrivacySpent:
     accounting_method: str
     mu: float
     bound: str
+    planning_only: bool = False  # True: the real-valued secure sum's bound, not a certificate (MATH §20.2)
 
 
 def _ratio_sq(numerator: float, denominator: float) -> float:
@@ -143,9 +152,11 @@ class PrivacyAccountant:
         self._min_sigma: float | None = None
         self._as_planned = True
         self._applied = 0  # rounds whose aggregate reached the released model
+        self._screening_drop = 0.0  # sum of the rounds' screening_drop (docs/MATH.md §17.1)
         q = config.sampling_rate  # Poisson client sampling: the amplified bound (docs/MATH.md §19)
         self._sampled = None if q is None else SampledAccount(q, config.colluders)
         grid = config.sum_grid_step  # secure aggregation's integer sum (docs/MATH.md §20.4)
+        warn_planning_only(config.threat_model, grid)
         self._secure = None if grid is None else SecureSumAccount(grid, config.sum_dimension or 0, config.colluders)
 
     # ------------------------------------------------------------ protocol shape
@@ -168,10 +179,12 @@ class PrivacyAccountant:
     def get_delta(self, epsilon: float) -> float:
         report = self.report()
         if report.certified_bound == SAMPLED_BOUND and self._sampled is not None:
-            return self._sampled.replace_one.delta(epsilon)
-        if report.rdp_curve is not None and self._secure is not None:  # RDP -> delta (docs/MATH.md §20.4)
-            return rdp_delta(report.rdp_curve[1], report.rdp_curve[0], epsilon, self._secure.log_clamp)
-        return gdp.delta(report.certified.mu, epsilon)
+            delta = self._sampled.replace_one.delta(epsilon)
+        elif report.rdp_curve is not None and self._secure is not None:  # RDP -> delta (docs/MATH.md §20.4)
+            delta = rdp_delta(report.rdp_curve[1], report.rdp_curve[0], epsilon, self._secure.log_clamp)
+        else:
+            delta = gdp.delta(report.certified.mu, epsilon)  # plus the screening drops' charge (MATH §17.1):
+        return float(screening_charge(self._screening_drop, epsilon, delta, self._config.threat_model).get("delta_total", delta))
 
     def get_privacy_spent(self, delta: float | None = None) -> PrivacySpent:
         d = self._config.delta if delta is None else delta
@@ -179,11 +192,12 @@ class PrivacyAccountant:
         mu = report.certified.mu
         return PrivacySpent(
             epsilon=report.certified.epsilon,
-            delta=d,
+            delta=report.delta_total,  # d plus the screening drops' charge (docs/MATH.md §17.1)
             num_releases=self.num_releases,
             accounting_method=ACCOUNTING_METHOD if report.rdp_curve is None else "skellam-rdp",
             mu=mu,
             bound=report.certified_bound,
+            planning_only=REAL_SUM_LABEL in report.certified.assumes,  # no certificate (MATH §20.2)
         )
 
     # ------------------------------------------------------------------- rounds
@@ -239,7 +253,8 @@ class PrivacyAccountant:
                             applied=self._applied + int(record.applied),
                             ar_mus=ar_mus, uses_smoothness=self._uses_smoothness or terms.uses_smoothness,
                             trial=self._sampled.peek(record.clients, terms) if self._sampled else None,
-                            secure_trial=self._secure_curves(record, terms))
+                            secure_trial=self._secure_curves(record, terms),
+                            screening_drop=self._screening_drop + record.screening_drop)
 
     def report(self, delta: float | None = None) -> PrivacyReport:
         """The running guarantee (epsilon at ``delta``, default the config's delta)."""
@@ -247,11 +262,12 @@ class PrivacyAccountant:
         sound = self._soundness(self._as_planned, self._records_start_at_one())
         return self._report(self._mus(), sound, last.round if last else 0, self.num_releases,
                             last.clients if last else 0, delta, applied=self._applied, ar_mus=self._ar_mus(),
-                            uses_smoothness=self._uses_smoothness)
+                            uses_smoothness=self._uses_smoothness, screening_drop=self._screening_drop)
 
     def _report(self, mus: dict[str, float], sound: dict[str, bool], round_: int, rounds: int, clients: int,
                 delta: float | None = None, *, applied: int, ar_mus: dict[str, float],
-                uses_smoothness: bool, trial: Any = None, secure_trial: Any = None) -> PrivacyReport:
+                uses_smoothness: bool, trial: Any = None, secure_trial: Any = None,
+                screening_drop: float = 0.0) -> PrivacyReport:
         d = self._config.delta if delta is None else delta
         asserted = self._config.assume_smooth_losses
         assumes = bound_assumptions(self._config.smoothness, uses_smoothness)
@@ -268,11 +284,13 @@ class PrivacyAccountant:
         sampling = {} if self._sampled is None else self._sampled.amend(
             bounds, add_remove, self._config.threat_model, d, trial)
         curve = None if self._secure is None else self._secure.amend(bounds, add_remove, d, secure_trial)
+        cert = certified_bound(self._config.threat_model, bounds, asserted)
+        screening = screening_charge(screening_drop, bounds[cert].epsilon, d, self._config.threat_model,
+                                     add_remove["epsilon"])
         return PrivacyReport(
             round=round_, rounds=rounds, delta=d, threat_model=self._config.threat_model, clients=clients,
             bounds=bounds, rounds_applied=applied, colluders=self._config.colluders,
-            certified_bound=certified_bound(self._config.threat_model, bounds, asserted),
-            add_remove=add_remove, sampling=sampling, rdp_curve=curve,
+            certified_bound=cert, add_remove=add_remove, sampling=sampling, rdp_curve=curve, screening=screening,
         )
 
     # -------------------------------------------------------------------- state
@@ -319,6 +337,7 @@ class PrivacyAccountant:
         if self._secure is not None:
             self._secure.add(self._secure_curves(record, terms))
         self._uses_smoothness = self._uses_smoothness or terms.uses_smoothness
+        self._screening_drop += record.screening_drop
         m = max(record.clients, 1)
         self._min_clients = m if self._min_clients is None else min(self._min_clients, m)
         self._min_sigma = record.sigma if self._min_sigma is None else min(self._min_sigma, record.sigma)

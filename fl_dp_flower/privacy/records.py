@@ -200,6 +200,11 @@ class RoundRecord:
     was drawn from, and ``sampled`` how many it drew (before dropouts and screening); ``weights``
     then hold the contributions that entered the sum (uniform), possibly none. Both None: a
     fixed-size round (and every record written before sampling existed).
+
+    ``screening_drop`` bounds the probability that the server's data-dependent reply checks (residual
+    noise, update magnitude) dropped an honest reply in this round (noise-check-alpha +
+    update-bound-alpha; 0 where they did not run): charged to delta (docs/MATH.md §17.1). A record
+    written before the field existed reads as 0, as it was certified then.
     """
 
     round: int
@@ -215,9 +220,13 @@ class RoundRecord:
     applied: bool = True
     population: int | None = None
     sampled: int | None = None
+    screening_drop: float = 0.0
 
     def __post_init__(self) -> None:
         int_at_least("round", self.round, 1)
+        if (isinstance(self.screening_drop, bool) or not isinstance(self.screening_drop, (int, float))
+                or not 0.0 <= self.screening_drop <= 1.0):
+            raise ValueError(f"screening_drop must be a probability in [0, 1], got {self.screening_drop!r}")
         if not isinstance(self.applied, bool):
             raise ValueError(f"applied must be true or false, got {self.applied!r}")  # noqa: TRY004 (as every field)
         choice("algorithm", self.algorithm, ALGORITHMS)

@@ -38,6 +38,7 @@ The bound rests on :func:`secure_aggregation_assumption`, printed wherever it is
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import numpy as np
@@ -162,3 +163,11 @@ def amend_secure_aggregation(threat_model: str, colluders: int, bounds: dict[str
                                                   sound=composition.sound, assumes=label)
     assumes[SECURE_AGGREGATION_BOUND] = label
     ar_mus[SECURE_AGGREGATION_BOUND] = ar_mus["composition"]
+
+
+def warn_planning_only(threat_model: str, sum_grid_step: float | None) -> None:
+    """Warn that an accountant under secure-aggregation without the integer grid reports the real-valued sum's
+    bound, planning only (issue 28 item 5; its reports and get_privacy_spent() say ``planning_only``)."""
+    if threat_model == SECURE_AGGREGATION_THREAT and sum_grid_step is None:
+        warnings.warn(f"threat_model 'secure-aggregation' without sum_grid_step: {REAL_SUM_LABEL}; its epsilon is not "
+                      "sound for a run (reports and get_privacy_spent() say planning_only)", stacklevel=3)

@@ -68,6 +68,15 @@ def _paper_label(paper: dict[str, Any]) -> str:
     return "paper bound" if paper.get("sound") else "paper bound (not a guarantee)"
 
 
+def delta_text(report: dict[str, Any]) -> str:
+    """The delta the certified epsilon holds at: "1e-05", or with screening drops charged (docs/MATH.md
+    §17.1) "1e-05 + 9.4e-09 (screening drops)"."""
+    screening = report.get("screening") or {}
+    if not screening:
+        return f"{report['delta']:g}"
+    return f"{report['delta']:g} + {screening['delta']:.2g} (screening drops)"
+
+
 def format_round_line(report: dict[str, Any], *, accuracy: float | None, clients: int) -> str:
     """One log line for a finished round, e.g.
 
@@ -84,8 +93,9 @@ def format_round_line(report: dict[str, Any], *, accuracy: float | None, clients
     parts = [f"round {report['round']}", f"clients {clients}"]
     if not (final_model and accuracy is None):
         parts.append(f"acc {fmt_acc(accuracy)}")
-    parts.append(f"certified mu={fmt_num(cert['mu'])} eps={fmt_num(cert['epsilon'])} "
-                 f"(delta={report['delta']:g}, {cert['bound']}, {report.get('relation', 'replace-one')}"
+    label = "PLANNING ONLY (not a certificate)" if cert.get("planning_only") else "certified"
+    parts.append(f"{label} mu={fmt_num(cert['mu'])} eps={fmt_num(cert['epsilon'])} "
+                 f"(delta={delta_text(report)}, {cert['bound']}, {report.get('relation', 'replace-one')}"
                  f"{conditional_note(cert)}{', if ' + FINAL_MODEL_ASSUMES if final_model else ''})")
     if add_remove_note(report):
         parts.append(add_remove_note(report))
@@ -113,8 +123,7 @@ def summary_table(history: list[dict[str, Any]], max_rows: int | None = None) ->
     Unsound bounds are marked with ``*`` and explained in the caption. ``max_rows``: show at most
     that many rounds, evenly spaced, first and last included (the caption says so).
     """
-    delta = history[-1]["report"]["delta"] if history else None
-    title = "Privacy summary" + (f" (delta={delta:g})" if delta is not None else "")
+    title = "Privacy summary" + (f" (delta={delta_text(history[-1]['report'])})" if history else "")
     table = Table(title=title, show_lines=False)
     for name, justify in [("round", "right"), ("clients", "right"), ("accuracy", "right"),
                           ("loss", "right"), ("certified by", "left"), ("cert. mu", "right"),

@@ -196,7 +196,7 @@ class PrivacyMetricsExporter:
         self._rounds.set(report.get("rounds", report["round"]))
         self._last_round.set(report["round"])
         self._clients.set(clients)
-        self._delta.set(report["delta"])
+        self._delta.set((report.get("screening") or {}).get("delta_total", report["delta"]))  # MATH §17.1
         cert = report["certified"]
         self._cert_mu.set(float(cert["mu"]))
         self._cert_eps.set(float(cert["epsilon"]))

@@ -23,6 +23,7 @@ from typing import Any, Literal
 from fl_dp_flower.errors import FlDpError
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.privacy.records import AccountantConfig
+from fl_dp_flower.privacy.screening_charge import DEFAULT_CHECK_LEVEL
 
 from .ledger import NOT_APPLIED_EVENT, RESUME_EVENT, UNFINISHED_ROUND_EVENT, LedgerContents, PrivacyLedger
 from .replay import round_records
@@ -73,16 +74,52 @@ def unfinished_round(path: str | os.PathLike[str], contents: LedgerContents, che
     return open_round
 
 
+#: min-replies - colluding-clients >= 4 under secure aggregation since its run path existed
+LEGACY_SECURE_FLOOR = 4
+
+
+def unfinished_contributors(config: AccountantConfig, contents: LedgerContents) -> int | None:
+    """How many contributors the open round is charged as a sum of: None (the planned m) outside secure
+    aggregation; under it the smallest sum SecAggGrid could have unmasked in that round, the floor recorded
+    in its ``round-open`` event (``min_replies``), never the resumed run's (issue 28 item 1: a resume may
+    raise min-replies for later rounds, not for a round already broadcast). A ``round-open`` event written
+    before the floor was recorded is charged at the smallest floor any version accepted,
+    ``colluding-clients`` + 4 (docs/MATH.md §20.5)."""
+    if config.threat_model != "secure-aggregation":
+        return None
+    data = contents.open_round_event or {}
+    floor = data.get("min_replies")
+    if isinstance(floor, bool) or not isinstance(floor, int) or floor < 1:
+        floor = config.colluders + LEGACY_SECURE_FLOOR
+        log.warning("round %s's round-open event records no contributor floor (a ledger written before it was "
+                    "recorded): charged as a sum of %d contributors, the smallest any version allowed",
+                    contents.open_round, floor)
+    return min(config.clients, floor)
+
+
+def unfinished_screening_drop(config: AccountantConfig, contents: LedgerContents, legacy_levels: float) -> float:
+    """The open round's screening charge (docs/MATH.md §17.1: its replies may have been screened and a drop
+    logged before the crash), as recorded in its ``round-open`` event; a ledger written before it was recorded
+    gets ``legacy_levels`` (the resumed run's noise-check + update-bound levels; none under secure aggregation,
+    whose per-upload checks do not run)."""
+    recorded = (contents.open_round_event or {}).get("screening_drop")
+    if isinstance(recorded, (int, float)) and not isinstance(recorded, bool) and 0.0 <= recorded <= 1.0:
+        return float(recorded)
+    return 0.0 if config.threat_model == "secure-aggregation" else legacy_levels
+
+
 def resume_ledger(path: str | os.PathLike[str], config: AccountantConfig, *, checkpoint_round: int = 0,
-                  unfinished: UnfinishedRound = "refuse", min_replies: int = 1,
-                  plan: dict[str, Any] | None = None,
-                  option: str = "unfinished_round") -> tuple[PrivacyLedger, PrivacyAccountant, LedgerContents]:
+                  unfinished: UnfinishedRound = "refuse", plan: dict[str, Any] | None = None,
+                  option: str = "unfinished_round",
+                  legacy_screening_levels: float = 2 * DEFAULT_CHECK_LEVEL,
+                  ) -> tuple[PrivacyLedger, PrivacyAccountant, LedgerContents]:
     """Re-open the ledger at ``path`` for a run continued from round ``checkpoint_round``'s model
     (0: from the initial model) and rebuild its accountant; the module docstring says what is written.
 
-    ``min_replies``: under secure aggregation an unfinished round is charged as the costliest sum that
-    can be unmasked (``min(clients, min_replies)`` contributors). ``plan``: recorded in the ``resume``
-    event (``watch`` shows it). Every check runs before the first write.
+    An unfinished round is charged at what its ``round-open`` event recorded (the secure sum's contributor
+    floor, the screening levels), never at the resumed run's settings; ``legacy_screening_levels`` is the
+    screening charge of an open round whose event predates that record. ``plan``: recorded in the
+    ``resume`` event (``watch`` shows it). Every check runs before the first write.
     """
     path = Path(path)
     contents = PrivacyLedger.check_resumable(path, accountant_config=config.to_dict())
@@ -91,8 +128,10 @@ def resume_ledger(path: str | os.PathLike[str], config: AccountantConfig, *, che
     lost = [r.round for r in records if r.applied and r.round > checkpoint_round]
     records = [replace(r, applied=False) if r.round in lost else r for r in records]
     accountant = PrivacyAccountant.from_records(config, records)
-    smallest = min(config.clients, min_replies) if config.threat_model == "secure-aggregation" else None
-    record = config.planned_round(open_round, smallest, applied=False) if open_round is not None else None
+    record = None
+    if open_round is not None:
+        record = replace(config.planned_round(open_round, unfinished_contributors(config, contents), applied=False),
+                         screening_drop=unfinished_screening_drop(config, contents, legacy_screening_levels))
     report = accountant.peek(record) if record is not None else None  # raises before any write if it cannot
 
     ledger = PrivacyLedger.resume(path, accountant_config=config.to_dict())  # the first write
@@ -111,7 +150,8 @@ def resume_ledger(path: str | os.PathLike[str], config: AccountantConfig, *, che
                             metrics={"dp-unfinished-accounted": 1})
         ledger.append_event(UNFINISHED_ROUND_EVENT, {
             "round": record.round, "line": contents.open_round_line, "torn": contents.torn_round == record.round,
-            "accounted_as": "planned round, not applied (its aggregate was never saved or broadcast)"})
+            "accounted_as": "planned round, not applied (its aggregate was never saved or broadcast)",
+            "contributors": record.clients})
         log.warning("round %d had no complete ledger line (line %s): charged as the planned round, not applied "
                     "(its uploads may have reached the server; its aggregate was never saved or broadcast) "
                     "(%s = 'account'); certified epsilon now %.6g",

@@ -64,7 +64,7 @@ def dp_metrics(report: Any) -> dict[str, float | int]:
         "dp-final-model-epsilon": b["final_model"].epsilon,
         "dp-local-mu": b["local_dp"].mu,
         "dp-local-epsilon": b["local_dp"].epsilon,
-        "dp-delta": report.delta,
+        "dp-delta": report.delta_total,  # delta plus the screening drops' charge (docs/MATH.md §17.1)
     }
 
 
@@ -113,7 +113,7 @@ class LedgerSink:
 
 def open_ledger(path: str | os.PathLike[str], config: AccountantConfig, *, resume: bool = False,
                 run_config: dict[str, Any] | None = None, unfinished_round: UnfinishedRound = "refuse",
-                checkpoint: Any = None, min_replies: int = 1) -> tuple[LedgerSink, PrivacyAccountant]:
+                checkpoint: Any = None) -> tuple[LedgerSink, PrivacyAccountant]:
     """A ledger sink and its accountant.
 
     New run (``resume=False``): creates the ledger (refuses an existing file: a ledger is never
@@ -127,8 +127,8 @@ def open_ledger(path: str | os.PathLike[str], config: AccountantConfig, *, resum
     (none: every round) stay charged and are marked not applied (out of the final-model bound).
     ``unfinished_round``: a round that was broadcast but never recorded (a killed run) may have been
     spent: ``"refuse"`` (default) raises naming it, nothing written; ``"account"`` charges it as the
-    planned round, not applied. ``min_replies``: your ``FederationSettings.min_replies`` (under secure
-    aggregation an unfinished round is charged at that many contributors).
+    planned round, not applied, at what its ``round-open`` event recorded (under secure aggregation the
+    smallest sum that could have been unmasked then, whatever the resumed run's ``min_replies``).
     """
     if checkpoint is not None and not resume and checkpoint.saved_round() > 0:
         raise FileExistsError(f"checkpoint {checkpoint.path} already exists but resume=False: it belongs to an "
@@ -138,8 +138,7 @@ def open_ledger(path: str | os.PathLike[str], config: AccountantConfig, *, resum
         sink, accountant = LedgerSink(ledger), PrivacyAccountant(config)
     else:
         saved = checkpoint.saved_round() if checkpoint is not None else 0
-        resumed, accountant, _ = resume_ledger(path, config, checkpoint_round=saved, unfinished=unfinished_round,
-                                               min_replies=min_replies)
+        resumed, accountant, _ = resume_ledger(path, config, checkpoint_round=saved, unfinished=unfinished_round)
         sink = LedgerSink(resumed)
     if checkpoint is not None:
         checkpoint.ledger = sink  # the checkpoint checks that a round's line precedes its save

@@ -92,7 +92,9 @@ class NoisyStrategyMixin(NodeSampling):
         self.budget = budget
         self.global_arrays: ArrayRecord | None = None
         self.stop_reason: str | None = None
-        self.echo_mismatches = self._last_mismatch = 0
+        self.echo_mismatches = 0
+        self._void_drop = 0.0  # screening drop probability of void rounds, charged with the next record (MATH §17.1)
+        self._last_mismatch = 0
         self.refusals: dict[int, NodeRefusals] = {}
         self._round: PendingRound | None = None
         self._user_evaluate_fn: EvaluateFn | None = None
@@ -147,7 +149,9 @@ class NoisyStrategyMixin(NodeSampling):
             if self.cohort else sorted(slots)
         log.info("round %d (t=%d): sampled %d clients on %d of %d nodes", server_round, t, len(members),
                  len(slots), len(available))
-        self._event("round-open", {"round": t + 1, "node_ids": members})  # write-ahead
+        # write-ahead, with what a resume charges if the round is left open (min-replies: the smallest sum)
+        self._event("round-open", {"round": t + 1, "node_ids": members, "min_replies": self.federation.min_replies,
+                                   "screening_drop": self._screening_rules(self.planned(t)).drop_probability})
         base = ConfigRecord(dict(config))  # start() reuses one record for all rounds: never alias it
         base["server-round"] = server_round
         for key, value in self.train_settings(t).items():
@@ -197,6 +201,7 @@ class NoisyStrategyMixin(NodeSampling):
         if not usable and not self.federation.poisson:  # a Poisson round is accounted even so (sampling.py)
             log.warning("round %d: no usable reply; nothing aggregated or accounted", server_round)
             self._event("round-void", {"round": planned.round_index + 1, "reason": "no usable reply"})
+            self._void_drop += self._screening_rules(planned).drop_probability  # a drop may have voided it
             return None, None
 
         weights = self._weights(usable)
@@ -217,6 +222,7 @@ class NoisyStrategyMixin(NodeSampling):
         before = self.accountant.report().certified.epsilon
         expected = self.accountant.peek(self.accountant.config.planned_round(record.round)).certified.epsilon
         report = self.accountant.step(record)
+        self._void_drop = 0.0
         arrays = self.server_update.apply(reference, arrays, record.round) if arrays is not None else None
         if not aggregated and self.diverged is None:
             log.warning(
@@ -255,6 +261,7 @@ class NoisyStrategyMixin(NodeSampling):
             round=planned.round_index + 1, algorithm=c.algorithm, step_sizes=etas, clip_norm=worst.clip_norm,
             sigma=worst.sigma, weights=weights, clipping=c.clipping, batch_size=worst.batch_size,
             prox_alpha=worst.prox_alpha, node_ids=tuple(m for u in usable for m in u.members), applied=applied,
+            screening_drop=min(1.0, self._screening_rules(planned).drop_probability + self._void_drop),
             **self._sampling_fields())
 
     # ------------------------------------------------------------ round closing

@@ -29,7 +29,7 @@ from fl_dp_flower.privacy.schedules import step_sizes
 from fl_dp_flower import protocol
 
 from .echo import Applied, metric_number, parse_applied
-from .screening import Rejected, ScreeningRules, check_reply, reference_norm
+from .screening import Rejected, ScreeningRules, check_batch, check_reply, reference_norm
 
 log = logging.getLogger("flwr").getChild(__name__)  # Flower's handlers: shows in `flwr log`
 
@@ -144,6 +144,7 @@ def screen(
                 partition = int(metric_number(metrics, protocol.PARTITION_ID, integer=True, minimum=0, strict=False))
             energy = None
             if rules is not None:
+                check_batch(applied, int(n), rules)
                 energy = check_reply(arrays, reference, len(members), applied, rules, w_norm)
         except Rejected as err:
             dropped.append((node, str(err), True))  # a screening rule: counts towards exclusion

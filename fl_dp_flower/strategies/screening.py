@@ -9,7 +9,9 @@
    planned one, and ``dp.local-steps`` may not exceed ``floor(local-steps * echo-tolerance)``
    (so no size the server allocates comes from a reply). FedProx echoes must meet the
    preconditions of the FedProx terms (alpha > L, every eta_k <= 1/alpha), as the ClientApp's
-   own instruction check does.
+   own instruction check does: for the echo's own alpha and steps and for the least private combination
+   of plan and echo the round is charged at (issue 34). Under per-sample clipping the echoed batch size
+   may not exceed the reply's num-examples (:func:`check_batch`).
 2. **Update magnitude** (:func:`check_magnitude`): the M members summed in a reply each moved
    at most ``V * sum_k eta_k`` from the broadcast model w_t (every clipped step has norm <= V,
    FedProx's pull only shrinks the distance since eta_k alpha <= 1), and their summed noise
@@ -22,10 +24,11 @@
    ``E = ||reply - M w_t||^2 / (d M sigma^2)`` of an honest reply is ``chi2_d(lambda) / d``,
    lambda = ||sum of updates||^2 / (M sigma^2): a noncentral chi-square, which stochastically
    dominates the central chi2_d. Rejecting ``E < chi2_d.ppf(alpha) / d`` therefore drops an
-   honest reply with probability <= alpha (``noise-check-alpha``, 0 = off). A node that sent
+   honest reply with probability <= alpha (``noise-check-alpha``, 0 = off). Both checks' levels are
+   charged to delta (:attr:`ScreeningRules.drop_probability`, docs/MATH.md §17.1). A node that sent
    no noise (or much less than it claims) has E close to ``lambda / d``, far below 1, and is
    caught. The check cannot catch noise a little below the claimed sigma (the threshold for
-   d = 61,706 and alpha = 1e-9 is E >= 0.966, so a node adding 0.98 sigma passes), and it is
+   d = 61,706 and alpha = 1e-12 is E >= 0.960, so a node adding 0.98 sigma passes), and it is
    weak for small d (the chi2_d quantile spreads as sqrt(2/d)). docs/MATH.md §17 states the
    honest-node assumption every bound rests on.
 """
@@ -46,6 +49,7 @@ from fl_dp_flower import protocol
 from fl_dp_flower.errors import FlDpError
 from fl_dp_flower.privacy.records import check_prox
 from fl_dp_flower.privacy.schedules import step_sizes
+from fl_dp_flower.privacy.screening_charge import DEFAULT_CHECK_LEVEL
 from fl_dp_flower.vocabulary import Schedule
 
 if TYPE_CHECKING:
@@ -72,13 +76,20 @@ class ScreeningRules:
     smoothness: float
     per_sample: bool
     echo_tolerance: float = 1.0  # (echo-tolerance) >= 1
-    noise_check_alpha: float = 1e-9  # (noise-check-alpha) false-alarm rate; 0 = off
-    update_bound_alpha: float = 1e-9  # (update-bound-alpha) tail probability of the noise norm bound
+    noise_check_alpha: float = DEFAULT_CHECK_LEVEL  # (noise-check-alpha) false-alarm rate; 0 = off
+    update_bound_alpha: float = DEFAULT_CHECK_LEVEL  # (update-bound-alpha) tail probability of the noise norm bound
     #: secure aggregation: every reply holds w_t + the average of the secure sum, not one upload, so only the
     #: echoes are checked (the magnitude and residual-noise checks describe one client's upload)
     secure_sum: bool = False
     #: the run asserts L-smooth losses: FedProx's alpha must then exceed L (plan_rules.check_prox)
     assume_smooth_losses: bool = True
+
+    @property
+    def drop_probability(self) -> float:
+        """Bound on the probability that the data-dependent checks drop one honest reply: alpha + beta (the
+        residual energy dominates chi2_d, the distance stays within the magnitude bound but with probability
+        beta); 0 when they do not run. Charged to delta (docs/MATH.md §17.1)."""
+        return 0.0 if self.secure_sum else self.noise_check_alpha + self.update_bound_alpha
 
 
 @dataclass(frozen=True)
@@ -150,12 +161,25 @@ def check_echo(echoed: Applied, rules: ScreeningRules) -> None:
             raise Rejected(f"a fedprox reply must echo {protocol.PROX_ALPHA}")
         if p.prox_alpha is not None:
             _within(protocol.PROX_ALPHA, echoed.prox_alpha, p.prox_alpha, tol)
+        # the preconditions (alpha > L, every eta_k <= 1/alpha) must hold for what the node says it ran (its
+        # own alpha and steps: issue 34, lr 0.4 with alpha 4 inside a tolerance of 4) and for what the round
+        # is charged at, the least private of plan and echo (smallest alpha, element-wise largest steps)
+        own = step_sizes(rules.schedule, echoed.lr, echoed.round_index, echoed.local_steps)
         alpha = min(a for a in (echoed.prox_alpha, p.prox_alpha) if a is not None)
-        etas = worst_step_sizes(echoed, rules)
-        try:
-            check_prox("fedprox", alpha, rules.smoothness, max(etas), rules.assume_smooth_losses)
-        except ValueError as err:
-            raise Rejected(f"echoed FedProx settings break the preconditions of its bound: {err}") from None
+        for what, a, etas in (("echoed", echoed.prox_alpha, own),
+                              ("charged (least private of plan and echo)", alpha, worst_step_sizes(echoed, rules))):
+            try:
+                check_prox("fedprox", a, rules.smoothness, max(etas), rules.assume_smooth_losses)
+            except ValueError as err:
+                raise Rejected(f"{what} FedProx settings break the preconditions of its bound: {err}") from None
+
+
+def check_batch(echoed: Applied, num_examples: int, rules: ScreeningRules) -> None:
+    """Per-sample clipping: the echoed batch size B must fit the examples the reply claims (a client with
+    fewer samples than B averages over fewer than B clipped gradients, so 2V/B would understate it)."""
+    if rules.per_sample and echoed.batch_size is not None and echoed.batch_size > num_examples:
+        raise Rejected(f"echoed {protocol.BATCH_SIZE} = {echoed.batch_size} exceeds the reply's num-examples = "
+                       f"{num_examples}: per-sample clipping over fewer samples than the B it is charged at")
 
 
 def worst_step_sizes(echoed: Applied, rules: ScreeningRules) -> tuple[float, ...]:

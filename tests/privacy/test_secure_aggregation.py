@@ -186,3 +186,28 @@ def test_the_command_line_prints_the_assumption_next_to_the_certified_number(cap
     assert "certified (secure_aggregation, chosen by threat model secure-aggregation" in text
     assert "Skellam secure sum" in text and "honest-but-curious server" in text
     assert "at most c = 3 colluding participants" in text
+
+
+# ----------------------------------------------------------------------------- issue 28 item 5: no grid, no certificate
+def test_without_the_integer_grid_the_number_is_marked_planning_only_where_it_is_read_and_printed():
+    """The main job with one client per SuperNode, c 1, no sum_grid_step: 3.831 is the real-valued sum's bound, which a
+    run never certifies (it certifies the integer sum's Skellam bound). Before the fix get_privacy_spent() returned it
+    with no mark and the round line called it certified."""
+    from fl_dp_flower.reporting.console import format_round_line
+
+    config = AccountantConfig(clients=4000, sigma=0.55, lr=2.0, local_steps=1, clip_norm=1.0, batch_size=1,
+                              threat_model="secure-aggregation", colluders=1)
+    with pytest.warns(UserWarning, match="planning only"):
+        accountant = PrivacyAccountant(config)
+    for t in range(1, 61):
+        accountant.step(config.planned_round(t))
+    spent = accountant.get_privacy_spent()
+    assert spent.planning_only and spent.epsilon == pytest.approx(3.831, abs=1e-3)
+    report = accountant.report().to_dict()
+    assert report["certified"]["planning_only"] is True
+    line = format_round_line(report, accuracy=None, clients=4000)
+    assert "PLANNING ONLY (not a certificate) mu=" in line and "certified mu" not in line
+    with_grid = dataclasses.replace(config, sum_grid_step=2.0**-16, sum_dimension=61706)
+    graded = PrivacyAccountant(with_grid)
+    graded.step(with_grid.planned_round(1))
+    assert not graded.get_privacy_spent().planning_only and "planning_only" not in graded.report().to_dict()["certified"]

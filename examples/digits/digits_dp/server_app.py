@@ -43,7 +43,7 @@ def main(grid: Grid, context: Context) -> None:
     checkpoint = ModelCheckpoint(out / "model-latest.pt")  # the model (and server-optimizer state) after each round
     ledger, accountant = open_ledger(out / "ledger.jsonl", plan, run_config=dict(rc), resume=bool(rc.get("resume", False)),
                                      unfinished_round=str(rc.get("resume-unfinished-round", "refuse")),  # type: ignore[arg-type]
-                                     checkpoint=checkpoint, min_replies=federation.min_replies)
+                                     checkpoint=checkpoint)
     target = float(rc["target-epsilon"])
     strategy = NoisyFedAvg(settings, accountant, federation=federation,
                            budget=Budget(target, delta) if target > 0 else None,

@@ -60,6 +60,19 @@ class LedgerContents:
         """Round number of the last complete round line (0 when none)."""
         return self.rounds[-1]["round"] if self.rounds else 0
 
+    @property
+    def open_round_event(self) -> dict[str, Any] | None:
+        """The data of the ``round-open`` event of :attr:`open_round` (what the server recorded
+        before broadcasting it: node ids, contributor floor), None when no round is open or none
+        was written for it."""
+        if self.open_round is None:
+            return None
+        for entry in reversed(self.events):
+            data = entry.get("data")
+            if entry.get("event") == ROUND_OPEN_EVENT and isinstance(data, dict) and data.get("round") == self.open_round:
+                return data
+        return None
+
 
 def parse_line(raw: bytes) -> dict[str, Any] | None:
     """One ledger line (bytes, without its newline) -> its entry with non-finite floats decoded, or

@@ -1,0 +1,50 @@
+"""The delta charged for screening drops (docs/MATH.md §17.1): the server's residual-noise and
+update-magnitude checks drop an honest reply with a probability that depends on its data (its residual
+energy is noncentral chi-square with noncentrality ||Delta||^2 / sigma^2), and a drop is visible.
+
+Coupling (as for the Skellam clamp, §20.4): the run as it ran differs from the run whose checks never drop
+an honest reply only on the event that some round drops the target's reply, of probability at most
+P = sum_t p_t, p_t = noise-check-alpha + update-bound-alpha (each check drops an honest reply with at most
+its level, whatever the data). If the ideal run is (eps, delta)-DP, the real one is
+(eps, delta + (1 + e^eps) P)-DP. The per-round p_t is in each round record (``screening_drop``).
+
+The charge applies where the adversary does not see the screened upload itself: the all-rounds and
+final-model threat models. The curious server sees each upload, and a drop is a function of it
+(post-processing, covered by local DP); under secure aggregation the per-upload checks do not run.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+__all__ = ["CHARGED_THREAT_MODELS", "DEFAULT_CHECK_LEVEL", "screening_charge"]
+
+#: default noise-check-alpha and update-bound-alpha: the main job's charge, (1 + e^3.825) x 100 x 2e-12 =
+#: 9.4e-9, is 0.09 % of its delta 1e-5 (at 1e-9 each it was 9.4e-6, almost doubling delta)
+DEFAULT_CHECK_LEVEL = 1e-12
+
+#: the threat models whose certificate a screening drop can leak past (docs/MATH.md §17.1)
+CHARGED_THREAT_MODELS = ("all-rounds", "final-model")
+
+
+def screening_charge(drop_probability: float, epsilon: float, delta: float, threat_model: str,
+                     add_remove_epsilon: Any = None) -> dict[str, Any]:
+    """The report's ``screening`` entry: {} when nothing is charged, else the summed drop probability P,
+    the charge (1 + e^eps) P, and delta_total = delta + charge (the delta the certified epsilon holds at,
+    drops included); the same for the add/remove-one epsilon when given. An infinite epsilon gives an
+    infinite charge (no claim), capped at 1."""
+    if drop_probability <= 0.0 or threat_model not in CHARGED_THREAT_MODELS:
+        return {}
+    out: dict[str, Any] = {"drop_probability": drop_probability, "delta": _charge(drop_probability, epsilon)}
+    out["delta_total"] = min(1.0, delta + out["delta"])
+    if add_remove_epsilon is not None:
+        charge = _charge(drop_probability, float(add_remove_epsilon))
+        out["add_remove_delta_total"] = min(1.0, delta + charge)
+    return out
+
+
+def _charge(drop_probability: float, epsilon: float) -> float:
+    if not math.isfinite(epsilon) or epsilon > 700.0:
+        return 1.0
+    return min(1.0, (1.0 + math.exp(epsilon)) * drop_probability)
