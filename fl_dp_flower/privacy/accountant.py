@@ -31,6 +31,7 @@ from .bounds import ADD_REMOVE_RELATION, RELATION, BoundValue, add_remove_certif
 from .closed_forms import paper_mu
 from .final_model import OnlineFinalModel
 from .records import BOUND_NAMES, AccountantConfig, RoundRecord
+from .client_sampling import CONDITIONED_BOUND, SecretSampleAccount
 from .sampled import SAMPLED_BOUND, SampledAccount
 from .running_sum import RunningSum
 from .secure_aggregation import SecureSumAccount, amend_secure_aggregation, rdp_delta
@@ -145,6 +146,8 @@ class PrivacyAccountant:
         self._applied = 0  # rounds whose aggregate reached the released model
         q = config.sampling_rate  # Poisson client sampling: the amplified bound (docs/MATH.md §19)
         self._sampled = None if q is None else SampledAccount(q, config.colluders)
+        # a secret sample: the bound conditioned on each round's count (docs/MATH.md §22)
+        self._secret = SecretSampleAccount(config.colluders) if config.sample_secrecy == "secret" else None
         grid = config.sum_grid_step  # secure aggregation's integer sum (docs/MATH.md §20.4)
         self._secure = None if grid is None else SecureSumAccount(grid, config.sum_dimension or 0, config.colluders)
 
@@ -169,6 +172,8 @@ class PrivacyAccountant:
         report = self.report()
         if report.certified_bound == SAMPLED_BOUND and self._sampled is not None:
             return self._sampled.replace_one.delta(epsilon)
+        if report.certified_bound == CONDITIONED_BOUND and self._secret is not None:
+            return self._secret.composition.delta(epsilon)
         if report.rdp_curve is not None and self._secure is not None:  # RDP -> delta (docs/MATH.md §20.4)
             return rdp_delta(report.rdp_curve[1], report.rdp_curve[0], epsilon, self._secure.log_clamp)
         return gdp.delta(report.certified.mu, epsilon)
@@ -238,8 +243,9 @@ class PrivacyAccountant:
         return self._report(mus, sound, record.round, self.num_releases + 1, record.clients, delta,
                             applied=self._applied + int(record.applied),
                             ar_mus=ar_mus, uses_smoothness=self._uses_smoothness or terms.uses_smoothness,
-                            trial=self._sampled.peek(record.clients, terms) if self._sampled else None,
-                            secure_trial=self._secure_curves(record, terms))
+                            trial=self._sampled.peek(record, terms) if self._sampled else None,
+                            secure_trial=self._secure_curves(record, terms),
+                            secret_trial=self._secret.peek(record, terms) if self._secret else None)
 
     def report(self, delta: float | None = None) -> PrivacyReport:
         """The running guarantee (epsilon at ``delta``, default the config's delta)."""
@@ -251,7 +257,8 @@ class PrivacyAccountant:
 
     def _report(self, mus: dict[str, float], sound: dict[str, bool], round_: int, rounds: int, clients: int,
                 delta: float | None = None, *, applied: int, ar_mus: dict[str, float],
-                uses_smoothness: bool, trial: Any = None, secure_trial: Any = None) -> PrivacyReport:
+                uses_smoothness: bool, trial: Any = None, secure_trial: Any = None,
+                secret_trial: Any = None) -> PrivacyReport:
         d = self._config.delta if delta is None else delta
         asserted = self._config.assume_smooth_losses
         assumes = bound_assumptions(self._config.smoothness, uses_smoothness)
@@ -267,6 +274,10 @@ class PrivacyAccountant:
                       "relation": ADD_REMOVE_RELATION}
         sampling = {} if self._sampled is None else self._sampled.amend(
             bounds, add_remove, self._config.threat_model, d, trial)
+        if self._secret is not None:
+            sampling = self._secret.amend(bounds, add_remove, sampling, d, secret_trial)
+        elif self._sampled is not None:
+            sampling["secrecy"] = "public"
         curve = None if self._secure is None else self._secure.amend(bounds, add_remove, d, secure_trial)
         return PrivacyReport(
             round=round_, rounds=rounds, delta=d, threat_model=self._config.threat_model, clients=clients,
@@ -315,7 +326,9 @@ class PrivacyAccountant:
         self._composition_ar.add(_ratio_sq(terms.gamma_add_remove, terms.target_noise_std))
         self._local_ar.add(_ratio_sq(terms.client_sensitivity_add_remove, terms.sigma) if record.weights else 0.0)
         if self._sampled is not None:
-            self._sampled.push(record.clients, terms)
+            self._sampled.push(record, terms)
+        if self._secret is not None:
+            self._secret.push(record, terms)
         if self._secure is not None:
             self._secure.add(self._secure_curves(record, terms))
         self._uses_smoothness = self._uses_smoothness or terms.uses_smoothness

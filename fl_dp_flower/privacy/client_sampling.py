@@ -48,7 +48,7 @@ from .terms import _fedprox_parts
 from .validate import int_at_least, nonnegative
 
 __all__ = ["CONDITIONED_BOUND", "DISCRETIZATION", "ConditionedComposition", "client_level_sensitivity",
-           "conditioned_epsilon", "conditioned_pld", "inclusion_probability", "privacy_profile",
+           "SecretSampleAccount", "conditioned_epsilon", "conditioned_pld", "inclusion_probability", "privacy_profile",
            "secret_sample_assumption"]
 
 #: the name of the conditioned (secret-sample) bound in a report's ``bounds``
@@ -184,3 +184,55 @@ def conditioned_epsilon(rounds: Sequence[tuple[float, float]], delta: float) -> 
         composed = block if composed is None else composed.compose(block)
         i = j
     return 0.0 if composed is None else max(0.0, float(composed.get_epsilon_for_delta(delta)))
+
+
+def _uniform(weights: Sequence[float]) -> bool:
+    return all(math.isclose(w, weights[0], rel_tol=1e-9) for w in weights)
+
+
+@dataclass
+class SecretSampleAccount:
+    """The ``sampled_secret`` bound of a run (sample_secrecy "secret", all-rounds threat model): each
+    round's (p_t, mu_t) from its record and terms, composed; one value for replace-one and add/remove-one
+    (the client-level sensitivity bounds both)."""
+
+    colluders: int
+    composition: ConditionedComposition = field(default_factory=ConditionedComposition)
+
+    def round(self, record: RoundRecord, terms: Any) -> tuple[float, float]:
+        """(p_t, mu_t) of a round. Nothing in the sum: (0, 0), free. No population on the record, a
+        non-uniform average, or p_t = 1: the target counted in the round, composition's own round
+        (p = 1, mu = gamma_t / s_t)."""
+        n = len(record.weights)
+        if n == 0:
+            return 0.0, 0.0
+        full = (1.0, float(terms.gamma) / float(terms.target_noise_std))
+        if record.population is None or not _uniform(record.weights):
+            return full
+        drawn = n if record.sampled is None else max(record.sampled, n)
+        p = inclusion_probability(drawn, record.population, self.colluders)
+        if p >= 1.0:
+            return full
+        return p, client_level_sensitivity(record) / (float(record.sigma) * math.sqrt(max(1, n - self.colluders)))
+
+    def push(self, record: RoundRecord, terms: Any) -> None:
+        self.composition.push(*self.round(record, terms))
+
+    def peek(self, record: RoundRecord, terms: Any) -> Any:
+        return self.composition.peek(*self.round(record, terms))
+
+    def amend(self, bounds: dict[str, Any], add_remove: dict[str, Any], sampling: dict[str, Any], delta: float,
+              trial: Any = None) -> dict[str, Any]:
+        """Add the ``sampled_secret`` bound to a report's ``bounds`` (its mu: composition's), let it carry the
+        add/remove-one guarantee where smaller, and return the report's ``sampling`` section with the secrecy."""
+        from .bounds import BoundValue
+
+        composition = bounds["composition"]
+        epsilon = self.composition.epsilon(delta, trial)
+        assumption = secret_sample_assumption()
+        bounds[CONDITIONED_BOUND] = BoundValue(mu=composition.mu, epsilon=epsilon, sound=True,
+                                               assumes=(*composition.assumes, assumption))
+        if epsilon < add_remove["epsilon"]:
+            add_remove.update(bound=CONDITIONED_BOUND, epsilon=epsilon)
+        return {**sampling, "secrecy": "secret", "conditioned_bound": CONDITIONED_BOUND,
+                "epsilon_secret_sample": epsilon, "secret_sample_assumes": assumption}
