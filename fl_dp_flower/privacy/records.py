@@ -171,7 +171,8 @@ class AccountantConfig:
             batch_size=self.batch_size,
             prox_alpha=self.prox_alpha,
             applied=applied,
-            **({"population": self.population, "sampled": m} if self.population is not None else {}),
+            population=self.population,
+            sampled=None if self.population is None else m,
         )
 
     def to_dict(self) -> dict[str, Any]:
