@@ -68,6 +68,7 @@ from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.reporting import PrivacyLedger, PrivacyMetricsExporter, plot_privacy_curve, render_summary
 from fl_dp_flower.reporting.console import conditional_note
 from fl_dp_flower.reporting.durable import atomic_write, write_json
+from fl_dp_flower.reporting.ledger.events import MEMBERS_FILE
 from fl_dp_flower.reporting.ledger import (FAILED_EVENT, NOT_APPLIED_EVENT, RESUME_EVENT, UNFINISHED_ROUND_EVENT,
                                           LedgerContents, read_ledger)
 from fl_dp_flower.reporting.replay import round_records
@@ -265,7 +266,8 @@ def _run_server(grid: Grid, config: AppConfig, fraction_evaluate: float,
         sink = RoundSink(ledger, lambda round_, saved: atomic_torch_save(  # the released model, the server's state
                              {"round": round_, "state_dict": saved.to_torch_state_dict(),
                               "server_update": strategy.server_update.state()}, run_dir / CHECKPOINT),
-                         log, exporter, config.budget_epsilon)
+                         log, exporter, config.budget_epsilon,
+                         members=run_dir / MEMBERS_FILE if config.sample_secrecy == "secret" else None)
         per_round_eval = publishes_per_round_models(config)
         if not per_round_eval:  # docs/MATH.md §15
             log.info("final-model: no per-round evaluation is published; the released model is evaluated at the end")

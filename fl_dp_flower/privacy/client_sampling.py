@@ -23,7 +23,7 @@ pair ((1 - p) N(0, 1) + p N(mu, 1), N(0, 1)) (privacy loss >= 0), mirrored (P an
 <= 0), and an atom common to both holding the remaining mass. It is symmetric, so it dominates
 every ordered pair of neighbouring datasets at every hockey-stick order (the order < 1 by the
 swap), and the rounds compose by dp-accounting's PLD (its pessimistic connect-the-dots discretisation of
-the exact privacy profile, interval :data:`DISCRETIZATION` nats). tests/privacy/test_client_sampling.py checks it against an
+the exact privacy profile, interval :data:`DISCRETIZATION` nats). tests/privacy/test_secret_sample.py checks it against an
 mpmath trade-off curve and a Monte-Carlo estimate.
 
 The textbook subsampled Gaussian with one shared noise draw is NOT used: per-client noise makes

@@ -34,7 +34,7 @@ from .schedules import step_sizes
 from .validate import choice, int_at_least, nonnegative, positive
 
 __all__ = ["ALGORITHMS", "BOUND_CHOICES", "BOUND_NAMES", "CLIPPING_MODES", "SCHEDULES", "SMOOTHNESS_FIELDS",
-           "THREAT_MODELS", "AccountantConfig", "colluder_problems", "sampling_problems", "secure_sum_problems",
+           "THREAT_MODELS", "AccountantConfig", "colluder_problems", "sampling_problems", "secrecy_problems", "secure_sum_problems",
            "smoothness_problems", "Algorithm", "BoundChoice", "BoundName", "Clipping", "RoundRecord", "Schedule", "ThreatModel"]
 
 

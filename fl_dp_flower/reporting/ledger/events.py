@@ -17,4 +17,7 @@ FAILED_EVENT = "failed"  # the run's last line when the ServerApp raised
 CLOSING_EVENTS = (END_EVENT, FAILED_EVENT)
 BUDGET_STOP_EVENT = "budget-stop"
 NODE_EXCLUDED_EVENT = "node-excluded"
+#: a secret sample's member ids (sample-secrecy "secret"): never written to the ledger, only to MEMBERS_FILE
+MEMBERS_EVENT = "round-members"
+MEMBERS_FILE = "members.jsonl"  # beside the ledger, owner-only (FILE_MODE); the server's owner alone reads it
 UNFINISHED_ROUND_EVENT = "unfinished-round-accounted"
