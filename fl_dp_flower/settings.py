@@ -66,11 +66,32 @@ class DPSettings:
         """FedProx's alpha, None for FedAvg (the accountant's convention)."""
         return self.prox_alpha if self.algorithm == "fedprox" else None
 
-    def accountant_config(self, *, clients: int, delta: float = 1e-5, threat_model: ThreatModel = "all-rounds",
-                          smoothness: float = 1.0, **extra: Any) -> AccountantConfig:
-        """The :class:`AccountantConfig` of a run with these settings and ``clients`` per round
-        (``extra``: further AccountantConfig fields, e.g. ``cyclic_c``)."""
+    def accountant_config(self, *, clients: int | None = None, population: int | None = None, delta: float = 1e-5,
+                          threat_model: ThreatModel = "all-rounds", smoothness: float = 1.0,
+                          **extra: Any) -> AccountantConfig:
+        """The :class:`AccountantConfig` of a run with these settings (``extra``: further AccountantConfig
+        fields, e.g. ``cyclic_c``, ``sampling_rate``, ``sample_secrecy``).
+
+        Name what you know. Fixed-size sampling: ``clients`` = m, the clients each round aggregates (with
+        ``sample_secrecy="secret"`` also ``population`` = N, the clients it draws from). Poisson sampling
+        (``sampling_rate`` q): ``population`` = N only; the plan then assumes floor(q N) contributions per
+        round (``clients`` with ``sampling_rate`` is refused: it once meant floor(q N) here and N elsewhere).
+        """
         choice("threat_model", threat_model, THREAT_MODELS)
+        q = extra.get("sampling_rate")
+        if q is not None and (population is None or clients is not None):
+            raise ValueError("with sampling_rate (Poisson client sampling) name the population: accountant_config("
+                             "population=N, sampling_rate=q), not clients= (the plan's count per round is then "
+                             f"floor(q N)); got clients={clients!r}, population={population!r}")
+        if q is not None:
+            clients = max(1, int(float(q) * int_at_least("population", population, 1) + 1e-9))
+        if clients is None:
+            raise ValueError("clients (the clients each round aggregates, m) is required without sampling_rate")
+        if extra.get("sample_secrecy") == "secret":
+            extra["population"] = population
+        elif population is not None and q is None:
+            raise ValueError("population is used with sampling_rate or sample_secrecy='secret' (the plan's N); "
+                             "with fixed-size sampling of a public sample give clients only")
         return AccountantConfig(
             algorithm=self.algorithm, schedule=self.schedule, lr=self.lr, local_steps=self.local_steps,
             clip_norm=self.clip_norm, clients=clients, sigma=self.sigma, smoothness=smoothness,

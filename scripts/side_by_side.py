@@ -62,8 +62,9 @@ def package_point(epsilon: float, rounds: int, seed: int, lr: float, model: str,
 
     settings = DPSettings(sigma=1.0, clip_norm=RECIPE["clip-norm"], local_steps=1, batch_size=1, lr=lr)
     sampled: dict[str, Any] = {"sampling_rate": q} if q < 1 else {}
-    contributors = int(q * RECIPE["clients-per-round"])  # planning's per-round count: floor(q N) when sampled
-    plan = settings.accountant_config(clients=contributors, delta=DELTA, **sampled)
+    population = RECIPE["clients-per-round"]  # N (all clients); sampled: the plan assumes floor(q N) per round
+    plan = settings.accountant_config(**({"population": population} if q < 1 else {"clients": population}),
+                                      delta=DELTA, **sampled)
     sigma = calibrate(plan, rounds, epsilon).sigma * (1 + 1e-9)  # a hair above: certified <= target
     with tempfile.TemporaryDirectory() as out:
         cfg = tiny_config(Path(out), **{**RECIPE, "sigma": sigma, "num-server-rounds": rounds, "seed": seed,

@@ -248,3 +248,24 @@ def test_secrecy_settings_are_checked_and_old_headers_read_as_public():
     header = _config().to_dict()
     del header["sample_secrecy"], header["population"]
     assert AccountantConfig.from_dict(header).sample_secrecy == "public"
+
+
+def test_accountant_config_names_the_population():
+    """issue 31: DPSettings.accountant_config(clients=...) meant floor(q N) with sampling and N without (a run
+    certified 19.6 where 8 was planned); with sampling the population is named and clients= is refused."""
+    from fl_dp_flower import DPSettings
+
+    settings = DPSettings(sigma=1.0, clip_norm=1.0, local_steps=1, batch_size=1, lr=2.0)
+    poisson = settings.accountant_config(population=3600, sampling_rate=0.25)
+    assert poisson.clients == 900 and poisson.sampling_rate == 0.25 and poisson.population is None
+    with pytest.raises(ValueError, match="name the population"):
+        settings.accountant_config(clients=900, sampling_rate=0.25)
+    with pytest.raises(ValueError, match="name the population"):
+        settings.accountant_config(sampling_rate=0.25)
+    secret = settings.accountant_config(clients=200, population=4000, sample_secrecy="secret")
+    assert (secret.clients, secret.population, secret.sample_secrecy) == (200, 4000, "secret")
+    assert settings.accountant_config(clients=5).clients == 5
+    with pytest.raises(ValueError, match="population is used with sampling_rate or sample_secrecy"):
+        settings.accountant_config(clients=5, population=50)
+    with pytest.raises(ValueError, match="clients .* is required"):
+        settings.accountant_config()
