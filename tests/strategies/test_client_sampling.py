@@ -259,3 +259,25 @@ def test_prometheus_publishes_the_sampled_bound_with_its_assumption():
            and any(k == "assumes" and "Poisson sampler" in val for k, val in labels)]
     assert eps == [pytest.approx(report["bounds"]["sampled"]["epsilon"])]
     assert math.isclose(samples[("fl_dp_certified_epsilon", ())], report["certified"]["epsilon"])
+
+
+def test_secrecy_must_agree_and_is_checked_before_round_one():
+    """A secret-sample accountant on a federation that publishes members would certify an unsound bound: refused;
+    the run config names the keys."""
+    from fl_dp_flower import DPSettings
+    from fl_dp_flower.config import AppConfig
+    from fl_dp_flower.strategies.sampling import check_plan
+
+    settings = DPSettings(sigma=1.0, clip_norm=1.0, local_steps=1, batch_size=1, lr=0.5)
+    public = FederationSettings(clients_per_round=20)
+    secret = settings.accountant_config(clients=20, population=40, sample_secrecy="secret")
+    with pytest.raises(ValueError, match="sample_secrecy 'secret' does not match the federation's 'public'"):
+        check_plan(settings, secret, public)
+    check_plan(settings, secret, FederationSettings(clients_per_round=20, sample_secrecy="secret"))
+    with pytest.raises(ConfigError, match="'sample-secrecy' 'secret' needs 'threat-model' 'all-rounds'"):
+        AppConfig.from_run_config({"sample-secrecy": "secret", "threat-model": "curious-server"})
+    with pytest.raises(ConfigError, match=r"'num-partitions' x 'clients-per-node' \(the population\) must be an integer "
+                                          r">= 'clients-per-round' = 20"):
+        AppConfig.from_run_config({"sample-secrecy": "secret", "clients-per-round": 20, "num-partitions": 10})
+    cfg = AppConfig.from_run_config({"sample-secrecy": "secret", "clients-per-round": 5, "num-partitions": 10})
+    assert (cfg.accountant_config().population, cfg.accountant_config().sample_secrecy) == (10, "secret")
