@@ -10,12 +10,13 @@ Each client adds its own noise, so whether the target took part changes the aggr
 variance; the textbook subsampled-Gaussian pair (equal variances) does not apply. The pair used
 here never compares "target absent" with "target present" (docs/MATH.md §19.1):
 
-    P_t = (1 - q) * bottom + q * N(mu_t, 1),   Q_t = (1 - q) * bottom + q * N(0, 1),
-    mu_t = Gamma_t / (sigma * sqrt(max(1, n_t - c))),
+    P_t = (1 - p_t) * bottom + p_t * N(mu_t, 1),   Q_t = (1 - p_t) * bottom + p_t * N(0, 1),
+    mu_t = Gamma_t / (sigma * sqrt(max(1, n_t - c))),   p_t = min(1, k_t / (N_t - c)),
 
 with n_t the contributions that entered the sum (dropouts independent of the data), c the
-colluding clients and Gamma_t one client's sensitivity (parameter units, as sigma). Its
-hockey-stick divergence is q times the Gaussian's at every gamma >= 1; composed over the rounds by
+colluding clients and Gamma_t one client's sensitivity (parameter units, as sigma). p_t is the
+target's chance of being in the round given the published counts (k_t drawn of N_t; issue 28 item 4;
+q for a record without them). Its hockey-stick divergence is p_t times the Gaussian's at every gamma >= 1; composed over the rounds by
 dp-accounting's PLD (pessimistic discretisation, interval :data:`DISCRETIZATION` in nats). A
 round in which nothing entered the sum costs the pair with n_t = 0 (mu_t = Gamma_t/sigma).
 
@@ -195,7 +196,8 @@ class SampledAccount:
             eps_ar = self.add_remove.epsilon(delta, pld_ar)
             if eps_ar < add_remove["epsilon"]:
                 add_remove.update(bound=SAMPLED_BOUND, epsilon=eps_ar)
-        return {"rate": q, "bound": SAMPLED_BOUND, "certified_for": "all-rounds",
+        return {"rate": q, "weight": "k_t / (N_t - c) per round (the published count)", "bound": SAMPLED_BOUND,
+                "certified_for": "all-rounds",
                 "epsilon_without_amplification": composition.epsilon,
                 "mu_clt": self.replace_one.mu_clt(extra),
                 "mu_clt_is": "central-limit approximation of the amplified rounds, not a bound",
