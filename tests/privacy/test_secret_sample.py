@@ -269,3 +269,37 @@ def test_accountant_config_names_the_population():
         settings.accountant_config(clients=5, population=50)
     with pytest.raises(ValueError, match="clients .* is required"):
         settings.accountant_config()
+
+
+def test_the_audit_attack_stays_below_a_secret_sample_and_beats_it_when_members_are_public():
+    """The audit's threshold attack (audit.attack, Clopper-Pearson lower bounds) on the real mechanism: each of
+    10 rounds draws the target with chance p 0.25 in secret, the aggregate is the sum of the drawn updates plus
+    each member's own noise (client-level mu 1), the target's update 0 (as the others') or 1 away. The exact
+    likelihood-ratio test stays below the certified sampled_secret epsilon; an adversary who knows the members
+    (a public ledger) exceeds it, and stays below the public-sample pair: why a secret sample's ledger holds
+    counts only."""
+    from fl_dp_flower.audit.attack import threshold_attack
+
+    rng = np.random.default_rng(1)
+    p, mu, rounds, delta, trials = 0.25, 1.0, 10, 1e-2, 100_000
+    sd = 1.0 / mu
+
+    def world(shift):
+        member = rng.random((trials, rounds)) < p
+        return np.where(member, shift, 0.0) + rng.normal(0.0, sd, (trials, rounds)), member
+
+    def secret_llr(y):
+        present = np.logaddexp(np.log(p) - (y - 1.0) ** 2 / (2 * sd * sd), np.log1p(-p) - y * y / (2 * sd * sd))
+        return (present + y * y / (2 * sd * sd)).sum(axis=1)
+
+    def public_llr(y, member):
+        return (member * y / (sd * sd)).sum(axis=1)
+
+    (s0, m_s0), (e0, m_e0), (e1, m_e1) = world(0.0), world(0.0), world(1.0)
+    fprs = (0.2, 0.1, 0.05, 0.02, 0.01, 0.005, 0.002)
+    secret = threshold_attack(secret_llr(s0), secret_llr(e0), secret_llr(e1), delta=delta, fprs=fprs)
+    public = threshold_attack(public_llr(s0, m_s0), public_llr(e0, m_e0), public_llr(e1, m_e1), delta=delta, fprs=fprs)
+    certified_secret = conditioned_epsilon([(p, mu)] * rounds, delta)
+    certified_public = composed_epsilon(p, [mu] * rounds, delta)
+    assert 0.7 * certified_secret < secret.epsilon_lower <= certified_secret
+    assert certified_secret + 0.5 < public.epsilon_lower <= certified_public
