@@ -15,9 +15,9 @@ from typing import Any
 
 from .privacy.records import AccountantConfig
 from .privacy.validate import choice, int_at_least, nonnegative, positive
-from .vocabulary import (ALGORITHMS, CLIENT_SAMPLINGS, CLIPPING_MODES, RELEASE_AVERAGES, SCHEDULES, SERVER_OPTIMIZERS,
-                         THREAT_MODELS, WEIGHTINGS, Algorithm, ClientSampling, Clipping, ReleaseAverage, Schedule,
-                         ServerOptimizer, ThreatModel, Weighting)
+from .vocabulary import (ALGORITHMS, CLIENT_SAMPLINGS, CLIPPING_MODES, RELEASE_AVERAGES, SAMPLE_SECRECIES, SCHEDULES,
+                         SERVER_OPTIMIZERS, THREAT_MODELS, WEIGHTINGS, Algorithm, ClientSampling, Clipping,
+                         ReleaseAverage, SampleSecrecy, Schedule, ServerOptimizer, ThreatModel, Weighting)
 
 __all__ = ["DPSettings", "FederationSettings"]
 
@@ -69,11 +69,32 @@ class DPSettings:
         """FedProx's alpha, None for FedAvg (the accountant's convention)."""
         return self.prox_alpha if self.algorithm == "fedprox" else None
 
-    def accountant_config(self, *, clients: int, delta: float = 1e-5, threat_model: ThreatModel = "all-rounds",
-                          smoothness: float = 1.0, **extra: Any) -> AccountantConfig:
-        """The :class:`AccountantConfig` of a run with these settings and ``clients`` per round
-        (``extra``: further AccountantConfig fields, e.g. ``cyclic_c``)."""
+    def accountant_config(self, *, clients: int | None = None, population: int | None = None, delta: float = 1e-5,
+                          threat_model: ThreatModel = "all-rounds", smoothness: float = 1.0,
+                          **extra: Any) -> AccountantConfig:
+        """The :class:`AccountantConfig` of a run with these settings (``extra``: further AccountantConfig
+        fields, e.g. ``cyclic_c``, ``sampling_rate``, ``sample_secrecy``).
+
+        Name what you know. Fixed-size sampling: ``clients`` = m, the clients each round aggregates (with
+        ``sample_secrecy="secret"`` also ``population`` = N, the clients it draws from). Poisson sampling
+        (``sampling_rate`` q): ``population`` = N only; the plan then assumes floor(q N) contributions per
+        round (``clients`` with ``sampling_rate`` is refused: it once meant floor(q N) here and N elsewhere).
+        """
         choice("threat_model", threat_model, THREAT_MODELS)
+        q = extra.get("sampling_rate")
+        if q is not None and (population is None or clients is not None):
+            raise ValueError("with sampling_rate (Poisson client sampling) name the population: accountant_config("
+                             "population=N, sampling_rate=q), not clients= (the plan's count per round is then "
+                             f"floor(q N)); got clients={clients!r}, population={population!r}")
+        if q is not None:
+            clients = max(1, int(float(q) * int_at_least("population", population, 1) + 1e-9))
+        if clients is None:
+            raise ValueError("clients (the clients each round aggregates, m) is required without sampling_rate")
+        if extra.get("sample_secrecy") == "secret":
+            extra["population"] = population
+        elif population is not None and q is None:
+            raise ValueError("population is used with sampling_rate or sample_secrecy='secret' (the plan's N); "
+                             "with fixed-size sampling of a public sample give clients only")
         return AccountantConfig(
             algorithm=self.algorithm, schedule=self.schedule, lr=self.lr, local_steps=self.local_steps,
             clip_norm=self.clip_norm, clients=clients, sigma=self.sigma, smoothness=smoothness,
@@ -98,6 +119,15 @@ class DPSettings:
         return asdict(self)
 
 
+def planned_population(secrecy: str, sampling: str, clients_per_round: int, partitions: int,
+                       clients_per_node: int) -> int | None:
+    """N of a secret sample's plan (p = planned clients / N): clients_per_round with Poisson sampling,
+    ``partitions`` x clients_per_node with fixed-size; None with a public sample (not needed)."""
+    if secrecy != "secret":
+        return None
+    return clients_per_round if sampling == "poisson" else partitions * clients_per_node
+
+
 @dataclass(frozen=True)
 class FederationSettings:
     """How the server runs rounds.
@@ -113,6 +143,9 @@ class FederationSettings:
     eligible client independently with probability sampling_rate q; clients_per_round is then the
     population N the server waits for, the aggregate divides by q N_t, and the plan assumes
     floor(q N) contributions per round: docs/MATH.md §19).
+    sample_secrecy: "public" (the ledger names each round's members; the public-sample analysis) or
+    "secret" (the ledger and metrics give counts, the ids go to the owner-only members.jsonl, and the
+    all-rounds bound is conditioned on each round's count: docs/MATH.md §22).
 
     Server-side post-processing of the noisy aggregate (free under the all-rounds and
     curious-server threat models, refused under final-model; strategies/server_opt.py):
@@ -137,6 +170,7 @@ class FederationSettings:
     seed: int = -1
     client_sampling: ClientSampling = "fixed"
     sampling_rate: float = 1.0
+    sample_secrecy: SampleSecrecy = "public"
     server_optimizer: ServerOptimizer = "none"
     server_lr: float = 1.0
     server_momentum: float = 0.9
@@ -161,6 +195,7 @@ class FederationSettings:
         choice("client_sampling", self.client_sampling, CLIENT_SAMPLINGS)
         if not positive("sampling_rate", self.sampling_rate) <= 1.0:
             raise ValueError(f"sampling_rate must be in (0, 1], got {self.sampling_rate!r}")
+        choice("sample_secrecy", self.sample_secrecy, SAMPLE_SECRECIES)
         if self.poisson and self.weighting != "uniform":
             raise ValueError("client_sampling 'poisson' needs weighting 'uniform' (the aggregate divides by q N)")
         self._check_post_processing()
@@ -195,6 +230,11 @@ class FederationSettings:
         if not self.poisson:
             return self.clients_per_round
         return max(1, int(self.sampling_rate * self.clients_per_round + 1e-9))
+
+    def planned_population(self, partitions: int) -> int | None:
+        """N of a secret sample's plan (:func:`planned_population`)."""
+        return planned_population(self.sample_secrecy, self.client_sampling, self.clients_per_round, partitions,
+                                  self.clients_per_node)
 
     @property
     def accountant_sampling_rate(self) -> float | None:

@@ -53,22 +53,26 @@ RECIPE: dict[str, Any] = {"local-steps": 1, "clip-norm": 1.0, "schedule": "const
           "batch-size": 1, "validation-fraction": VALIDATION, "release-average": "ema", "release-ema-decay": 0.8}
 
 
-def package_point(epsilon: float, rounds: int, seed: int, lr: float, model: str, q: float = 1.0) -> dict:
+def package_point(epsilon: float, rounds: int, seed: int, lr: float, model: str, q: float = 1.0,
+                  secrecy: str = "public") -> dict:
     """One run of this package at certified replace-one ``epsilon``: accuracy, both epsilons. With
     ``q`` < 1 the server samples every client independently with probability q (client-sampling
-    "poisson", the amplified bound: it assumes an honest server-side sampler)."""
+    "poisson", the amplified bound: it assumes an honest server-side sampler); ``secrecy`` "secret":
+    the ledger holds counts only and the bound conditioned on them applies (docs/MATH.md §22)."""
     from fl_dp_flower import DPSettings, calibrate
     from fl_dp_flower.app.testing import run_local, tiny_config
 
     settings = DPSettings(sigma=1.0, clip_norm=RECIPE["clip-norm"], local_steps=1, batch_size=1, lr=lr)
-    sampled: dict[str, Any] = {"sampling_rate": q} if q < 1 else {}
-    contributors = int(q * RECIPE["clients-per-round"])  # planning's per-round count: floor(q N) when sampled
-    plan = settings.accountant_config(clients=contributors, delta=DELTA, **sampled)
+    sampled: dict[str, Any] = {"sampling_rate": q, "sample_secrecy": secrecy} if q < 1 else {}
+    population = RECIPE["clients-per-round"]  # N (all clients); sampled: the plan assumes floor(q N) per round
+    plan = settings.accountant_config(**({"population": population} if q < 1 else {"clients": population}),
+                                      delta=DELTA, **sampled)
     sigma = calibrate(plan, rounds, epsilon).sigma * (1 + 1e-9)  # a hair above: certified <= target
     with tempfile.TemporaryDirectory() as out:
         cfg = tiny_config(Path(out), **{**RECIPE, "sigma": sigma, "num-server-rounds": rounds, "seed": seed,
                                              "lr": lr, "model": model,
-                                             **({"client-sampling": "poisson", "sampling-rate": q} if q < 1 else {})})
+                                             **({"client-sampling": "poisson", "sampling-rate": q,
+                                                 "sample-secrecy": secrecy} if q < 1 else {})})
         outcome, _ = run_local(cfg, nodes=10)
     report = outcome.summary["final_report"]
     return {"accuracy": outcome.summary["final_accuracy"], "val_accuracy": outcome.summary["final_val_accuracy"],
@@ -227,6 +231,8 @@ def main() -> None:
     parser.add_argument("--sampling-rate", type=float, default=0.25,
                         help="also run this package with Poisson client sampling at this rate (1: not)")
     parser.add_argument("--sampled-rounds", type=int, default=120, help="rounds of the sampled runs")
+    parser.add_argument("--sample-secrecy", choices=("public", "secret"), default="public",
+                        help="the sampled runs' sample-secrecy (secret: counts-only ledger, docs/MATH.md §22)")
     parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "images" / "side-by-side.png")
     parser.add_argument("--from-log", type=Path, nargs="+", default=[],
                         help="print the table and plot from the RESULT lines of earlier runs' logs; train nothing")
@@ -261,8 +267,8 @@ def main() -> None:
         sampled: list[dict] = []
         if args.sampling_rate < 1:
             start = time.perf_counter()
-            sampled = [package_point(epsilon, args.sampled_rounds, seed, ours[0]["lr"], args.model, args.sampling_rate)
-                       for seed in range(1, args.seeds + 1)]
+            sampled = [package_point(epsilon, args.sampled_rounds, seed, ours[0]["lr"], args.model, args.sampling_rate,
+                                     args.sample_secrecy) for seed in range(1, args.seeds + 1)]
             print(f"eps {epsilon:g} fl-dp-flower sampled q {args.sampling_rate:g}: test accuracy "
                   f"{[round(p['accuracy'], 3) for p in sampled]}, add/remove eps {sampled[0]['epsilon_add_remove']:.4g}, "
                   f"sigma {sampled[0]['noise']:.4g} ({time.perf_counter() - start:.0f} s)", flush=True)

@@ -119,13 +119,15 @@ _ADVERSARY = {
     "composition": "every global model",
     "final_model": "final model (L-smooth losses)",
     "local_dp": "every client upload",
-    "sampled": "every global model; secret Poisson sample",
+    "sampled": "every global model and each round's members",
+    "sampled_secret": "every global model and each round's count; a secret sample",
     "secure_aggregation": "the secure sum of the uploads (SecAgg+)",
 }
 
 
 _THREAT_RULE = {
-    "all-rounds": "composition, amplified ('sampled') with Poisson client sampling (the adversary sees every global model)",
+    "all-rounds": "composition, amplified ('sampled') with Poisson client sampling, conditioned on the count "
+                  "('sampled_secret') with a secret sample (the adversary sees every global model)",
     "final-model": "the smallest certifiable final-model bound",
     "curious-server": "local_dp (the server sees every upload)",
     "secure-aggregation": "secure_aggregation: the Skellam bound against a server that sees only the secure sum (SecAgg+)",
@@ -164,6 +166,10 @@ def _print_plan(result: dict[str, Any], args: argparse.Namespace) -> None:
         console.print("sampled: epsilon from the PLD of the amplified rounds (docs/MATH.md §19); its mu is the "
                       "Gaussian-DP parameter the rounds have without amplification (no smaller mu holds at every "
                       "epsilon)", highlight=False)
+    if "sampled_secret" in result["bounds"]:
+        console.print("sampled_secret: epsilon from the PLD of the rounds conditioned on their counts (docs/MATH.md "
+                      "§22); it holds only while nobody who reads the results learns which clients took part",
+                      highlight=False)
     per_round = result["per_round"]
     shown = per_round if len(per_round) <= 12 else per_round[:6] + per_round[-6:]
     if shown:

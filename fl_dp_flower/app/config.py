@@ -27,8 +27,9 @@ from fl_dp_flower.app.config_secagg import SecureAggregationConfig
 from fl_dp_flower.app.config_screening import ReplyChecksConfig
 from fl_dp_flower.app.config_server import ServerUpdateConfig
 from fl_dp_flower.privacy.accountant import Budget
-from fl_dp_flower.privacy.records import SMOOTHNESS_FIELDS, AccountantConfig, colluder_problems, sampling_problems, smoothness_problems
-from fl_dp_flower.settings import DPSettings, FederationSettings
+from fl_dp_flower.privacy.records import (SMOOTHNESS_FIELDS, AccountantConfig, colluder_problems, sampling_problems, secrecy_problems,
+                              smoothness_problems)
+from fl_dp_flower.settings import DPSettings, FederationSettings, planned_population
 from fl_dp_flower.vocabulary import (Algorithm, ClientSampling, Clipping, CohortNoise, Dataset, ModelName, NoiseMode, Partitioning,
                          Schedule, ThreatModel, UnfinishedRoundPolicy, Weighting, model_problem)
 from fl_dp_flower.privacy.terms import SCHEDULE_CONSTANTS, default_cyclic_c, default_iterative_z, resolve_constant
@@ -278,6 +279,11 @@ class AppConfig(ServerUpdateConfig, SecureAggregationConfig, ReplyChecksConfig, 
                                            self.assume_smooth_losses):
             problems.append(re.sub(rf"\b({'|'.join(SMOOTHNESS_FIELDS)})\b", lambda m: f"'{_dash(m.group(1))}'",
                                    problem))
+        problems += [p.replace("threat_model", "'threat-model'").replace("sample_secrecy", "'sample-secrecy'").replace(
+            "population must", "'num-partitions' x 'clients-per-node' (the population) must").replace(
+            "clients =", "'clients-per-round' =") for p in secrecy_problems(
+            self.threat_model, self.sample_secrecy, planned_population(self.sample_secrecy, self.client_sampling,
+            self.clients_per_round, self.num_partitions, self.clients_per_node), self.clients_per_round)]
         if self.client_sampling == "poisson":
             problems += [p.replace("threat_model", "'threat-model'").replace("sampling_rate (Poisson client sampling)",
                                                                               "'client-sampling' = 'poisson'")
@@ -366,6 +372,7 @@ class AppConfig(ServerUpdateConfig, SecureAggregationConfig, ReplyChecksConfig, 
             iterative_z=self.iterative_z if self.schedule == "iterative" and self.iterative_z > 0 else None,
             assume_smooth_losses=self.assume_smooth_losses,
             colluders=self.colluding_clients,
+            sample_secrecy=self.sample_secrecy, population=federation.planned_population(self.num_partitions),
             **self.secure_sum_fields(),
         )
 

@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fl_dp_flower.app.config_messages import dash
-from fl_dp_flower.vocabulary import ReleaseAverage, ServerOptimizer
+from fl_dp_flower.vocabulary import ReleaseAverage, SampleSecrecy, ServerOptimizer
 
 __all__ = ["ServerUpdateConfig"]
 
@@ -27,6 +27,11 @@ class ServerUpdateConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", alias_generator=dash, populate_by_name=True,
                               allow_inf_nan=False, coerce_numbers_to_str=True, use_attribute_docstrings=True)
 
+    sample_secrecy: SampleSecrecy = Field("public", description=(
+        "\"public\": the ledger names each round's members (public-sample bound). \"secret\": ledger and metrics give "
+        "counts, the ids go to the owner-only members.jsonl beside the ledger (verify does not need it), and the "
+        "all-rounds bound 'sampled_secret' is conditioned on each round's count (docs/MATH.md §22; any sampling), "
+        "assuming an honest server-side sampler and a sample no reader of the results learns."))
     server_optimizer: ServerOptimizer = Field("none", description=(
         "The server's step from the round's noisy aggregate a_t (" + _FREE + "). \"none\": the next global "
         "model is a_t. \"momentum\": heavy ball on the pseudo-gradient g = w_t - a_t (Flower's FedAvgM): "

@@ -70,6 +70,7 @@ from fl_dp_flower.reporting.console import conditional_note, delta_text
 from fl_dp_flower.reporting.durable import atomic_write, write_json
 from fl_dp_flower.reporting.ledger import FAILED_EVENT, LedgerContents, read_ledger
 from fl_dp_flower.reporting.resume import ResumeRefused, resume_ledger
+from fl_dp_flower.reporting.ledger.events import MEMBERS_FILE
 from fl_dp_flower.reporting.logfilter import FlowerDumps
 from fl_dp_flower.reporting.rounds import RoundSink
 from fl_dp_flower.app.strategy import make_strategy
@@ -243,7 +244,8 @@ def _run_server(grid: Grid, config: AppConfig, fraction_evaluate: float,
         sink = RoundSink(ledger, lambda round_, saved: atomic_torch_save(  # the released model, the server's state
                              {"round": round_, "state_dict": saved.to_torch_state_dict(),
                               "server_update": strategy.server_update.state()}, run_dir / CHECKPOINT),
-                         log, exporter, config.budget_epsilon)
+                         log, exporter, config.budget_epsilon,
+                         members=run_dir / MEMBERS_FILE if config.sample_secrecy == "secret" else None)
         per_round_eval = publishes_per_round_models(config)
         if not per_round_eval:  # docs/MATH.md §15
             log.info("final-model: no per-round evaluation is published; the released model is evaluated at the end")

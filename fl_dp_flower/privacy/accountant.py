@@ -23,105 +23,23 @@ The public shape mirrors Flower's ``flwr.serverapp.PrivacyAccountant`` protocol
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from . import gdp
-from .bounds import ADD_REMOVE_RELATION, RELATION, BoundValue, add_remove_certified, bound_assumptions, certified_bound, paper_is_sound
+from .bounds import ADD_REMOVE_RELATION, BoundValue, add_remove_certified, bound_assumptions, certified_bound, paper_is_sound
 from .closed_forms import paper_mu
 from .final_model import OnlineFinalModel
 from .records import BOUND_NAMES, AccountantConfig, RoundRecord
+from .client_sampling import CONDITIONED_BOUND, SecretSampleAccount
 from .sampled import SAMPLED_BOUND, SampledAccount
-from .validate import plausible_delta
 from .screening_charge import screening_charge
 from .running_sum import RunningSum
 from .secure_aggregation import REAL_SUM_LABEL, SecureSumAccount, amend_secure_aggregation, rdp_delta, warn_planning_only
 from .schedules import step_sizes
 from .terms import RoundTerms, round_terms
+from .report import ACCOUNTING_METHOD, REPORT_RDP_ORDERS, Budget, PrivacyReport, PrivacySpent
 
-ACCOUNTING_METHOD = "gaussian-dp"
-REPORT_RDP_ORDERS: tuple[float, ...] = (1.5, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
-
-
-@dataclass(frozen=True)
-class Budget:
-    """A privacy budget (epsilon, delta) checked against the certified guarantee."""
-
-    epsilon: float
-    delta: float
-
-    def __post_init__(self) -> None:
-        if not (isinstance(self.epsilon, (int, float)) and self.epsilon > 0 and math.isfinite(self.epsilon)):
-            raise ValueError(f"budget epsilon must be a finite number > 0, got {self.epsilon!r}")
-        plausible_delta("budget delta", self.delta)
-
-
-@dataclass(frozen=True)
-class PrivacyReport:
-    """The running guarantee after ``rounds`` rounds (``round`` = last round's number)."""
-
-    round: int
-    rounds: int
-    delta: float
-    threat_model: str
-    clients: int
-    bounds: dict[str, BoundValue]
-    certified_bound: str
-    rdp_orders: tuple[float, ...] = field(default=REPORT_RDP_ORDERS)
-    rounds_applied: int | None = None  # rounds in the final-model bound (None: all rounds)
-    colluders: int | None = None
-    #: the certified guarantee under add/remove-one (docs/MATH.md §16): bound, mu, epsilon
-    add_remove: dict[str, Any] = field(default_factory=dict)
-    #: Poisson client sampling (docs/MATH.md §19): rate, the unamplified epsilon, mu_clt; {} without it
-    sampling: dict[str, Any] = field(default_factory=dict)
-    #: the certified bound's RDP curve (orders, nats) where it comes from RDP (the Skellam secure sum), else None
-    rdp_curve: tuple[tuple[int, ...], tuple[float, ...]] | None = None
-    screening: dict[str, Any] = field(default_factory=dict)  # drops charged to delta (MATH §17.1), or {}
-
-    @property
-    def delta_total(self) -> float:  # the delta the certified epsilon holds at, screening drops included
-        return float(self.screening.get("delta_total", self.delta))
-
-    @property
-    def certified(self) -> BoundValue:
-        return self.bounds[self.certified_bound]
-
-    def to_dict(self) -> dict[str, Any]:
-        mu = self.certified.mu
-        orders, rdp_values = self.rdp_curve or (self.rdp_orders, [gdp.rdp(mu, order) for order in self.rdp_orders])
-        rdp_eps = (self.certified.epsilon if self.rdp_curve else gdp.rdp_epsilon(mu, self.delta)[0]) if self.rounds else 0.0
-        return {
-            "round": self.round,
-            "rounds": self.rounds,
-            "delta": self.delta,
-            "threat_model": self.threat_model,
-            "clients": self.clients,
-            "rounds_applied": self.rounds if self.rounds_applied is None else self.rounds_applied,
-            "colluders": self.colluders,
-            "bounds": {name: value.to_dict() for name, value in self.bounds.items()},
-            "certified": {"bound": self.certified_bound, "mu": mu, "epsilon": self.certified.epsilon,
-                          "assumes": list(self.certified.assumes),
-                          **({"planning_only": True} if REAL_SUM_LABEL in self.certified.assumes else {})},
-            "rdp": {"orders": list(orders), "values": list(rdp_values), "epsilon": rdp_eps},
-            "relation": RELATION,
-            "add_remove": dict(self.add_remove),
-            **({"sampling": dict(self.sampling)} if self.sampling else {}),
-            **({"screening": dict(self.screening)} if self.screening else {}),
-        }
-
-
-@dataclass(frozen=True)
-class PrivacySpent:
-    """Cumulative certified spend, shaped like Flower's ``PrivacySpent``."""
-
-    epsilon: float
-    delta: float
-    num_releases: int
-    accounting_method: str
-    mu: float
-    bound: str
-    planning_only: bool = False  # True: the real-valued secure sum's bound, not a certificate (MATH §20.2)
-
+__all__ = ["ACCOUNTING_METHOD", "REPORT_RDP_ORDERS", "Budget", "PrivacyAccountant", "PrivacyReport", "PrivacySpent"]
 
 def _ratio_sq(numerator: float, denominator: float) -> float:
     return (numerator / denominator) ** 2
@@ -155,6 +73,8 @@ class PrivacyAccountant:
         self._screening_drop = 0.0  # sum of the rounds' screening_drop (docs/MATH.md §17.1)
         q = config.sampling_rate  # Poisson client sampling: the amplified bound (docs/MATH.md §19)
         self._sampled = None if q is None else SampledAccount(q, config.colluders)
+        # a secret sample: the bound conditioned on each round's count (docs/MATH.md §22)
+        self._secret = SecretSampleAccount(config.colluders) if config.sample_secrecy == "secret" else None
         grid = config.sum_grid_step  # secure aggregation's integer sum (docs/MATH.md §20.4)
         warn_planning_only(config.threat_model, grid)
         self._secure = None if grid is None else SecureSumAccount(grid, config.sum_dimension or 0, config.colluders)
@@ -180,6 +100,8 @@ class PrivacyAccountant:
         report = self.report()
         if report.certified_bound == SAMPLED_BOUND and self._sampled is not None:
             delta = self._sampled.replace_one.delta(epsilon)
+        elif report.certified_bound == CONDITIONED_BOUND and self._secret is not None:
+            delta = self._secret.composition.delta(epsilon)
         elif report.rdp_curve is not None and self._secure is not None:  # RDP -> delta (docs/MATH.md §20.4)
             delta = rdp_delta(report.rdp_curve[1], report.rdp_curve[0], epsilon, self._secure.log_clamp)
         else:
@@ -252,8 +174,9 @@ class PrivacyAccountant:
         return self._report(mus, sound, record.round, self.num_releases + 1, record.clients, delta,
                             applied=self._applied + int(record.applied),
                             ar_mus=ar_mus, uses_smoothness=self._uses_smoothness or terms.uses_smoothness,
-                            trial=self._sampled.peek(record.clients, terms) if self._sampled else None,
+                            trial=self._sampled.peek(record, terms) if self._sampled else None,
                             secure_trial=self._secure_curves(record, terms),
+                            secret_trial=self._secret.peek(record, terms) if self._secret else None,
                             screening_drop=self._screening_drop + record.screening_drop)
 
     def report(self, delta: float | None = None) -> PrivacyReport:
@@ -267,7 +190,7 @@ class PrivacyAccountant:
     def _report(self, mus: dict[str, float], sound: dict[str, bool], round_: int, rounds: int, clients: int,
                 delta: float | None = None, *, applied: int, ar_mus: dict[str, float],
                 uses_smoothness: bool, trial: Any = None, secure_trial: Any = None,
-                screening_drop: float = 0.0) -> PrivacyReport:
+                secret_trial: Any = None, screening_drop: float = 0.0) -> PrivacyReport:
         d = self._config.delta if delta is None else delta
         asserted = self._config.assume_smooth_losses
         assumes = bound_assumptions(self._config.smoothness, uses_smoothness)
@@ -283,6 +206,10 @@ class PrivacyAccountant:
                       "relation": ADD_REMOVE_RELATION}
         sampling = {} if self._sampled is None else self._sampled.amend(
             bounds, add_remove, self._config.threat_model, d, trial)
+        if self._secret is not None:
+            sampling = self._secret.amend(bounds, add_remove, sampling, d, secret_trial)
+        elif self._sampled is not None:
+            sampling["secrecy"] = "public"
         curve = None if self._secure is None else self._secure.amend(bounds, add_remove, d, secure_trial)
         cert = certified_bound(self._config.threat_model, bounds, asserted)
         screening = screening_charge(screening_drop, bounds[cert].epsilon, d, self._config.threat_model,
@@ -333,7 +260,9 @@ class PrivacyAccountant:
         self._composition_ar.add(_ratio_sq(terms.gamma_add_remove, terms.target_noise_std))
         self._local_ar.add(_ratio_sq(terms.client_sensitivity_add_remove, terms.sigma) if record.weights else 0.0)
         if self._sampled is not None:
-            self._sampled.push(record.clients, terms)
+            self._sampled.push(record, terms)
+        if self._secret is not None:
+            self._secret.push(record, terms)
         if self._secure is not None:
             self._secure.add(self._secure_curves(record, terms))
         self._uses_smoothness = self._uses_smoothness or terms.uses_smoothness

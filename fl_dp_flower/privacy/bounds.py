@@ -220,14 +220,15 @@ def bound_assumptions(smoothness: float, sensitivity_uses_smoothness: bool) -> d
 
 #: threat model -> the bounds that answer its adversary (docs/MATH.md §15); "sampled" (the amplified
 #: composition of Poisson client sampling, docs/MATH.md §19) exists only in runs that sample that way,
-#: "secure_aggregation" (docs/MATH.md §20) only under its threat model
+#: "sampled_secret" (the bound conditioned on the count for a secret sample, docs/MATH.md §22) only with
+#: sample_secrecy "secret", "secure_aggregation" (docs/MATH.md §20) only under its threat model
 ADMISSIBLE: dict[str, tuple[str, ...]] = {
-    "all-rounds": ("composition", "sampled"),
+    "all-rounds": ("composition", "sampled", "sampled_secret"),
     "final-model": ("final_model", "composition", "paper"),
     "curious-server": ("local_dp",),
     "secure-aggregation": ("secure_aggregation",),  # composition against the server (docs/MATH.md §20)
 }
-_ORDER = (*BOUND_NAMES, "sampled", "secure_aggregation")  # tie-break order of the certified rule
+_ORDER = (*BOUND_NAMES, "sampled", "sampled_secret", "secure_aggregation")  # tie-break order of the certified rule
 
 
 def rests_on_smoothness(assumes: Sequence[str]) -> bool:

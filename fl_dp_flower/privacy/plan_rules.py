@@ -102,6 +102,19 @@ def sampling_problems(threat_model: str, sampling_rate: float | None) -> list[st
     return []
 
 
+def secrecy_problems(threat_model: str, sample_secrecy: str, population: int | None, clients: int) -> list[str]:
+    """What a secret sample asks (docs/MATH.md §22): the conditioned bound answers the all-rounds adversary
+    only, and the population the clients are drawn from holds at least the planned clients."""
+    problems = []
+    if sample_secrecy == "secret" and threat_model != "all-rounds":
+        problems.append(f"sample_secrecy 'secret' needs threat_model 'all-rounds' (the conditioned bound answers "
+                        f"the adversary who sees every global model), got {threat_model!r}")
+    if population is not None and population < clients:
+        problems.append(f"population must be an integer >= clients = {clients} (the clients a round draws from), "
+                        f"got {population!r}")
+    return problems
+
+
 def secure_sum_problems(threat_model: str, step: float | None, dimension: int | None) -> list[str]:
     """What the grid fields of an accountant config ask: both or neither, only under secure-aggregation."""
     if step is None and dimension is None:

@@ -35,6 +35,7 @@ from .bounds import (
 )
 from .planned_bounds import planned_bounds
 from .records import BOUND_CHOICES, BOUND_NAMES, AccountantConfig, BoundChoice
+from .client_sampling import CONDITIONED_BOUND, SecretSampleAccount, conditioned_epsilon
 from .sampled import SAMPLED_BOUND, composed_epsilon, round_mu
 from .secure_aggregation import amend_secure_aggregation
 from .terms import drift_bound_allowed, round_terms
@@ -106,7 +107,25 @@ def _sampled_sigma(config: AccountantConfig, rounds: int, target_epsilon: float)
     def fits(sigma: float) -> bool:
         return composed_epsilon(q, [m / sigma for m in mus], config.delta) <= target_epsilon
 
-    hi = math.sqrt(math.fsum(m * m for m in mus)) / gdp.mu_for(target_epsilon, config.delta)  # unamplified
+    return _search_sigma(fits, math.sqrt(math.fsum(m * m for m in mus)) / gdp.mu_for(target_epsilon, config.delta))
+
+
+def _secret_sigma(config: AccountantConfig, rounds: int, target_epsilon: float) -> float:
+    """The smallest sigma (1e-6 relative, rounded up) at which the ``sampled_secret`` bound of the planned rounds
+    (p = clients / population each) is <= ``target_epsilon``: every mu_t is proportional to 1/sigma."""
+    unit = dataclasses.replace(config, sigma=1.0)
+    account = SecretSampleAccount(unit.colluders)
+    pairs = [account.round(r, round_terms(r, unit.smoothness, unit.colluders, unit.assume_smooth_losses))
+             for r in (unit.planned_round(t) for t in range(1, rounds + 1))]
+
+    def fits(sigma: float) -> bool:
+        return conditioned_epsilon([(p, m / sigma) for p, m in pairs], config.delta) <= target_epsilon
+
+    return _search_sigma(fits, math.sqrt(math.fsum(m * m for _, m in pairs)) / gdp.mu_for(target_epsilon, config.delta))
+
+
+def _search_sigma(fits: Any, hi: float) -> float:
+    """Bisection (geometric, 1e-6 relative) for the smallest sigma that ``fits``, from a first guess ``hi``."""
     for _ in range(64):
         if fits(hi):
             break
@@ -125,7 +144,7 @@ def _sampled_sigma(config: AccountantConfig, rounds: int, target_epsilon: float)
 def plan(config: AccountantConfig, rounds: int) -> Plan:
     """Every bound after ``rounds`` identical planned rounds, at ``config.delta``."""
     int_at_least("rounds", rounds, 1)
-    if config.sampling_rate is not None or config.sum_grid_step is not None:
+    if config.sampling_rate is not None or config.sum_grid_step is not None or config.sample_secrecy == "secret":
         return _replayed_plan(config, rounds)
     mus = planned_bounds(config, rounds)
     sound = {name: paper_is_sound(config.algorithm, config.schedule) if name == "paper" else True
@@ -160,8 +179,8 @@ def calibrate(config: AccountantConfig, rounds: int, target_epsilon: float,
         raise ValueError("calibrate does not take an integer secure sum (sum_grid_step): its grid is planned from sigma "
                          "(training.secure_sum.plan_grid), so calibrate the plan without it, plan the grid for that "
                          "sigma and check the result with plan()")
-    if name == SAMPLED_BOUND:  # its epsilon is not a function of one mu: search sigma
-        sigma = _sampled_sigma(config, rounds, target_epsilon)
+    if name in (SAMPLED_BOUND, CONDITIONED_BOUND):  # its epsilon is not a function of one mu: search sigma
+        sigma = (_sampled_sigma if name == SAMPLED_BOUND else _secret_sigma)(config, rounds, target_epsilon)
         value = plan(dataclasses.replace(config, sigma=sigma), rounds).bounds[name]
         return Calibration(sigma=sigma, bound=name, mu=value.mu, epsilon=value.epsilon, sound=value.sound,
                            assumes=value.assumes)
@@ -278,11 +297,12 @@ def calibrate_sigma(config: AccountantConfig, rounds: int, target_epsilon: float
     mu_star = gdp.mu_for(target_epsilon, config.delta)
     # The budget is checked after every round, and the final-model bound can shrink as rounds are
     # added: sigma must fit the largest certified mu over the rounds, not only the last one's.
-    if config.sampling_rate is not None:  # composition and local DP grow with the rounds: the last is the largest
-        unit_plan = plan(dataclasses.replace(config, sigma=1.0), rounds)
-        sigma = unit_plan.certified.mu / mu_star
-        if config.threat_model == "all-rounds":  # certified = the smaller epsilon of composition and sampled
+    if config.sampling_rate is not None or config.sample_secrecy == "secret":  # the last round is the largest
+        sigma = plan(dataclasses.replace(config, sigma=1.0), rounds).certified.mu / mu_star
+        if config.threat_model == "all-rounds" and config.sampling_rate is not None:  # the smaller epsilon wins
             sigma = min(sigma, _sampled_sigma(config, rounds, target_epsilon))
+        if config.sample_secrecy == "secret":
+            sigma = min(sigma, _secret_sigma(config, rounds, target_epsilon))
     else:
         unit = planned_run(dataclasses.replace(config, sigma=1.0), rounds)
         sigma = max(r.certified.mu for r in unit.reports) / mu_star

@@ -24,17 +24,17 @@ import math
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
-from fl_dp_flower.vocabulary import (ALGORITHMS, BOUND_CHOICES, BOUND_NAMES, CLIPPING_MODES, SCHEDULES,
-                                     THREAT_MODELS, Algorithm, BoundChoice, BoundName, Clipping, Schedule,
-                                     ThreatModel)
+from fl_dp_flower.vocabulary import (ALGORITHMS, BOUND_CHOICES, BOUND_NAMES, CLIPPING_MODES, SAMPLE_SECRECIES,
+                                     SCHEDULES, THREAT_MODELS, Algorithm, BoundChoice, BoundName, Clipping,
+                                     SampleSecrecy, Schedule, ThreatModel)
 
-from .plan_rules import (SMOOTHNESS_FIELDS, check_prox, colluder_problems, sampling_problems,  # noqa: F401
+from .plan_rules import (SMOOTHNESS_FIELDS, check_prox, colluder_problems, sampling_problems, secrecy_problems,  # noqa: F401
                          secure_sum_problems, smoothness_problems)
 from .schedules import step_sizes
 from .validate import choice, int_at_least, nonnegative, plausible_delta, positive
 
 __all__ = ["ALGORITHMS", "BOUND_CHOICES", "BOUND_NAMES", "CLIPPING_MODES", "SCHEDULES", "SMOOTHNESS_FIELDS",
-           "THREAT_MODELS", "AccountantConfig", "colluder_problems", "sampling_problems", "secure_sum_problems",
+           "THREAT_MODELS", "AccountantConfig", "colluder_problems", "sampling_problems", "secrecy_problems", "secure_sum_problems",
            "smoothness_problems", "Algorithm", "BoundChoice", "BoundName", "Clipping", "RoundRecord", "Schedule", "ThreatModel"]
 
 
@@ -82,6 +82,12 @@ class AccountantConfig:
     ``clients`` is then the expected number of contributions per round, floor(q N) for a population
     of N clients (what planning assumes; the accountant uses each round's realized count). The
     all-rounds threat model gets the amplified ``sampled`` bound (docs/MATH.md §19).
+
+    ``sample_secrecy`` (default "public"): who may learn a round's members. "public" (the ledger names
+    them): the public-sample analysis only. "secret" (counts published, identities owner-only): the
+    all-rounds adversary also gets the ``sampled_secret`` bound conditioned on each round's count
+    (docs/MATH.md §22), for Poisson and fixed-size sampling alike. ``population`` (N, default None):
+    the clients a round draws from, for planning (p = clients / N; each run's records carry their own N_t).
     """
 
     algorithm: Algorithm = "fedavg"
@@ -104,6 +110,8 @@ class AccountantConfig:
     sampling_rate: float | None = None
     sum_grid_step: float | None = None  # secure aggregation's integer sum: grid step s (parameter units) ...
     sum_dimension: int | None = None  # ... and d, the values summed (docs/MATH.md §20.4; both or neither)
+    sample_secrecy: SampleSecrecy = "public"
+    population: int | None = None
 
     def __post_init__(self) -> None:
         choice("algorithm", self.algorithm, ALGORITHMS)
@@ -133,6 +141,11 @@ class AccountantConfig:
         check_prox(self.algorithm, self.prox_alpha, self.smoothness, self.lr, self.assume_smooth_losses)
         if self.sampling_rate is not None and not (positive("sampling_rate", self.sampling_rate) <= 1.0):
             raise ValueError(f"sampling_rate must be in (0, 1], got {self.sampling_rate!r}")
+        choice("sample_secrecy", self.sample_secrecy, SAMPLE_SECRECIES)
+        if self.population is not None:
+            int_at_least("population", self.population, 1)
+        for problem in secrecy_problems(self.threat_model, self.sample_secrecy, self.population, self.clients):
+            raise ValueError(problem)
         for problem in colluder_problems(self.threat_model, self.colluders) + sampling_problems(
                 self.threat_model, self.sampling_rate) + secure_sum_problems(self.threat_model, self.sum_grid_step,
                                                                              self.sum_dimension):
@@ -155,6 +168,8 @@ class AccountantConfig:
             batch_size=self.batch_size,
             prox_alpha=self.prox_alpha,
             applied=applied,
+            population=self.population,
+            sampled=None if self.population is None else m,
         )
 
     def to_dict(self) -> dict[str, Any]:

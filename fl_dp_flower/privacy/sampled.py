@@ -10,12 +10,13 @@ Each client adds its own noise, so whether the target took part changes the aggr
 variance; the textbook subsampled-Gaussian pair (equal variances) does not apply. The pair used
 here never compares "target absent" with "target present" (docs/MATH.md §19.1):
 
-    P_t = (1 - q) * bottom + q * N(mu_t, 1),   Q_t = (1 - q) * bottom + q * N(0, 1),
-    mu_t = Gamma_t / (sigma * sqrt(max(1, n_t - c))),
+    P_t = (1 - p_t) * bottom + p_t * N(mu_t, 1),   Q_t = (1 - p_t) * bottom + p_t * N(0, 1),
+    mu_t = Gamma_t / (sigma * sqrt(max(1, n_t - c))),   p_t = min(1, k_t / (N_t - c)),
 
 with n_t the contributions that entered the sum (dropouts independent of the data), c the
-colluding clients and Gamma_t one client's sensitivity (parameter units, as sigma). Its
-hockey-stick divergence is q times the Gaussian's at every gamma >= 1; composed over the rounds by
+colluding clients and Gamma_t one client's sensitivity (parameter units, as sigma). p_t is the
+target's chance of being in the round given the published counts (k_t drawn of N_t; issue 28 item 4;
+q for a record without them). Its hockey-stick divergence is p_t times the Gaussian's at every gamma >= 1; composed over the rounds by
 dp-accounting's PLD (pessimistic discretisation, interval :data:`DISCRETIZATION` in nats). A
 round in which nothing entered the sum costs the pair with n_t = 0 (mu_t = Gamma_t/sigma).
 
@@ -30,6 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .bounds import BoundValue
+from .client_sampling import inclusion_probability
+from .records import RoundRecord
 from .terms import RoundTerms
 from .validate import int_at_least, positive
 
@@ -66,7 +69,7 @@ def _round_pld(sampling_rate: float, mu: float) -> Any:
     """The PLD of one round's pair (q, mu): q * Gaussian(mu) + (1 - q) * no loss."""
     from dp_accounting.pld import privacy_loss_distribution as pld
 
-    if mu == 0.0:
+    if mu == 0.0 or sampling_rate == 0.0:
         return pld.identity(DISCRETIZATION)
     gaussian = pld.from_gaussian_mechanism(1.0, sensitivity=mu, value_discretization_interval=DISCRETIZATION)
     if sampling_rate >= 1.0:
@@ -84,35 +87,45 @@ class SampledComposition:
 
     sampling_rate: float
     mus: list[float] = field(default_factory=list)
+    rates: list[float] = field(default_factory=list)
     _pld: Any = None
-    _rounds: dict[float, Any] = field(default_factory=dict)
-    _trial: tuple[int, float, Any] | None = None
+    _rounds: dict[tuple[float, float], Any] = field(default_factory=dict)
+    _trial: tuple[int, tuple[float, float], Any] | None = None
 
     def __post_init__(self) -> None:
         q = positive("sampling_rate", self.sampling_rate)
         if q > 1.0:
             raise ValueError(f"sampling_rate must be in (0, 1], got {q!r}")
 
-    def _single(self, mu: float) -> Any:
-        if mu not in self._rounds:
+    def _single(self, key: tuple[float, float]) -> Any:
+        if key not in self._rounds:
             if len(self._rounds) >= _CACHE_SIZE:
                 self._rounds.clear()
-            self._rounds[mu] = _round_pld(self.sampling_rate, mu)
-        return self._rounds[mu]
+            self._rounds[key] = _round_pld(*key)
+        return self._rounds[key]
 
-    def peek(self, mu: float) -> Any:
-        """The composed PLD after one more round with ``mu``."""
-        mu = float(positive("mu", mu) if mu != 0.0 else 0.0)
-        if self._trial is not None and self._trial[:2] == (len(self.mus), mu):
+    def _key(self, mu: float, rate: float | None) -> tuple[float, float]:
+        p = self.sampling_rate if rate is None else float(rate)
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"rate must be in [0, 1], got {rate!r}")
+        return p, float(positive("mu", mu) if mu != 0.0 else 0.0)
+
+    def peek(self, mu: float, rate: float | None = None) -> Any:
+        """The composed PLD after one more round with ``mu`` and the target's chance ``rate`` of being
+        in it (default: the sampling rate q)."""
+        key = self._key(mu, rate)
+        if self._trial is not None and self._trial[:2] == (len(self.mus), key):
             return self._trial[2]
-        single = self._single(mu)
+        single = self._single(key)
         composed = single if self._pld is None else self._pld.compose(single)
-        self._trial = (len(self.mus), mu, composed)
+        self._trial = (len(self.mus), key, composed)
         return composed
 
-    def push(self, mu: float) -> None:
-        self._pld = self.peek(mu)
-        self.mus.append(float(mu))
+    def push(self, mu: float, rate: float | None = None) -> None:
+        self._pld = self.peek(mu, rate)
+        p, m = self._key(mu, rate)
+        self.mus.append(m)
+        self.rates.append(p)
         self._trial = None
 
     def epsilon(self, delta: float, pld: Any = None) -> float:
@@ -124,11 +137,11 @@ class SampledComposition:
         """delta at ``epsilon`` of the rounds so far."""
         return 0.0 if self._pld is None else float(self._pld.get_delta_for_epsilon(epsilon))
 
-    def mu_clt(self, extra: float | None = None) -> float:
-        """sqrt(q * sum_t mu_t^2): the central-limit approximation of the composed pairs (Dong, Roth
+    def mu_clt(self, extra: tuple[float, float] | None = None) -> float:
+        """sqrt(sum_t p_t mu_t^2): the central-limit approximation of the composed pairs (Dong, Roth
         and Su, Theorem 3.5); an approximation, NOT a bound (the exact tail is heavier)."""
-        mus = self.mus + ([] if extra is None else [extra])
-        return math.sqrt(self.sampling_rate * math.fsum(m * m for m in mus))
+        pairs = list(zip(self.rates, self.mus)) + ([] if extra is None else [extra])
+        return math.sqrt(math.fsum(p * m * m for p, m in pairs))
 
 
 @dataclass
@@ -145,22 +158,32 @@ class SampledAccount:
         self.replace_one = SampledComposition(self.sampling_rate)
         self.add_remove = SampledComposition(self.sampling_rate)
 
+    def rate(self, record: RoundRecord) -> float:
+        """The target's chance of being in the round given what is published (issue 28 item 4): k_t / (N_t - c)
+        for a round that drew k_t of N_t clients (the count is in the ledger), q for a record without them."""
+        if record.population is None:
+            return self.sampling_rate
+        drawn = len(record.weights) if record.sampled is None else max(record.sampled, len(record.weights))
+        return inclusion_probability(drawn, record.population, self.colluders)
+
     def _mus(self, contributions: int, terms: RoundTerms) -> tuple[float, float]:
         return (round_mu(terms.client_sensitivity, terms.sigma, contributions, self.colluders),
                 round_mu(terms.client_sensitivity_add_remove, terms.sigma, contributions, self.colluders))
 
-    def push(self, contributions: int, terms: RoundTerms) -> None:
-        mu, mu_ar = self._mus(contributions, terms)
-        self.replace_one.push(mu)
-        self.add_remove.push(mu_ar)
+    def push(self, record: RoundRecord, terms: RoundTerms) -> None:
+        mu, mu_ar = self._mus(record.clients, terms)
+        p = self.rate(record)
+        self.replace_one.push(mu, p)
+        self.add_remove.push(mu_ar, p)
 
-    def peek(self, contributions: int, terms: RoundTerms) -> tuple[Any, Any, float]:
-        """(PLD, add/remove PLD, mu_t) after one more round, nothing changed."""
-        mu, mu_ar = self._mus(contributions, terms)
-        return self.replace_one.peek(mu), self.add_remove.peek(mu_ar), mu
+    def peek(self, record: RoundRecord, terms: RoundTerms) -> tuple[Any, Any, tuple[float, float]]:
+        """(PLD, add/remove PLD, (p_t, mu_t)) after one more round, nothing changed."""
+        mu, mu_ar = self._mus(record.clients, terms)
+        p = self.rate(record)
+        return self.replace_one.peek(mu, p), self.add_remove.peek(mu_ar, p), (p, mu)
 
     def amend(self, bounds: dict[str, BoundValue], add_remove: dict[str, Any], threat_model: str, delta: float,
-              trial: tuple[Any, Any, float] | None = None) -> dict[str, Any]:
+              trial: tuple[Any, Any, tuple[float, float]] | None = None) -> dict[str, Any]:
         """Add the ``sampled`` bound to a report's ``bounds`` (its mu: the composition mu, the Gaussian-DP
         parameter these rounds provably have; its epsilon: the PLD's), let it carry the add/remove-one
         guarantee where it certifies it, and return the report's ``sampling`` section."""
@@ -173,7 +196,8 @@ class SampledAccount:
             eps_ar = self.add_remove.epsilon(delta, pld_ar)
             if eps_ar < add_remove["epsilon"]:
                 add_remove.update(bound=SAMPLED_BOUND, epsilon=eps_ar)
-        return {"rate": q, "bound": SAMPLED_BOUND, "certified_for": "all-rounds",
+        return {"rate": q, "weight": "k_t / (N_t - c) per round (the published count)", "bound": SAMPLED_BOUND,
+                "certified_for": "all-rounds",
                 "epsilon_without_amplification": composition.epsilon,
                 "mu_clt": self.replace_one.mu_clt(extra),
                 "mu_clt_is": "central-limit approximation of the amplified rounds, not a bound",

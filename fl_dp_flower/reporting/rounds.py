@@ -16,6 +16,7 @@ any object with these two methods.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from fl_dp_flower.privacy.records import AccountantConfig
 
 from .console import format_round_line
 from .ledger import PrivacyLedger
+from .ledger.events import FILE_MODE, MEMBERS_EVENT
 from .prometheus import PrivacyMetricsExporter
 from .resume import UnfinishedRound, resume_ledger
 
@@ -103,6 +105,8 @@ class LedgerSink:
         self.close()
 
     def on_event(self, kind: str, data: dict[str, Any]) -> None:
+        if kind == MEMBERS_EVENT:  # a secret sample's ids never enter the ledger (MembersSink)
+            return
         self.ledger.append_event(kind, data)
 
     def on_round(self, outcome: RoundOutcome) -> None:
@@ -143,6 +147,31 @@ def open_ledger(path: str | os.PathLike[str], config: AccountantConfig, *, resum
     if checkpoint is not None:
         checkpoint.ledger = sink  # the checkpoint checks that a round's line precedes its save
     return sink, accountant
+
+
+class MembersSink:
+    """A secret sample's member ids (``round-members`` events: the drawn clients at round-open, the contributors
+    at the round's close), one fsynced JSON line each, in an owner-only file (mode 0600) beside the ledger.
+    Only the server's owner may read it: whoever reads it learns the sample, and the ``sampled_secret``
+    bound no longer holds against them. ``fl-dp-flower verify`` does not need it (the ledger's counts
+    suffice); it is there to answer who took part (an audit by the owner, a data-subject request)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+
+    def on_event(self, kind: str, data: dict[str, Any]) -> None:
+        if kind != MEMBERS_EVENT:
+            return
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE)
+        try:
+            os.fchmod(fd, FILE_MODE)
+            os.write(fd, (json.dumps(data, sort_keys=True) + "\n").encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def on_round(self, outcome: RoundOutcome) -> None:
+        return None
 
 
 class CheckpointSink:
@@ -197,9 +226,11 @@ class RoundSink:
 
     def __init__(self, ledger: PrivacyLedger, save_checkpoint: Callable[[int, Any], None],
                  log: logging.Logger, exporter: PrivacyMetricsExporter | None = None,
-                 budget_epsilon: float | None = None) -> None:
+                 budget_epsilon: float | None = None, members: str | os.PathLike[str] | None = None) -> None:
         self.ledger = ledger
         self.sinks: list[PrivacySink] = [LedgerSink(ledger), CheckpointSink(save_checkpoint), ConsoleSink(log)]
+        if members is not None:  # a secret sample's ids: the owner-only members file
+            self.sinks.insert(1, MembersSink(members))
         if exporter is not None:
             self.sinks.append(PrometheusSink(exporter, budget_epsilon, ledger))
 

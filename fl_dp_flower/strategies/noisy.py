@@ -150,8 +150,8 @@ class NoisyStrategyMixin(NodeSampling):
         log.info("round %d (t=%d): sampled %d clients on %d of %d nodes", server_round, t, len(members),
                  len(slots), len(available))
         # write-ahead, with what a resume charges if the round is left open (min-replies: the smallest sum)
-        self._event("round-open", {"round": t + 1, "node_ids": members, "min_replies": self.federation.min_replies,
-                                   "screening_drop": self._screening_rules(self.planned(t)).drop_probability})
+        self._open_round(t + 1, members, min_replies=self.federation.min_replies,
+                         screening_drop=self._screening_rules(self.planned(t)).drop_probability)
         base = ConfigRecord(dict(config))  # start() reuses one record for all rounds: never alias it
         base["server-round"] = server_round
         for key, value in self.train_settings(t).items():
@@ -260,7 +260,8 @@ class NoisyStrategyMixin(NodeSampling):
         return RoundRecord(
             round=planned.round_index + 1, algorithm=c.algorithm, step_sizes=etas, clip_norm=worst.clip_norm,
             sigma=worst.sigma, weights=weights, clipping=c.clipping, batch_size=worst.batch_size,
-            prox_alpha=worst.prox_alpha, node_ids=tuple(m for u in usable for m in u.members), applied=applied,
+            prox_alpha=worst.prox_alpha, applied=applied,
+            node_ids=self._published_ids(planned.round_index + 1, tuple(m for u in usable for m in u.members), quiet=quiet),
             screening_drop=min(1.0, self._screening_rules(planned).drop_probability + self._void_drop),
             **self._sampling_fields())
 

@@ -45,6 +45,7 @@ from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.privacy.plan_rules import secure_contributor_problems
 from fl_dp_flower.privacy.records import AccountantConfig
 from fl_dp_flower.privacy.secure_aggregation import NOT_YET_CERTIFIABLE, SECURE_AGGREGATION_THREAT
+from fl_dp_flower.reporting.ledger.events import MEMBERS_EVENT
 from fl_dp_flower.settings import DPSettings, FederationSettings
 
 from .guard import UnaccountableSum
@@ -92,6 +93,10 @@ def check_plan(settings: DPSettings, config: AccountantConfig, federation: Feder
         for problem in secure_contributor_problems(federation.clients_per_round, federation.min_replies,
                                                    config.colluders):
             raise ValueError(problem)  # before round 1: otherwise every round is abandoned, silently
+    if config.sample_secrecy != federation.sample_secrecy:
+        raise ValueError(f"the accountant's sample_secrecy {config.sample_secrecy!r} does not match the federation's "
+                         f"{federation.sample_secrecy!r}: a secret-sample bound needs a ledger without member ids, and "
+                         "a ledger without them is certified as such")
     if config.sampling_rate != federation.accountant_sampling_rate:
         raise ValueError(f"the accountant's sampling_rate {config.sampling_rate!r} does not match the federation "
                          f"(client_sampling {federation.client_sampling!r}, sampling_rate {federation.sampling_rate!r}"
@@ -174,8 +179,35 @@ class NodeSampling:
         return fixed_denominator_sum(usable, reference, self.federation.sampling_rate * self._population)
 
     def _sampling_fields(self) -> dict[str, int]:
-        """RoundRecord fields of a Poisson round (population N_t, clients drawn); {} otherwise."""
-        return {"population": self._population, "sampled": self._drawn} if self.federation.poisson else {}
+        """RoundRecord fields of a Poisson round or a secret sample's round (population N_t, clients drawn);
+        {} otherwise."""
+        if self.federation.poisson or self.secret_sample:
+            return {"population": self._population, "sampled": self._drawn}
+        return {}
+
+    @property
+    def secret_sample(self) -> bool:
+        return self.federation.sample_secrecy == "secret"
+
+    def _open_round(self, round_: int, members: list[int], **charged: Any) -> None:
+        """The write-ahead ``round-open`` event, with ``charged`` (what a resume charges if the round is left
+        open). A public sample: it names the members. A secret one (docs/MATH.md §22): it gives their count;
+        the ids go out as a ``round-members`` event, which the ledger never writes
+        (reporting.rounds.MembersSink keeps them in the owner-only members file)."""
+        if not self.secret_sample:
+            self._event("round-open", {"round": round_, "node_ids": members, **charged})
+            return
+        self._event("round-open", {"round": round_, "clients": len(members), **charged})
+        self._event(MEMBERS_EVENT, {"round": round_, "drawn": members})
+
+    def _published_ids(self, round_: int, ids: tuple[int, ...], *, quiet: bool) -> tuple[int, ...]:
+        """The contributors' ids as the ledger's round record shows them: none with a secret sample (then
+        sent to the members file, unless ``quiet``: a trial record)."""
+        if not self.secret_sample:
+            return ids
+        if not quiet:
+            self._event(MEMBERS_EVENT, {"round": round_, "entered": list(ids)})
+        return ()
 
     def _event(self, kind: str, data: dict[str, Any]) -> None:
         raise NotImplementedError
@@ -257,6 +289,7 @@ class NodeSampling:
                 log.warning("round t=%d: only %d eligible clients (%d nodes excluded for refusing, %d set aside): "
                             "sampling all of them", t, len(population), len(excluded), len(aside))
             chosen = rng.sample(population, k)
+            self._population, self._drawn = len(population), k
         slots: dict[int, list[int]] = {}
         for node, j in sorted(chosen):
             slots.setdefault(node, []).append(j)

@@ -92,6 +92,7 @@ BAD = [
     ("metrics-host", "", "a non-empty string"),
     ("client-sampling", "bernoulli", "one of 'fixed', 'poisson'"),
     ("sampling-rate", 0.0, "a finite number > 0 and <= 1"),
+    ("sample-secrecy", "hidden", "one of 'public', 'secret'"),
     ("server-optimizer", "sgd", "one of 'none', 'momentum', 'adam'"),
     ("server-lr", 0.0, "a finite number > 0"),
     ("server-momentum", 1.0, "a finite number >= 0 and < 1"),

@@ -1,5 +1,6 @@
 """The layering the README promises: privacy math imports no torch/flwr/pydantic (and only numpy/scipy, except
-privacy/sampled.py, the one module that uses dp-accounting); reporting no torch/flwr."""
+privacy/sampled.py and privacy/client_sampling.py, the PLD accountants of client sampling, which use dp-accounting);
+reporting no torch/flwr."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 
 PRIVACY = [f"fl_dp_flower.privacy.{m}" for m in
            ("schedules", "records", "gdp", "terms", "planned_terms", "bounds", "closed_forms", "final_model",
-            "planned_bounds", "accountant", "planning", "sampled", "secure_aggregation", "skellam", "plan_rules",
+            "planned_bounds", "accountant", "report", "planning", "sampled", "secure_aggregation", "skellam", "plan_rules",
             "running_sum", "preflight")]
 REPORTING = [f"fl_dp_flower.reporting.{m}" for m in ("ledger", "console", "prometheus", "plot", "durable",
                                                                 "logfilter", "resume", "rounds")]
@@ -110,8 +111,8 @@ def test_no_import_cycle_in_the_package():
 
 
 def test_only_privacy_sampled_imports_dp_accounting():
-    """privacy/ is numpy/scipy only, except the PLD accountant of client sampling: privacy/sampled.py is the one
-    module of the package that imports dp_accounting (issue 19 item 2)."""
+    """privacy/ is numpy/scipy only, except the PLD accountants of client sampling: privacy/sampled.py (issue 19
+    item 2) and privacy/client_sampling.py (the secret sample, issue 31) are the modules that import dp_accounting."""
     import ast
     from pathlib import Path
 
@@ -123,7 +124,7 @@ def test_only_privacy_sampled_imports_dp_accounting():
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             if any(n == "dp_accounting" or n.startswith("dp_accounting.") for n in names):
                 users.add(str(path.relative_to(package)))
-    assert users == {"privacy/sampled.py"}
+    assert users == {"privacy/sampled.py", "privacy/client_sampling.py"}
 
 
 def test_a_run_without_client_sampling_does_not_load_dp_accounting():

@@ -20,9 +20,10 @@ from fl_dp_flower.app.config import ConfigError
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.privacy.planning import calibrate, calibrate_sigma, plan
 from fl_dp_flower.privacy.records import AccountantConfig, RoundRecord
-from fl_dp_flower.privacy.sampled import composed_epsilon, round_mu
+from fl_dp_flower.privacy.sampled import SampledComposition, composed_epsilon, round_mu
 from fl_dp_flower.privacy.terms import round_terms
 from fl_dp_flower.reporting import read_ledger
+from fl_dp_flower.reporting.ledger.events import MEMBERS_FILE
 from fl_dp_flower.reporting.prometheus import PrivacyMetricsExporter
 from fl_dp_flower.reporting.verify import verify_ledger
 from fl_dp_flower.settings import FederationSettings
@@ -37,11 +38,13 @@ POISSON = {"client-sampling": "poisson", "sampling-rate": 0.5, "clients-per-node
 
 def _sampled_epsilons(records: list[RoundRecord], cfg: AccountantConfig) -> float:
     """The amplified epsilon recomputed outside the accountant from the realized counts."""
-    mus = []
+    composed = SampledComposition(cfg.sampling_rate)
     for r in records:
         terms = round_terms(r, cfg.smoothness, cfg.colluders, cfg.assume_smooth_losses)
-        mus.append(round_mu(terms.client_sensitivity, r.sigma, r.clients, cfg.colluders))
-    return composed_epsilon(cfg.sampling_rate, mus, cfg.delta)
+        # the target's chance given the published count (issue 28 item 4): drawn / (N_t - c), not q
+        composed.push(round_mu(terms.client_sensitivity, r.sigma, r.clients, cfg.colluders),
+                      min(1.0, r.sampled / (r.population - cfg.colluders)))
+    return composed.epsilon(cfg.delta)
 
 
 def _capturing(store: list):
@@ -90,6 +93,42 @@ def test_poisson_run_accounts_the_realized_counts_and_aggregates_with_q_n(tmp_pa
     # verify recomputes every number of the ledger, the sampled bound included
     v = verify_ledger(out.run_dir / LEDGER)
     assert v.ok and v.rounds_verified == 3, v.failure
+    # public membership (the default): the ledger names the members, and only the public-sample bound is there
+    assert acct_cfg.sample_secrecy == "public" and "sampled_secret" not in report["bounds"]
+    assert report["sampling"]["secrecy"] == "public"
+    opened = [e["data"] for e in read_ledger(out.run_dir / LEDGER).events if e["event"] == "round-open"]
+    assert [sorted(d["node_ids"]) for d in opened] == [sorted(r.node_ids) for r in records]
+
+
+def test_a_secret_sample_publishes_counts_only_and_certifies_the_conditioned_bound(tmp_path):
+    """sample-secrecy "secret" (docs/MATH.md §22): the ledger holds counts, never ids; the ids are in the owner-only
+    members.jsonl; the report has the conditioned bound with its assumption; verify needs only the ledger."""
+    cfg = tiny_config(tmp_path, **POISSON, **{"num-server-rounds": 2, "sample-secrecy": "secret"})
+    out, _ = run_local(cfg)
+    records = out.accountant.records
+    assert all(r.node_ids == () and r.population == 12 and r.sampled == r.clients for r in records)
+    text = (out.run_dir / LEDGER).read_text()
+    assert "round-members" not in text and '"drawn"' not in text
+    opened = [e["data"] for e in read_ledger(out.run_dir / LEDGER).events if e["event"] == "round-open"]
+    # counts only (no node ids), and what a resume would charge an open round (A: issue 28 items 1, 2)
+    assert [{k: e[k] for k in ("round", "clients")} for e in opened] == [{"round": r.round, "clients": r.clients}
+                                                                          for r in records]
+    assert all(set(e) == {"round", "clients", "min_replies", "screening_drop"} for e in opened), opened
+    members_file = out.run_dir / MEMBERS_FILE
+    assert members_file.stat().st_mode & 0o777 == 0o600
+    lines = [json.loads(line) for line in members_file.read_text().splitlines()]
+    drawn = {d["round"]: d["drawn"] for d in lines if "drawn" in d}
+    entered = {d["round"]: d["entered"] for d in lines if "entered" in d}
+    assert sorted(drawn) == sorted(entered) == [1, 2]
+    assert all(len(entered[r.round]) == r.clients and set(entered[r.round]) <= set(drawn[r.round]) for r in records)
+    report = out.accountant.report().to_dict()
+    assert report["sampling"]["secrecy"] == "secret"
+    secret = report["bounds"]["sampled_secret"]
+    assert any(a.startswith("secret sample: an honest server-side sampler") for a in secret["assumes"])
+    assert report["certified"]["epsilon"] == min(report["bounds"][n]["epsilon"]
+                                                 for n in ("composition", "sampled", "sampled_secret"))
+    v = verify_ledger(out.run_dir / LEDGER)
+    assert v.ok and v.rounds_verified == 2, v.failure
 
 
 def _sampler(federation: FederationSettings) -> NodeSampling:
@@ -134,12 +173,13 @@ def test_a_round_that_samples_nobody_keeps_the_model_and_is_accounted(tmp_path):
     final = torch.load(out.run_dir / FINAL_MODEL, map_location="cpu", weights_only=True)
     assert all(torch.equal(final[k], v) for k, v in initial.items())
     report = out.accountant.report()
-    # nothing was uploaded or released: composition and local DP stay 0; the amplified bound charges
-    # each round as if the target alone could have been in it (docs/MATH.md §19.2)
+    # nothing was uploaded or released: composition and local DP stay 0; the ledger says the rounds drew
+    # nobody, so the target was in neither and the public-sample pair (weight k_t / N_t = 0) charges
+    # nothing either (docs/MATH.md §19.2; before issue 28 item 4 it charged the target's weight q)
     assert report.bounds["composition"].mu == 0.0 and report.bounds["local_dp"].mu == 0.0
+    assert report.bounds["sampled"].epsilon == 0.0
     gamma = 2 * cfg.clip_norm * cfg.lr * cfg.local_steps
-    assert report.bounds["sampled"].epsilon == pytest.approx(
-        composed_epsilon(0.05, [gamma / cfg.sigma] * 2, cfg.delta), abs=1e-6)
+    assert composed_epsilon(0.05, [gamma / cfg.sigma] * 2, cfg.delta) > 1.0  # what q would have charged
     assert report.certified_bound == "composition"  # the smaller epsilon: both are sound
     assert verify_ledger(out.run_dir / LEDGER).ok
 
@@ -223,3 +263,25 @@ def test_prometheus_publishes_the_sampled_bound_with_its_assumption():
            and any(k == "assumes" and "Poisson sampler" in val for k, val in labels)]
     assert eps == [pytest.approx(report["bounds"]["sampled"]["epsilon"])]
     assert math.isclose(samples[("fl_dp_certified_epsilon", ())], report["certified"]["epsilon"])
+
+
+def test_secrecy_must_agree_and_is_checked_before_round_one():
+    """A secret-sample accountant on a federation that publishes members would certify an unsound bound: refused;
+    the run config names the keys."""
+    from fl_dp_flower import DPSettings
+    from fl_dp_flower.app.config import AppConfig
+    from fl_dp_flower.strategies.sampling import check_plan
+
+    settings = DPSettings(sigma=1.0, clip_norm=1.0, local_steps=1, batch_size=1, lr=0.5)
+    public = FederationSettings(clients_per_round=20)
+    secret = settings.accountant_config(clients=20, population=40, sample_secrecy="secret")
+    with pytest.raises(ValueError, match="sample_secrecy 'secret' does not match the federation's 'public'"):
+        check_plan(settings, secret, public)
+    check_plan(settings, secret, FederationSettings(clients_per_round=20, sample_secrecy="secret"))
+    with pytest.raises(ConfigError, match="'sample-secrecy' 'secret' needs 'threat-model' 'all-rounds'"):
+        AppConfig.from_run_config({"sample-secrecy": "secret", "threat-model": "curious-server"})
+    with pytest.raises(ConfigError, match=r"'num-partitions' x 'clients-per-node' \(the population\) must be an integer "
+                                          r">= 'clients-per-round' = 20"):
+        AppConfig.from_run_config({"sample-secrecy": "secret", "clients-per-round": 20, "num-partitions": 10})
+    cfg = AppConfig.from_run_config({"sample-secrecy": "secret", "clients-per-round": 5, "num-partitions": 10})
+    assert (cfg.accountant_config().population, cfg.accountant_config().sample_secrecy) == (10, "secret")

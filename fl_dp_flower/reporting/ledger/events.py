@@ -20,4 +20,7 @@ BUDGET_STOP_EVENT = "budget-stop"
 NODE_EXCLUDED_EVENT = "node-excluded"
 NODE_CAPPED_EVENT = "node-capped"  # weighting "examples": a node capped max-node-refusals rounds in a row
 PARTITION_CLAIMED_EVENT = "partition-claimed"  # a node's first echoed dp.partition-id (one per node and run)
+#: a secret sample's member ids (sample-secrecy "secret"): never written to the ledger, only to MEMBERS_FILE
+MEMBERS_EVENT = "round-members"
+MEMBERS_FILE = "members.jsonl"  # beside the ledger, owner-only (FILE_MODE); the server's owner alone reads it
 UNFINISHED_ROUND_EVENT = "unfinished-round-accounted"
