@@ -46,7 +46,7 @@ GPU_CHUNK_SAMPLES, GPU_CHUNK_VALUES = 16_384, 256_000_000
 
 Params = dict[str, torch.Tensor]
 
-__all__ = ["CPU_CHUNK_SAMPLES", "CohortData", "CohortResult", "KeyedStreams", "Member", "MemberStreams",
+__all__ = ["CPU_CHUNK_SAMPLES", "CohortData", "CohortResult", "CohortStreams", "KeyedStreams", "Member", "MemberStreams",
            "cohort_update", "default_member_chunk", "train_cohort"]
 
 
@@ -90,8 +90,10 @@ class _Step:
     per_sample: bool
 
 
-def _gradient_functions(model: nn.Module, loss_fn: LossFn, per_sample: bool
-                        ) -> tuple[Callable[[Params, torch.Tensor, torch.Tensor], Params], ...]:
+GradientFn = Callable[[Params, torch.Tensor, torch.Tensor], Params]
+
+
+def _gradient_functions(model: nn.Module, loss_fn: LossFn, per_sample: bool) -> tuple[GradientFn, GradientFn]:
     """(members' own weights, shared weights): params [c, ...] (or unbatched), x [c, B, ...], y [c, B]
     -> each member's batch gradient [c, ...] (per-batch) or per-sample gradients [c, B, ...]
     (per-sample: the loss of a batch of 1). With shared weights (step 0, every member at w_t) the
