@@ -185,6 +185,16 @@ def main(argv: list[str] | None = None) -> None:
                   f"{seconds:7.3f} s per round, {m / seconds:12,.0f} samples/s = {m / seconds / best:5.2f}x plain "
                   f"(best batch), peak memory {_peak_mb(device):,.0f} MiB")
             del data
+    if device.type == "cuda" and args.member_chunk is None:  # the chunk size on this GPU: the default, larger
+        data = pool(x, y, max(sizes))
+        for chunk in (16_384, 65_536):
+            try:
+                seconds = cohort_round(model, data, True, chunk)
+                print(f"cohort, {len(data):,} clients, summed noise, chunks of {chunk:,}: {seconds:.3f} s per round")
+            except torch.OutOfMemoryError:
+                print(f"cohort, chunks of {chunk:,}: out of memory")
+            torch.cuda.empty_cache()
+        del data
     small, large = sizes[0], sizes[min(1, len(sizes) - 1)]
     chunk = args.member_chunk or max(1, small // 2)  # several chunks at both sizes
     counted = {}

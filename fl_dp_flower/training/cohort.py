@@ -4,21 +4,29 @@ Each member runs exactly the local update of :func:`~fl_dp_flower.training.local
 — K steps of its own mini-batch gradient, clipped to V over all parameters (per-batch: the mean
 batch gradient; per-sample: every sample's gradient, then their mean), FedProx's pull added after
 clipping — and then adds its own N(0, sigma^2) noise to every value, as the single-client
-ClientApp does. The members' parameters are stacked along a leading axis and their gradients
-computed in one call (``torch.func.vmap`` of ``grad`` through ``functional_call``; per-sample: a
-second ``vmap`` over the batch), so a node pays Flower's message, process and model-loading costs
-once per cohort, not once per client. Members draw their batches and their noise from their own
-generators, in the same order as the single-client code: with the same generators the result
-equals running ``local_update`` + ``add_gaussian_noise_`` once per member (to float tolerance;
-tests/strategies/test_cohort.py, tests/training/test_cohort_trainer.py).
+ClientApp does. The members' gradients are computed in one call (``torch.func.vmap`` of ``grad``
+through ``functional_call``; per-sample: a second ``vmap`` over the batch): the first step at the
+shared w_t (an ordinary batched forward pass), later steps on the members' stacked weights. A node
+pays Flower's message, process and model-loading costs once per cohort, not once per client.
+
+Host work (:func:`train_cohort`, the ClientApp's path): the members' data stays on the device
+(:class:`~.cohort_data.CohortData`), a chunk's batch indices and per-member noise come from a few
+chunk-wide draws (:class:`~.cohort_data.KeyedStreams`), and the counts are read once per round,
+so a round's host-to-device copies, synchronisations and torch calls do not grow with the members
+(tests/training/test_cohort_streams.py). With each member's own generators
+(:func:`cohort_update`, :class:`~.cohort_data.MemberStreams`) the draws are the single-client
+code's, in its order: the result equals ``local_update`` + ``add_gaussian_noise_`` once per
+member (to float tolerance; tests/strategies/test_cohort.py, tests/training/test_cohort_trainer.py).
 
 Speed: members are trained in chunks (``member_chunk`` members at a time, all K steps of a chunk
 before the next), so each chunk's stacked parameters, activations and gradients stay small enough
 for the CPU's caches and the allocator's reused memory; clipping and the step are fused into one
-in-place pass per tensor. Chunking changes no result: members are independent.
+in-place pass per tensor, and with summed noise the last step adds the clipped gradients'
+weighted sum (one matrix-vector product) instead of forming every member's weights. Chunking
+changes no result with member generators (members are independent); with keyed streams it
+decides the keys.
 
-Device-agnostic: the stacked parameters live on the model's device, and each member's noise is
-drawn there from its own generator.
+Device-agnostic: the data, the stacked parameters and the draws live on the model's device.
 """
 
 from __future__ import annotations
@@ -43,6 +51,8 @@ from .noise import SecureGaussian, gaussian_noised
 # on a CPU small enough for the caches, on a GPU large enough to fill it.
 CPU_CHUNK_SAMPLES, CPU_CHUNK_VALUES = 256, 4_000_000
 GPU_CHUNK_SAMPLES, GPU_CHUNK_VALUES = 16_384, 256_000_000
+#: True: never read a count while training, on any device (the CUDA path; tests set it to check it on the CPU)
+SYNC_FREE = False
 
 Params = dict[str, torch.Tensor]
 
@@ -103,14 +113,16 @@ def _gradient_functions(model: nn.Module, loss_fn: LossFn, per_sample: bool) -> 
     def batch_loss(params, x, y):
         return loss_fn(functional_call(model, (params, buffers), (x,)), y)
 
+    # x, y arrive sample-major ([B, c, ...]): the members' axis next to the channels, so that the
+    # batched convolution's grouped input is a view, not a copy
     if not per_sample:
-        return vmap(grad(batch_loss)), vmap(grad(batch_loss), in_dims=(None, 0, 0))
+        return vmap(grad(batch_loss), in_dims=(0, 1, 1)), vmap(grad(batch_loss), in_dims=(None, 1, 1))
 
     def sample_loss(params, x, y):
         return batch_loss(params, x.unsqueeze(0), y.unsqueeze(0))
 
     samples = vmap(grad(sample_loss), in_dims=(None, 0, 0))
-    return vmap(samples), vmap(samples, in_dims=(None, 0, 0))
+    return vmap(samples, in_dims=(0, 1, 1)), vmap(samples, in_dims=(None, 1, 1))
 
 
 def default_member_chunk(batch_size: int, values_per_member: int, per_sample: bool,
@@ -123,15 +135,19 @@ def default_member_chunk(batch_size: int, values_per_member: int, per_sample: bo
     return max(1, min(samples // max(1, batch_size), values // max(1, stacked)))
 
 
-def _train_chunk(step: _Step, data: CohortData, index: torch.Tensor, counts: torch.Tensor) -> Params:
+def _train_chunk(step: _Step, data: CohortData, index: torch.Tensor, counts: torch.Tensor,
+                 summed: bool = False) -> Params:
     """All K steps of a chunk's members (equal batch size B). ``index``: [c, K, B] rows of
     ``data``. ``counts`` (device, int64 [2]) gains the clipped and the non-finite gradients. Returns
-    the members' trained weights [c, ...]. No host synchronisation and no host-to-device copy."""
+    the members' trained weights [c, ...], or with ``summed`` only their sum (the last step then
+    adds the clipped gradients' weighted sum instead of forming each member's weights). No host
+    synchronisation and no host-to-device copy, except on the CPU (where reading a count costs
+    nothing) to skip zeroing when every gradient is finite."""
     params: Params = {}
     lead = 2 if step.per_sample else 1  # (member, sample) or (member,)
-    bsz = index.shape[-1]
+    c, bsz, last = index.shape[0], index.shape[-1], len(step.etas) - 1
     for k, eta in enumerate(step.etas):
-        rows = index[:, k]
+        rows = index[:, k].t()  # [B, c]
         xb, yb = data.x[rows], data.y[rows]
         grads = step.first_gradients(step.start, xb, yb) if k == 0 else step.gradients(params, xb, yb)
         g = [grads[n] for n in step.start]
@@ -141,10 +157,20 @@ def _train_chunk(step: _Step, data: CohortData, index: torch.Tensor, counts: tor
         factor = torch.where(bad, 0.0, (step.clip_norm / norm.clamp_min(1e-30)).clamp(max=1.0))  # min(1, V/norm)
         counts[0] += (norm > step.clip_norm).sum()
         counts[1] += bad.sum()
+        finite = not SYNC_FREE and xb.device.type == "cpu" and not bool(bad.any())  # CPU: skip the pass if all finite
         with torch.no_grad():
             for n, t in zip(step.start, g):
-                t.nan_to_num_(0.0, 0.0, 0.0)  # a zeroed gradient's entries (factor 0) must not stay NaN
+                if not finite:
+                    t.nan_to_num_(0.0, 0.0, 0.0)  # a zeroed gradient's entries (factor 0) must not stay NaN
                 pull = params[n] - step.start[n] if k and step.prox_alpha > 0 else None  # at the pre-step weights
+                if summed and k == last:  # sum_i w_i - eta sum_i clip(g_i) (- eta alpha sum_i (w_i - w_t))
+                    total = c * step.start[n] if k == 0 else params[n].sum(0)
+                    weighted = factor.reshape(-1) @ t.reshape(factor.numel(), -1)  # one GEMV: sum_i f_i g_i
+                    total.add_(weighted.view_as(total), alpha=-eta / (bsz if step.per_sample else 1))
+                    if pull is not None:
+                        total.add_(pull.sum(0), alpha=-eta * step.prox_alpha)
+                    params[n] = total
+                    continue
                 if step.per_sample:  # eta/B sum_j clip(g_j)
                     clipped, scale = torch.einsum("cb,cb...->c...", factor, t), -eta / bsz
                     params[n] = torch.add(step.start[n], clipped, alpha=scale) if k == 0 else \
@@ -251,12 +277,12 @@ def train_cohort(
             hi = min(lo + chunk, hi_group)
             pos = order[lo:hi]  # the chunk's positions in the round's member list
             local = streams.batches(pos, data.sizes[rows[pos]], data_sizes[lo:hi], bsz, len(etas))
-            trained = _train_chunk(step, data, local + offsets[lo:hi].view(-1, 1, 1), counts)
+            trained = _train_chunk(step, data, local + offsets[lo:hi].view(-1, 1, 1), counts, summed)
             counted += (hi - lo) * len(etas) * (bsz if per_sample else 1)
             if not summed:  # each member's own noise
                 streams.add_noise_(pos, trained, noise_order, float(sigma))
             for n, t in trained.items():
-                total[n] += t.sum(0)
+                total[n] += t if summed else t.sum(0)
                 if kept is not None and positions is not None:
                     kept[n].index_copy_(0, positions[lo:hi], t)
     if summed_noise is not None:

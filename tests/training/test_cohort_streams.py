@@ -21,6 +21,7 @@ import torch
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
+from fl_dp_flower.training import cohort
 from fl_dp_flower.training.cohort import CohortData, KeyedStreams, MemberStreams, train_cohort
 from fl_dp_flower.training.cohort_data import NOISE_STREAM, stream_seed
 from fl_dp_flower.training.data import load_partition
@@ -64,6 +65,7 @@ def test_a_member_is_local_update_with_the_drawn_batches_and_noise(clipping, pro
         assert torch.equal(t, before[name])
     assert len(streams.drawn) == 3  # chunks of <= 3 members within each batch-size group (3 x 4 and 4 x 5 images)
     total = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
+    noiseless = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
     for pos, idx in streams.drawn:
         gen = torch.Generator().manual_seed(stream_seed(seed, rnd, int(clients[pos[0]]), len(pos), NOISE_STREAM))
         noise = {n: torch.randn(len(pos), *p.shape, generator=gen) for n, p in model.named_parameters()}
@@ -77,8 +79,17 @@ def test_a_member_is_local_update_with_the_drawn_batches_and_noise(clipping, pro
                 upload = p.detach() + sigma * noise[name][j]
                 torch.testing.assert_close(result.members[name][i], upload, **TOL)
                 total[name] += upload
+                noiseless[name] += p.detach()
     for name, t in total.items():
         torch.testing.assert_close(result.total[name], t, rtol=1e-5, atol=1e-5)
+    # summed noise: the same batches (their stream is apart from the noise's), the sum formed at the last step
+    summed = train_cohort(model, data, np.arange(7), KeyedStreams(seed, rnd, clients), step_sizes=etas, clip_norm=0.5,
+                          batch_size=batch, sigma=sigma, prox_alpha=prox_alpha, clipping=clipping, member_chunk=3,
+                          summed_noise=torch.Generator().manual_seed(9))
+    gen = torch.Generator().manual_seed(9)
+    for name, p in model.named_parameters():
+        expected = noiseless[name] + sigma * 7 ** 0.5 * torch.randn(p.shape, generator=gen)
+        torch.testing.assert_close(summed.total[name], expected, rtol=1e-5, atol=1e-5)
 
 
 def test_keyed_streams_are_reproducible_and_keyed_by_seed_and_round():
@@ -159,11 +170,13 @@ def _profiled(members: int, reference: bool, summed: bool) -> Counter:
 
 
 @pytest.mark.parametrize("summed", [True, False])
-def test_host_work_per_round_does_not_grow_with_members(summed):
+def test_host_work_per_round_does_not_grow_with_members(summed, monkeypatch):
     small, large = _profiled(100, False, summed), _profiled(1000, False, summed)
     # the same calls (copies and conversions included), each on 10x the members: no per-member host work
     assert small == large
-    assert large["aten::_local_scalar_dense"] == large["aten::item"] == 0  # no scalar read (sync) while training
+    assert large["aten::_local_scalar_dense"] == 2  # the CPU reads "all finite?" once per step (free there)
+    monkeypatch.setattr(cohort, "SYNC_FREE", True)  # the CUDA path: no scalar read (no sync) while training
+    assert _profiled(100, False, summed)["aten::_local_scalar_dense"] == 0
     assert large["aten::randn"] == 4 and large["aten::rand"] == 1  # per tensor: one draw per chunk (or of the sum)
     if not summed:  # the count can tell: with per-member generators (the reference streams) it grows
         ref_small, ref_large = _profiled(20, True, summed), _profiled(200, True, summed)
