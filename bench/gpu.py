@@ -134,12 +134,24 @@ def main_job(rounds: int, clients: int) -> dict[str, float]:
     """The main preset through the real apps on LocalGrid (10 nodes): wall seconds, training share, accuracy."""
     from flwr.common.logger import FLOWER_LOGGER
 
+    level, shared = FLOWER_LOGGER.level, os.environ.get("FL_DP_SHARE_METRICS")
+    FLOWER_LOGGER.setLevel(logging.ERROR)
+    os.environ["FL_DP_SHARE_METRICS"] = "1"  # the nodes report their train-seconds
+    try:
+        return _main_job(rounds, clients)
+    finally:
+        FLOWER_LOGGER.setLevel(level)
+        if shared is None:
+            os.environ.pop("FL_DP_SHARE_METRICS", None)
+        else:
+            os.environ["FL_DP_SHARE_METRICS"] = shared
+
+
+def _main_job(rounds: int, clients: int) -> dict[str, float]:
     from fl_dp_flower.presets import PRESETS
     from fl_dp_flower.reporting import read_ledger
     from fl_dp_flower.testing import run_local, tiny_config
 
-    FLOWER_LOGGER.setLevel(logging.ERROR)
-    os.environ["FL_DP_SHARE_METRICS"] = "1"  # the nodes report their train-seconds
     with tempfile.TemporaryDirectory() as out:
         cfg = tiny_config(Path(out), **{**PRESETS["main"], "seed": -1, "num-server-rounds": rounds,
                                         "clients-per-round": clients, "clients-per-node": clients // 10,
