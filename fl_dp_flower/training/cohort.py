@@ -277,12 +277,16 @@ def train_cohort(
             hi = min(lo + chunk, hi_group)
             pos = order[lo:hi]  # the chunk's positions in the round's member list
             local = streams.batches(pos, data.sizes[rows[pos]], data_sizes[lo:hi], bsz, len(etas))
-            trained = _train_chunk(step, data, local + offsets[lo:hi].view(-1, 1, 1), counts, summed)
+            reduce = kept is None  # only the chunk's sum is needed: never form each member's weights
+            trained = _train_chunk(step, data, local + offsets[lo:hi].view(-1, 1, 1), counts, reduce)
             counted += (hi - lo) * len(etas) * (bsz if per_sample else 1)
-            if not summed:  # each member's own noise
+            if not summed and kept is not None:  # each member's own noise, on its upload
                 streams.add_noise_(pos, trained, noise_order, float(sigma))
+            elif not summed:  # each member's own noise (the same draws), summed
+                for n, t in streams.noise_sum(pos, start, noise_order, float(sigma)).items():
+                    trained[n] += t
             for n, t in trained.items():
-                total[n] += t if summed else t.sum(0)
+                total[n] += t if reduce else t.sum(0)
                 if kept is not None and positions is not None:
                     kept[n].index_copy_(0, positions[lo:hi], t)
     if summed_noise is not None:

@@ -100,6 +100,20 @@ class CohortStreams(Protocol):
         """Add N(0, sigma^2) to every value of ``trained`` (name -> [c, ...]) in place, names in ``order``."""
         ...
 
+    def noise_sum(self, pos: np.ndarray, like: Mapping[str, torch.Tensor], order: Sequence[str],
+                  sigma: float) -> dict[str, torch.Tensor]:
+        """The sum over the chunk's members of the noise :meth:`add_noise_` would add (the same draws):
+        name -> a tensor like ``like[name]`` (one member's)."""
+        ...
+
+
+def _summed_noise(streams: CohortStreams, pos: np.ndarray, like: Mapping[str, torch.Tensor], order: Sequence[str],
+                  sigma: float) -> dict[str, torch.Tensor]:
+    """noise_sum through add_noise_ on zeros (members' noise formed, then summed)."""
+    zeros = {n: torch.zeros(len(pos), *like[n].shape, dtype=like[n].dtype, device=like[n].device) for n in order}
+    streams.add_noise_(pos, zeros, order, sigma)
+    return {n: t.sum(0) for n, t in zeros.items()}
+
 
 class MemberStreams:
     """Each member's own generators (``batch`` and ``noise``, the latter a Generator or SecureGaussian
@@ -121,6 +135,9 @@ class MemberStreams:
                 raise ValueError("every member needs a noise_generator (or pass summed_noise)")
             for name in order:
                 trained[name][j] = gaussian_noised(trained[name][j], sigma, source)
+
+    def noise_sum(self, pos, like, order, sigma):
+        return _summed_noise(self, pos, like, order, sigma)
 
 
 def stream_seed(seed: int, round_index: int, first_client: int, members: int, purpose: int) -> int:
@@ -176,6 +193,13 @@ class KeyedStreams:
         for name in order:  # one draw of [c, *shape] per tensor
             t = trained[name]
             t.add_(torch.randn(t.shape, generator=gen, device=t.device, dtype=t.dtype), alpha=float(sigma))
+
+    def noise_sum(self, pos, like, order, sigma):
+        if self.secure is not None or (self.seed is not None and not self._warned):
+            return _summed_noise(self, pos, like, order, sigma)  # (secure: float64 per member; the seed warning)
+        gen = self.generator(pos, NOISE_STREAM, like[order[0]].device)
+        return {name: torch.randn((len(pos), *like[name].shape), generator=gen, device=like[name].device,
+                                  dtype=like[name].dtype).sum(0).mul_(float(sigma)) for name in order}
 
 
 @functools.lru_cache(maxsize=8)  # a node keeps its cohort's data on its device across rounds

@@ -82,6 +82,11 @@ def test_a_member_is_local_update_with_the_drawn_batches_and_noise(clipping, pro
                 noiseless[name] += p.detach()
     for name, t in total.items():
         torch.testing.assert_close(result.total[name], t, rtol=1e-5, atol=1e-5)
+    # without keep_members only sums are formed: the same draws, the same total
+    unkept = train_cohort(model, data, np.arange(7), KeyedStreams(seed, rnd, clients), step_sizes=etas, clip_norm=0.5,
+                          batch_size=batch, sigma=sigma, prox_alpha=prox_alpha, clipping=clipping, member_chunk=3)
+    for name, t in total.items():
+        torch.testing.assert_close(unkept.total[name], t, rtol=1e-5, atol=1e-5)
     # summed noise: the same batches (their stream is apart from the noise's), the sum formed at the last step
     summed = train_cohort(model, data, np.arange(7), KeyedStreams(seed, rnd, clients), step_sizes=etas, clip_norm=0.5,
                           batch_size=batch, sigma=sigma, prox_alpha=prox_alpha, clipping=clipping, member_chunk=3,
