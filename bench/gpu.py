@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> None:
             try:
                 seconds = cohort_round(model, data, True, chunk)
                 print(f"cohort, {len(data):,} clients, summed noise, chunks of {chunk:,}: {seconds:.3f} s per round")
-            except torch.OutOfMemoryError:
+            except torch.cuda.OutOfMemoryError:
                 print(f"cohort, chunks of {chunk:,}: out of memory")
             torch.cuda.empty_cache()
         del data
