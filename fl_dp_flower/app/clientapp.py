@@ -32,10 +32,10 @@ run config), dataset settings from the run config (``data-dir`` in the node conf
 from __future__ import annotations
 
 import logging
-import secrets
 import time
 from collections.abc import Mapping
 
+import numpy as np
 import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
@@ -50,7 +50,8 @@ from fl_dp_flower.node import (ALLOW_FIXED_SEED, ALLOW_FIXED_SEED_ENV, NODE_LIMI
                                metrics_shared, node_flag)
 from fl_dp_flower.privacy.schedules import step_sizes
 from fl_dp_flower.protocol import REFUSAL_CODE, Refused, TrainInstruction, refusal
-from fl_dp_flower.training.cohort import Member, cohort_update
+from fl_dp_flower.training.cohort import KeyedStreams, train_cohort
+from fl_dp_flower.training.cohort_data import resident_partitions
 from fl_dp_flower.training.data import DEFAULT_DATA_SEED, Partition, load_partition
 from fl_dp_flower.training.local_update import evaluate_model
 from fl_dp_flower.training.models import build_model
@@ -127,30 +128,26 @@ def _train_cohort(msg: Message, context: Context, s: TrainSettings, config: AppC
     model = _global_model(msg, config, device)
     if any(True for _ in model.buffers()):
         raise Refused("cohort mode needs a model without buffers (every value is a noised parameter)")
-    members = []
-    for j in slots:
-        client = pid * cpn + j  # this virtual client's partition of parts * cpn
-        part = load_partition(config.dataset, str(nc.get("data-dir", config.data_dir)), client, parts * cpn,
-                              config.partitioning, config.dirichlet_alpha, DEFAULT_DATA_SEED, config.test_fraction,
-                              config.validation_fraction)
-        batch_gen = torch.Generator(device="cpu")
-        batch_gen.manual_seed(_derived_seed(s.seed, client, s.round_index, 1) if s.seed >= 0 else secrets.randbits(63))
-        noise_seed = -1 if s.seed == -1 else _derived_seed(s.seed, client, s.round_index, 0)
-        per_member = config.cohort_noise == "per-member"
-        check_batch_fits(s, len(part.y_train), f" of virtual client {client}")
-        members.append(Member(part.x_train, part.y_train, batch_gen,
-                              make_noise_source(config.noise_mode, device, noise_seed) if per_member else None))
+    # the node's clients-per-node partitions, resident on the device from the first round on
+    pool = resident_partitions(config.dataset, str(nc.get("data-dir", config.data_dir)), pid * cpn, cpn, parts * cpn,
+                               config.partitioning, config.dirichlet_alpha, DEFAULT_DATA_SEED, config.test_fraction,
+                               config.validation_fraction, str(device))
+    rows = np.asarray(slots, dtype=np.int64)
+    smallest = int(np.argmin(pool.sizes[rows]))
+    check_batch_fits(s, int(pool.sizes[rows[smallest]]), f" of virtual client {pid * cpn + slots[smallest]}")
+    # batches (and per-member noise) drawn chunk-wise on the device, keyed by seed, round and client ids
+    streams = KeyedStreams(None if s.seed == -1 else s.seed, s.round_index, pid * cpn + rows, config.noise_mode)
     summed = None
     if config.cohort_noise == "summed":  # one draw of the members' summed noise (training.cohort)
         summed = make_noise_source(config.noise_mode, device,
                                    -1 if s.seed == -1 else _derived_seed(s.seed, pid, s.round_index, 2))
     alpha = s.prox_alpha if s.algorithm == "fedprox" else 0.0
     started = time.perf_counter()
-    result = cohort_update(model, members, step_sizes=etas, clip_norm=s.clip_norm, batch_size=s.batch_size,
-                           sigma=s.sigma, prox_alpha=alpha, clipping=s.clipping, summed_noise=summed)
+    result = train_cohort(model, pool, rows, streams, step_sizes=etas, clip_norm=s.clip_norm, batch_size=s.batch_size,
+                          sigma=s.sigma, prox_alpha=alpha, clipping=s.clipping, summed_noise=summed)
     log_nonfinite(result.nonfinite_gradients, "per-sample" if s.clipping == "per-sample" else "(member, step)")
     metrics = MetricRecord({
-        "num-examples": sum(len(m.y) for m in members),
+        "num-examples": int(pool.sizes[rows].sum()),
         **(shared_statistics(train_seconds=time.perf_counter() - started, clipped_fraction=result.clipped_fraction,
                              nonfinite_gradients=result.nonfinite_gradients) if share else {}),
         protocol.MEMBERS: slots,

@@ -117,9 +117,10 @@ def local_update(
     clipping: str = "per-batch",
     batch_size: int,
     prox_alpha: float = 0.0,
-    generator: torch.Generator,
+    generator: torch.Generator | None,
     loss_fn: LossFn = F.cross_entropy,
     per_sample_chunk: int = 16,
+    batches: torch.Tensor | None = None,
 ) -> LocalUpdateStats:
     """Run exactly K = len(step_sizes) clipped GD steps on ``model`` in place.
 
@@ -129,6 +130,9 @@ def local_update(
     on entry (w_t). generator: torch.Generator for the batch indices (any device).
     loss_fn(outputs, targets) must return the batch MEAN loss (per-sample: called on a batch of 1).
     per_sample_chunk: samples per vmap call (memory only; does not change the result).
+    batches: optional [K, B] indices of the K batches, drawn elsewhere (the cohort trainer's
+    :class:`~.cohort_data.KeyedStreams`; each row B distinct indices < len(y)), instead of
+    ``randperm`` from ``generator`` (then unused).
     """
     if clipping not in CLIPPING_MODES:
         raise ValueError(f"clipping must be one of {CLIPPING_MODES}, got {clipping!r}")
@@ -143,6 +147,12 @@ def local_update(
     if n == 0 or batch_size < 1:
         raise ValueError(f"need data (got {n} samples) and batch_size >= 1 (got {batch_size})")
     bsz = min(int(batch_size), n)
+    if batches is None and generator is None:
+        raise ValueError("local_update needs a generator (or the batches)")
+    if batches is not None and (tuple(batches.shape) != (len(etas), bsz) or not bool((batches >= 0).all())
+                                or not bool((batches < n).all())):
+        raise ValueError(f"batches must be [K, B] = [{len(etas)}, {bsz}] indices in [0, {n - 1}], "
+                         f"got shape {tuple(batches.shape)}")
 
     named = [(nm, p) for nm, p in model.named_parameters() if p.requires_grad]
     names, params = [nm for nm, _ in named], [p for _, p in named]
@@ -151,8 +161,12 @@ def local_update(
     anchor = [p.detach().clone() for p in params] if prox_alpha > 0 else None
 
     losses, clipped, counted, nonfinite = [], 0, 0, 0
-    for eta in etas:
-        idx = torch.randperm(n, generator=generator, device=generator.device)[:bsz].to(device)
+    for k, eta in enumerate(etas):
+        if batches is not None:
+            idx = batches[k].to(device)
+        else:
+            assert generator is not None  # checked above
+            idx = torch.randperm(n, generator=generator, device=generator.device)[:bsz].to(device)
         xb, yb = x[idx], y[idx]
         if clipping == "per-batch":
             grads, loss, c, bad = _per_batch_grad(model, names, params, xb, yb, loss_fn, clip_norm)

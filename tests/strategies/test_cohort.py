@@ -75,28 +75,49 @@ def _train(node_config: dict, run_config: dict, arrays: ArrayRecord, **dp) -> Me
 
 @pytest.mark.parametrize("clipping", ["per-batch", "per-sample"])
 def test_cohort_reply_is_the_sum_of_single_client_replies(clipping):
-    """Node 1 of 3 with clients-per-node 4 trains slots [0, 2, 3] = partitions 4, 6, 7 of 12."""
+    """Node 1 of 3 with clients-per-node 4 trains slots [0, 2, 3] = partitions 4, 6, 7 of 12 (333
+    images each). The cohort draws its streams chunk-wise (training.cohort_data.KeyedStreams), a
+    single client from its own generators: with B = 333 every batch is the whole data, so the
+    noiseless parts agree, and the difference of the replies is the noise, N(0, 2 M sigma^2)."""
     torch.manual_seed(1)
     arrays = ArrayRecord(LeNet5().state_dict())
-    cohort = _train({"partition-id": 1, "num-partitions": 3}, {"clients-per-node": 4, "cohort-noise": "per-member"},
-                    arrays, **{"dp.members": [0, 2, 3], "dp.clipping": clipping})
-    assert not cohort.has_error(), cohort.error
-    m = cohort.content["metrics"]
-    assert m["dp.members"] == [0, 2, 3] and "train-loss" not in m
-    expected = None
-    for client in (4, 6, 7):
-        single = _train({"partition-id": client, "num-partitions": 12}, {}, arrays, **{"dp.clipping": clipping})
-        assert not single.has_error()
-        got = {k: v.numpy() for k, v in single.content["arrays"].items()}
-        expected = got if expected is None else {k: expected[k] + got[k] for k in got}
-    for k, v in cohort.content["arrays"].items():
-        np.testing.assert_allclose(v.numpy(), expected[k], rtol=1e-5, atol=1e-5)
+    whole = {"dp.clipping": clipping, "dp.batch-size": 333, "dp.local-steps": 3 if clipping == "per-batch" else 1}
+    replies = {}
+    for sigma in (1e-7, 0.05):
+        cohort = _train({"partition-id": 1, "num-partitions": 3}, {"clients-per-node": 4, "cohort-noise": "per-member"},
+                        arrays, **{"dp.members": [0, 2, 3], "dp.sigma": sigma, **whole})
+        assert not cohort.has_error(), cohort.error
+        m = cohort.content["metrics"]
+        assert m["dp.members"] == [0, 2, 3] and "train-loss" not in m and m["num-examples"] == 3 * 333
+        expected = None
+        for client in (4, 6, 7):
+            single = _train({"partition-id": client, "num-partitions": 12}, {}, arrays, **{"dp.sigma": sigma, **whole})
+            assert not single.has_error()
+            got = {k: v.numpy() for k, v in single.content["arrays"].items()}
+            expected = got if expected is None else {k: expected[k] + got[k] for k in got}
+        replies[sigma] = {k: v.numpy() for k, v in cohort.content["arrays"].items()}, expected
+    cohort_reply, singles = replies[1e-7]
+    for k, v in cohort_reply.items():
+        np.testing.assert_allclose(v, singles[k], rtol=1e-4, atol=2e-5)
+    cohort_reply, singles = replies[0.05]
+    diff = np.concatenate([(cohort_reply[k] - singles[k]).ravel() for k in singles])
+    assert float(np.std(diff)) == pytest.approx((2 * 3 * 0.05 ** 2) ** 0.5, rel=0.02)  # 61,706 values
     bad = _train({"partition-id": 1, "num-partitions": 3}, {"clients-per-node": 4}, arrays, **{"dp.members": [4]})
     assert bad.has_error() and "dp.members" in bad.error.reason
     if clipping == "per-sample":  # B above a member's data: refused, as for one client
         big = _train({"partition-id": 1, "num-partitions": 3}, {"clients-per-node": 4}, arrays,
                      **{"dp.members": [0], "dp.clipping": clipping, "dp.batch-size": 10_000})
         assert big.has_error() and "dp.batch-size" in big.error.reason and "virtual client 4" in big.error.reason
+
+
+def test_a_cohort_reply_is_reproducible_from_a_fixed_seed():
+    arrays = ArrayRecord(LeNet5().state_dict())
+    node, run = {"partition-id": 1, "num-partitions": 3}, {"clients-per-node": 4, "cohort-noise": "per-member"}
+    first, again, later = (_train(node, run, arrays, **{"dp.members": [0, 2, 3], "dp.round-index": r})
+                           for r in (2, 2, 3))
+    for k, v in first.content["arrays"].items():
+        assert np.array_equal(v.numpy(), again.content["arrays"][k].numpy())
+        assert not np.array_equal(v.numpy(), later.content["arrays"][k].numpy())
 
 
 def _members(n: int) -> list[Member]:
