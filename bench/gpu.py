@@ -148,9 +148,9 @@ def main_job(rounds: int, clients: int) -> dict[str, float]:
 
 
 def _main_job(rounds: int, clients: int) -> dict[str, float]:
-    from fl_dp_flower.presets import PRESETS
+    from fl_dp_flower.app.presets import PRESETS
     from fl_dp_flower.reporting import read_ledger
-    from fl_dp_flower.testing import run_local, tiny_config
+    from fl_dp_flower.app.testing import run_local, tiny_config
 
     with tempfile.TemporaryDirectory() as out:
         cfg = tiny_config(Path(out), **{**PRESETS["main"], "seed": -1, "num-server-rounds": rounds,

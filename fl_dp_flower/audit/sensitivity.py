@@ -188,8 +188,12 @@ def run_sensitivity(setup: SensitivitySetup, device: str | torch.device = "cpu")
                 smooth_ok = False
                 notes.append(f"no smooth bound: {exc}")
             else:
-                d_smooth = math.exp(terms.log_rho) * d_smooth + terms.gamma
-                smooth.append(d_smooth)
+                if math.isinf(terms.log_rho):  # FedProx with alpha <= L: the L-based bound certifies nothing
+                    smooth_ok = False
+                    notes.append(f"no smooth bound: FedProx alpha = {setup.prox_alpha:g} <= L = {setup.smoothness:g}")
+                else:
+                    d_smooth = math.exp(terms.log_rho) * d_smooth + terms.gamma
+                    smooth.append(d_smooth)
         if setup.neighbour:
             measured.append(float(torch.linalg.vector_norm(_flat(models[0]) - _flat(models[1]))))
     x_test = torch.cat([p.x_test for p in parts]).to(device)

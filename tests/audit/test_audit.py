@@ -132,7 +132,7 @@ def test_cli_audit_json_and_plot(tmp_path, capsys):
 @pytest.mark.parametrize("argv, named", [
     (["--trials", "5"], "--trials"),
     (["--confidence", "1.5"], "--confidence"),
-    (["--algorithm", "fedprox", "--prox-alpha", "0.5"], "--prox-alpha"),
+    (["--algorithm", "fedprox", "--prox-alpha", "0"], "--prox-alpha"),  # alpha <= L alone is allowed (issue 30)
 ])
 def test_cli_audit_rejects_bad_input_naming_the_flag(argv, named, capsys):
     with pytest.raises(SystemExit) as exc:
