@@ -29,7 +29,9 @@ if ! command -v promtool >/dev/null 2>&1; then
 fi
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
 export PATH="$PWD/.venv/bin:$PATH"
-.venv/bin/python -m pytest -p no:cacheprovider "$@"
+# pytest-xdist workers: most of the suite's time is real Flower processes waiting on each other, so 3 workers
+# share 2 cores well; FL_DP_TEST_WORKERS=0 runs everything in this process (e.g. to debug one test)
+.venv/bin/python -m pytest -p no:cacheprovider -n "${FL_DP_TEST_WORKERS:-3}" "$@"
 status=$?
 if [ "$status" -eq 5 ]; then
   echo "no tests were collected: failing" >&2
