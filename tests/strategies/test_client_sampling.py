@@ -176,6 +176,17 @@ def test_a_secret_samples_node_capped_event_goes_to_the_members_file():
     assert NodeSampling._routed(public, "node-capped", data) == ("node-capped", data)
 
 
+def test_member_events_reads_the_node_naming_lines_and_skips_a_torn_last_line(tmp_path):
+    path = tmp_path / MEMBERS_FILE
+    assert member_events(path) == []  # no file: nothing to restore
+    claim = {"event": "partition-claimed", "data": {"node_id": 5, "partition_id": 1, "round": 1}}
+    path.write_text(json.dumps({"round": 1, "drawn": [5]}) + "\n" + json.dumps(claim) + "\n" + '{"event": "node-ex')
+    assert member_events(path) == [claim]
+    path.write_text('{"torn\n' + json.dumps(claim) + "\n")
+    with pytest.raises(ValueError, match="line 1 is not JSON"):
+        member_events(path)
+
+
 def _sampler(federation: FederationSettings) -> NodeSampling:
     s = NodeSampling()
     s.federation, s.refusals, s.min_available_nodes = federation, {}, federation.nodes_needed
