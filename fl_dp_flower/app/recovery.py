@@ -6,7 +6,8 @@
   happened, that nothing unaccounted was released, and how to resume;
 - node exclusions (``node-excluded`` ledger events, ``max-node-refusals``) and partition claims
   (``partition-claimed``) are carried across a resume: a node excluded earlier in a run is not
-  sampled again by its resume, and a contested partition id stays contested.
+  sampled again by its resume, and a contested partition id stays contested (a secret sample's are in
+  the owner-only members file, ``reporting.rounds.member_events``: the ServerApp passes them in).
 """
 
 from __future__ import annotations

@@ -72,7 +72,7 @@ from fl_dp_flower.reporting.ledger import FAILED_EVENT, LedgerContents, read_led
 from fl_dp_flower.reporting.resume import ResumeRefused, resume_ledger
 from fl_dp_flower.reporting.ledger.events import MEMBERS_FILE
 from fl_dp_flower.reporting.logfilter import FlowerDumps
-from fl_dp_flower.reporting.rounds import RoundSink
+from fl_dp_flower.reporting.rounds import RoundSink, member_events
 from fl_dp_flower.app.strategy import make_strategy
 from fl_dp_flower.strategies import ModelNotFinite, NoisyStrategyMixin, NotEnoughNodes
 from fl_dp_flower.training.data import DEFAULT_DATA_SEED, load_dataset, load_validation
@@ -252,7 +252,8 @@ def _run_server(grid: Grid, config: AppConfig, fraction_evaluate: float,
         strategy = make_strategy(config, accountant, sinks=[sink],
                                  fraction_evaluate=fraction_evaluate if per_round_eval else 0.0)
         if config.resume:
-            restore_exclusions(strategy, read_ledger(run_dir / LEDGER).events)
+            restore_exclusions(strategy, read_ledger(run_dir / LEDGER).events  # a secret sample's: members file
+                               + (member_events(run_dir / MEMBERS_FILE) if config.sample_secrecy == "secret" else []))
             if (run_dir / CHECKPOINT).exists():  # the server optimizer and average (server_opt.py)
                 strategy.server_update.restore(torch.load(run_dir / CHECKPOINT, map_location="cpu",
                                                           weights_only=True).get("server_update", {}))

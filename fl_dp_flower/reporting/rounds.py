@@ -28,7 +28,7 @@ from fl_dp_flower.privacy.records import AccountantConfig
 
 from .console import format_round_line
 from .ledger import PrivacyLedger
-from .ledger.events import FILE_MODE, MEMBERS_EVENT
+from .ledger.events import FILE_MODE, MEMBERS_EVENT, NODE_ID_EVENTS
 from .prometheus import PrivacyMetricsExporter
 from .resume import UnfinishedRound, resume_ledger
 
@@ -151,7 +151,7 @@ def open_ledger(path: str | os.PathLike[str], config: AccountantConfig, *, resum
 
 class MembersSink:
     """A secret sample's member ids (``round-members`` events: the drawn clients at round-open, the contributors
-    at the round's close), one fsynced JSON line each, in an owner-only file (mode 0600) beside the ledger.
+    at the round's close, and the events that name a node, :func:`member_events`), one fsynced JSON line each, in an owner-only file (mode 0600) beside the ledger.
     Only the server's owner may read it: whoever reads it learns the sample, and the ``sampled_secret``
     bound no longer holds against them. ``fl-dp-flower verify`` does not need it (the ledger's counts
     suffice); it is there to answer who took part (an audit by the owner, a data-subject request)."""
@@ -172,6 +172,28 @@ class MembersSink:
 
     def on_round(self, outcome: RoundOutcome) -> None:
         return None
+
+
+def member_events(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The node-naming events of a secret-sample run (``node-excluded``, ``node-capped``, ``partition-claimed``)
+    from its members file, shaped as ledger events (``{"event": kind, "data": data}``), in file order: what a
+    resume restores (exclusions, contested partition ids). A torn last line (a
+    crash mid-write) is skipped, as the ledger reader skips its torn tail; an empty list without the file."""
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    events = []
+    for i, line in enumerate(lines):
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:
+                break
+            raise ValueError(f"{os.fspath(path)}: line {i + 1} is not JSON") from None
+        if isinstance(entry, dict) and entry.get("event") in NODE_ID_EVENTS:
+            events.append(entry)
+    return events
 
 
 class CheckpointSink:

@@ -14,7 +14,8 @@
   the id were accepted, after it none, so the partition's data reached the model through one client
   at most. A node that echoes a partition id other than its first is dropped as a refusal (a node's
   partition does not change within a run), so a liar can contest one id only. Claims are
-  ``partition-claimed`` ledger events, restored on resume (:meth:`ReplyGuard.restore`).
+  ``partition-claimed`` ledger events (a secret sample's: the members file), restored on resume
+  (:meth:`ReplyGuard.restore`).
 - **Accountant errors per reply**: a reply whose echoes (accepted within ``echo-tolerance``)
   make the round's terms fail (ValueError, OverflowError, any ArithmeticError) is dropped as a
   refusal, so no reply can fail the run. Replies echoing exactly the plan are never the cause

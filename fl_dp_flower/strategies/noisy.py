@@ -177,6 +177,7 @@ class NoisyStrategyMixin(NodeSampling):
         return self.federation.clients_per_node > 1
 
     def _event(self, kind: str, data: dict[str, Any]) -> None:
+        kind, data = self._routed(kind, data)  # a secret sample's node ids: the members file only
         for sink in self.sinks:
             sink.on_event(kind, data)
 

@@ -45,7 +45,7 @@ from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.privacy.plan_rules import secure_contributor_problems
 from fl_dp_flower.privacy.records import AccountantConfig
 from fl_dp_flower.privacy.secure_aggregation import NOT_YET_CERTIFIABLE, SECURE_AGGREGATION_THREAT
-from fl_dp_flower.reporting.ledger.events import MEMBERS_EVENT
+from fl_dp_flower.reporting.ledger.events import MEMBERS_EVENT, NODE_ID_EVENTS
 from fl_dp_flower.settings import DPSettings, FederationSettings
 
 from .guard import UnaccountableSum
@@ -208,6 +208,15 @@ class NodeSampling:
         if not quiet:
             self._event(MEMBERS_EVENT, {"round": round_, "entered": list(ids)})
         return ()
+
+    def _routed(self, kind: str, data: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """Where an event goes. A secret sample (docs/MATH.md §22): an event naming a node (``node-excluded``,
+        ``node-capped``, ``partition-claimed``: NODE_ID_EVENTS) would tell a ledger reader, by its round or its
+        place between round lines, that the node took part in that round; it becomes a ``round-members`` event
+        ``{"event": kind, "data": data}`` (the members file; the ledger never writes it)."""
+        if self.secret_sample and kind in NODE_ID_EVENTS:
+            return MEMBERS_EVENT, {"event": kind, "data": data}
+        return kind, data
 
     def _event(self, kind: str, data: dict[str, Any]) -> None:
         raise NotImplementedError

@@ -23,8 +23,9 @@ from fl_dp_flower.privacy.records import AccountantConfig, RoundRecord
 from fl_dp_flower.privacy.sampled import SampledComposition, composed_epsilon, round_mu
 from fl_dp_flower.privacy.terms import round_terms
 from fl_dp_flower.reporting import read_ledger
-from fl_dp_flower.reporting.ledger.events import MEMBERS_FILE
+from fl_dp_flower.reporting.ledger.events import MEMBERS_EVENT, MEMBERS_FILE
 from fl_dp_flower.reporting.prometheus import PrivacyMetricsExporter
+from fl_dp_flower.reporting.rounds import member_events
 from fl_dp_flower.reporting.verify import verify_ledger
 from fl_dp_flower.settings import FederationSettings
 from fl_dp_flower.strategies.sampling import NodeSampling
@@ -129,6 +130,61 @@ def test_a_secret_sample_publishes_counts_only_and_certifies_the_conditioned_bou
                                                  for n in ("composition", "sampled", "sampled_secret"))
     v = verify_ledger(out.run_dir / LEDGER)
     assert v.ok and v.rounds_verified == 2, v.failure
+
+
+def test_a_secret_sample_keeps_node_naming_events_out_of_the_ledger_and_a_resume_keeps_them(tmp_path):
+    """Before: a secret run's ledger still wrote ``partition-claimed``, ``node-excluded`` (and ``node-capped``)
+    with a node id and the round, telling a ledger reader that node X was in round r (docs/MATH.md §22). Now they
+    are in the owner-only members file only, and a resume reads them there: the refusing node stays excluded, the
+    contested partition's claimants stay set aside."""
+    base = 7_000_001  # node ids that cannot be mistaken for a count in the ledger's text
+    refusing, liar = base + 1, base + 3  # liar: node config partition-id 0, node `base`'s partition
+    grid_kw = {"nodes": 4, "first_node_id": base, "node_config": {refusing: {"min-sigma": 5.0}, liar: {"partition-id": 0}}}
+    settings = {**POISSON, "clients-per-round": 16, "num-partitions": 4, "sample-secrecy": "secret",
+                "max-node-refusals": 1}
+    out, grid = run_local(tiny_config(tmp_path, **settings, **{"num-server-rounds": 2}), **grid_kw)
+    nodes = list(range(base, base + 4))
+    clients = [n * 4 + j for n in nodes for j in range(4)]  # cohort mode: the virtual clients' ids
+    ledger_text = (out.run_dir / LEDGER).read_text()
+    assert not any(str(i) in ledger_text for i in nodes + clients), ledger_text
+    events = read_ledger(out.run_dir / LEDGER).events
+    assert not [e for e in events if {"node_id", "node_ids", "partition_id", "nodes"} & set(e["data"])], events
+    assert not [e for e in events if e["event"] in ("node-excluded", "node-capped", "partition-claimed")]
+    named = member_events(out.run_dir / MEMBERS_FILE)
+    assert [(e["data"]["node_id"], e["data"]["round"]) for e in named if e["event"] == "node-excluded"] == [(refusing, 1)]
+    claims = sorted((e["data"]["partition_id"], e["data"]["node_id"]) for e in named if e["event"] == "partition-claimed")
+    assert claims == [(0, base), (0, liar), (2, base + 2)]
+    assert out.strategy.excluded_nodes.keys() == {refusing} and out.strategy.set_aside_nodes.keys() == {base, liar}
+    resumed, grid = run_local(tiny_config(tmp_path, **settings, **{"num-server-rounds": 4, "resume": True}), **grid_kw)
+    assert {m.metadata.dst_node_id for m in grid.sent} == {base + 2}  # excluded and set aside nodes: never asked
+    assert resumed.strategy.excluded_nodes.keys() == {refusing}
+    assert resumed.strategy.set_aside_nodes.keys() == {base, liar}
+    assert [r.round for r in resumed.accountant.records] == [1, 2, 3, 4]
+    ledger_text = (out.run_dir / LEDGER).read_text()
+    assert not any(str(i) in ledger_text for i in nodes + clients)
+    v = verify_ledger(out.run_dir / LEDGER)
+    assert v.ok and v.rounds_verified == 4, v.failure
+
+
+def test_a_secret_samples_node_capped_event_goes_to_the_members_file():
+    """Every node-naming event is routed (node-capped needs weighting "examples": the routing rule, directly)."""
+    s = _sampler(FederationSettings(clients_per_round=20, sample_secrecy="secret"))
+    data = {"node_id": 7, "round": 3, "consecutive": 2, "claimed": 10**6, "weighted_as": 10}
+    assert NodeSampling._routed(s, "node-capped", data) == (MEMBERS_EVENT, {"event": "node-capped", "data": data})
+    assert NodeSampling._routed(s, "round-void", {"round": 3}) == ("round-void", {"round": 3})
+    public = _sampler(FederationSettings(clients_per_round=20))
+    assert NodeSampling._routed(public, "node-capped", data) == ("node-capped", data)
+
+
+def test_member_events_reads_the_node_naming_lines_and_skips_a_torn_last_line(tmp_path):
+    path = tmp_path / MEMBERS_FILE
+    assert member_events(path) == []  # no file: nothing to restore
+    claim = {"event": "partition-claimed", "data": {"node_id": 5, "partition_id": 1, "round": 1}}
+    path.write_text(json.dumps({"round": 1, "drawn": [5]}) + "\n" + json.dumps(claim) + "\n" + '{"event": "node-ex')
+    assert member_events(path) == [claim]
+    path.write_text('{"torn\n' + json.dumps(claim) + "\n")
+    with pytest.raises(ValueError, match="line 1 is not JSON"):
+        member_events(path)
 
 
 def _sampler(federation: FederationSettings) -> NodeSampling:

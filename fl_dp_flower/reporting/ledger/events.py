@@ -23,4 +23,7 @@ PARTITION_CLAIMED_EVENT = "partition-claimed"  # a node's first echoed dp.partit
 #: a secret sample's member ids (sample-secrecy "secret"): never written to the ledger, only to MEMBERS_FILE
 MEMBERS_EVENT = "round-members"
 MEMBERS_FILE = "members.jsonl"  # beside the ledger, owner-only (FILE_MODE); the server's owner alone reads it
+#: events that name a node: under a secret sample they would tell a ledger reader that the node took part in
+#: their round, so they go to MEMBERS_FILE only, as ``{"event": kind, "data": data}`` lines (strategies/sampling.py)
+NODE_ID_EVENTS = (NODE_EXCLUDED_EVENT, NODE_CAPPED_EVENT, PARTITION_CLAIMED_EVENT)
 UNFINISHED_ROUND_EVENT = "unfinished-round-accounted"
