@@ -32,6 +32,7 @@ from .closed_forms import paper_mu
 from .final_model import OnlineFinalModel
 from .records import BOUND_NAMES, AccountantConfig, RoundRecord
 from .sampled import SAMPLED_BOUND, SampledAccount
+from .sample_sampling import BATCH_SAMPLED_BOUND, BatchSampledAccount
 from .running_sum import RunningSum
 from .secure_aggregation import SecureSumAccount, amend_secure_aggregation, rdp_delta
 from .schedules import step_sizes
@@ -75,6 +76,8 @@ class PrivacyReport:
     sampling: dict[str, Any] = field(default_factory=dict)
     #: the certified bound's RDP curve (orders, nats) where it comes from RDP (the Skellam secure sum), else None
     rdp_curve: tuple[tuple[int, ...], tuple[float, ...]] | None = None
+    #: Poisson batch sampling on the nodes (docs/MATH.md §22): max rate, the unamplified epsilon; {} without it
+    batch_sampling: dict[str, Any] = field(default_factory=dict)
 
     @property
     def certified(self) -> BoundValue:
@@ -99,6 +102,7 @@ class PrivacyReport:
             "relation": RELATION,
             "add_remove": dict(self.add_remove),
             **({"sampling": dict(self.sampling)} if self.sampling else {}),
+            **({"batch_sampling": dict(self.batch_sampling)} if self.batch_sampling else {}),
         }
 
 
@@ -147,6 +151,8 @@ class PrivacyAccountant:
         self._sampled = None if q is None else SampledAccount(q, config.colluders)
         grid = config.sum_grid_step  # secure aggregation's integer sum (docs/MATH.md §20.4)
         self._secure = None if grid is None else SecureSumAccount(grid, config.sum_dimension or 0, config.colluders)
+        self._batch = None if config.batch_rate is None else BatchSampledAccount(  # docs/MATH.md §22
+            config.threat_model, config.smoothness, config.colluders)
 
     # ------------------------------------------------------------ protocol shape
     @property
@@ -169,6 +175,8 @@ class PrivacyAccountant:
         report = self.report()
         if report.certified_bound == SAMPLED_BOUND and self._sampled is not None:
             return self._sampled.replace_one.delta(epsilon)
+        if report.certified_bound == BATCH_SAMPLED_BOUND and self._batch is not None:
+            return self._batch.replace_one.delta(epsilon)
         if report.rdp_curve is not None and self._secure is not None:  # RDP -> delta (docs/MATH.md §20.4)
             return rdp_delta(report.rdp_curve[1], report.rdp_curve[0], epsilon, self._secure.log_clamp)
         return gdp.delta(report.certified.mu, epsilon)
@@ -239,7 +247,8 @@ class PrivacyAccountant:
                             applied=self._applied + int(record.applied),
                             ar_mus=ar_mus, uses_smoothness=self._uses_smoothness or terms.uses_smoothness,
                             trial=self._sampled.peek(record.clients, terms) if self._sampled else None,
-                            secure_trial=self._secure_curves(record, terms))
+                            secure_trial=self._secure_curves(record, terms),
+                            batch_trial=self._batch.peek(record, terms) if self._batch else None)
 
     def report(self, delta: float | None = None) -> PrivacyReport:
         """The running guarantee (epsilon at ``delta``, default the config's delta)."""
@@ -251,7 +260,8 @@ class PrivacyAccountant:
 
     def _report(self, mus: dict[str, float], sound: dict[str, bool], round_: int, rounds: int, clients: int,
                 delta: float | None = None, *, applied: int, ar_mus: dict[str, float],
-                uses_smoothness: bool, trial: Any = None, secure_trial: Any = None) -> PrivacyReport:
+                uses_smoothness: bool, trial: Any = None, secure_trial: Any = None,
+                batch_trial: Any = None) -> PrivacyReport:
         d = self._config.delta if delta is None else delta
         asserted = self._config.assume_smooth_losses
         assumes = bound_assumptions(self._config.smoothness, uses_smoothness)
@@ -268,11 +278,12 @@ class PrivacyAccountant:
         sampling = {} if self._sampled is None else self._sampled.amend(
             bounds, add_remove, self._config.threat_model, d, trial)
         curve = None if self._secure is None else self._secure.amend(bounds, add_remove, d, secure_trial)
+        batch = {} if self._batch is None else self._batch.amend(bounds, add_remove, d, batch_trial)
         return PrivacyReport(
             round=round_, rounds=rounds, delta=d, threat_model=self._config.threat_model, clients=clients,
             bounds=bounds, rounds_applied=applied, colluders=self._config.colluders,
             certified_bound=certified_bound(self._config.threat_model, bounds, asserted),
-            add_remove=add_remove, sampling=sampling, rdp_curve=curve,
+            add_remove=add_remove, sampling=sampling, rdp_curve=curve, batch_sampling=batch,
         )
 
     # -------------------------------------------------------------------- state
@@ -301,8 +312,9 @@ class PrivacyAccountant:
             raise ValueError(
                 f"record.round must be {self._records[-1].round + 1} (rounds are accounted in order), got {record.round}"
             )
+        # Poisson batches hold a random number of samples: the drift bound (B samples) does not apply (§22)
         return round_terms(record, self._config.smoothness, self._config.colluders,
-                           self._config.assume_smooth_losses)
+                           self._config.assume_smooth_losses and record.batch_rate is None)
 
     def _apply(self, record: RoundRecord, terms: RoundTerms) -> None:
         self._records.append(record)
@@ -318,6 +330,8 @@ class PrivacyAccountant:
             self._sampled.push(record.clients, terms)
         if self._secure is not None:
             self._secure.add(self._secure_curves(record, terms))
+        if self._batch is not None:
+            self._batch.push(record, terms)
         self._uses_smoothness = self._uses_smoothness or terms.uses_smoothness
         m = max(record.clients, 1)
         self._min_clients = m if self._min_clients is None else min(self._min_clients, m)

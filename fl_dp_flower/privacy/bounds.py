@@ -222,12 +222,12 @@ def bound_assumptions(smoothness: float, sensitivity_uses_smoothness: bool) -> d
 #: composition of Poisson client sampling, docs/MATH.md §19) exists only in runs that sample that way,
 #: "secure_aggregation" (docs/MATH.md §20) only under its threat model
 ADMISSIBLE: dict[str, tuple[str, ...]] = {
-    "all-rounds": ("composition", "sampled"),
+    "all-rounds": ("composition", "sampled", "batch_sampled"),
     "final-model": ("final_model", "composition", "paper"),
-    "curious-server": ("local_dp",),
+    "curious-server": ("local_dp", "batch_sampled"),
     "secure-aggregation": ("secure_aggregation",),  # composition against the server (docs/MATH.md §20)
 }
-_ORDER = (*BOUND_NAMES, "sampled", "secure_aggregation")  # tie-break order of the certified rule
+_ORDER = (*BOUND_NAMES, "sampled", "secure_aggregation", "batch_sampled")  # tie-break order of the certified rule
 
 
 def rests_on_smoothness(assumes: Sequence[str]) -> bool:

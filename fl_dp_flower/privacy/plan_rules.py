@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from .validate import int_at_least, positive
 
-__all__ = ["SMOOTHNESS_FIELDS", "check_prox", "colluder_problems", "sampling_problems", "secure_sum_problems",
-           "smoothness_problems"]
+__all__ = ["SMOOTHNESS_FIELDS", "batch_sampling_problems", "check_prox", "colluder_problems", "sampling_problems",
+           "secure_sum_problems", "smoothness_problems"]
 
 
 def check_prox(algorithm: str, prox_alpha: float | None, smoothness: float, max_step: float) -> None:
@@ -92,6 +92,30 @@ def sampling_problems(threat_model: str, sampling_rate: float | None) -> list[st
         return ["threat_model 'final-model' cannot be combined with sampling_rate (Poisson client sampling): "
                 "the final-model bound is not analysed for a sampled, fixed-denominator aggregate; use "
                 "threat_model 'all-rounds' (amplified) or fixed-size sampling"]
+    return []
+
+
+def batch_sampling_problems(threat_model: str, clipping: str, batch_rate: float | None,
+                            sampling_rate: float | None) -> list[str]:
+    """What Poisson batch sampling on the nodes asks of the run (docs/MATH.md §22.4).
+
+    The amplified ``batch_sampled`` bound needs per-sample clipping (the sum of clipped per-sample
+    gradients over the expected batch size), is analysed for the all-rounds and curious-server threat
+    models only, and is not composed with Poisson client sampling (its fixed-denominator aggregate
+    and per-client noise change the pair): every selected site trains every round it is asked.
+    """
+    if batch_rate is None:
+        return []
+    if clipping != "per-sample":
+        return ["batch_rate (Poisson batch sampling) needs clipping 'per-sample': a per-batch clipped step "
+                "moves by 2V whichever samples it holds"]
+    if sampling_rate is not None:
+        return ["batch_rate (Poisson batch sampling) cannot be combined with sampling_rate (Poisson client "
+                "sampling): the two amplifications are not analysed together; use fixed-size client selection "
+                "(every site every round in a cross-silo run)"]
+    if threat_model not in ("all-rounds", "curious-server"):
+        return [f"batch_rate (Poisson batch sampling) is amplified only under threat_model 'all-rounds' or "
+                f"'curious-server', not {threat_model!r}; use fixed-size batches with it"]
     return []
 
 

@@ -28,7 +28,8 @@ from fl_dp_flower.vocabulary import (ALGORITHMS, BOUND_CHOICES, BOUND_NAMES, CLI
                                      THREAT_MODELS, Algorithm, BoundChoice, BoundName, Clipping, Schedule,
                                      ThreatModel)
 
-from .plan_rules import (SMOOTHNESS_FIELDS, check_prox, colluder_problems, sampling_problems,  # noqa: F401
+from .plan_rules import (SMOOTHNESS_FIELDS, batch_sampling_problems, check_prox,  # noqa: F401
+                         colluder_problems, sampling_problems,
                          secure_sum_problems, smoothness_problems)
 from .schedules import step_sizes
 from .validate import choice, int_at_least, nonnegative, positive
@@ -82,6 +83,10 @@ class AccountantConfig:
     ``clients`` is then the expected number of contributions per round, floor(q N) for a population
     of N clients (what planning assumes; the accountant uses each round's realized count). The
     all-rounds threat model gets the amplified ``sampled`` bound (docs/MATH.md §19).
+
+    ``batch_rate`` (q in (0, 1], default None = fixed-size batches): every node draws its local batches
+    by Poisson sampling at rate B/n <= q (per-sample clipping); the all-rounds and curious-server
+    threat models get the amplified ``batch_sampled`` bound (docs/MATH.md §22). Planning assumes q.
     """
 
     algorithm: Algorithm = "fedavg"
@@ -104,6 +109,7 @@ class AccountantConfig:
     sampling_rate: float | None = None
     sum_grid_step: float | None = None  # secure aggregation's integer sum: grid step s (parameter units) ...
     sum_dimension: int | None = None  # ... and d, the values summed (docs/MATH.md §20.4; both or neither)
+    batch_rate: float | None = None  # Poisson batch sampling on the nodes (docs/MATH.md §22)
 
     def __post_init__(self) -> None:
         choice("algorithm", self.algorithm, ALGORITHMS)
@@ -136,7 +142,10 @@ class AccountantConfig:
         check_prox(self.algorithm, self.prox_alpha, self.smoothness, self.lr)
         if self.sampling_rate is not None and not (positive("sampling_rate", self.sampling_rate) <= 1.0):
             raise ValueError(f"sampling_rate must be in (0, 1], got {self.sampling_rate!r}")
-        for problem in colluder_problems(self.threat_model, self.colluders) + sampling_problems(
+        if self.batch_rate is not None and not (positive("batch_rate", self.batch_rate) <= 1.0):
+            raise ValueError(f"batch_rate must be in (0, 1], got {self.batch_rate!r}")
+        for problem in batch_sampling_problems(self.threat_model, self.clipping, self.batch_rate,
+                                               self.sampling_rate) + colluder_problems(self.threat_model, self.colluders) + sampling_problems(
                 self.threat_model, self.sampling_rate) + secure_sum_problems(self.threat_model, self.sum_grid_step,
                                                                              self.sum_dimension):
             raise ValueError(problem)
@@ -158,6 +167,7 @@ class AccountantConfig:
             batch_size=self.batch_size,
             prox_alpha=self.prox_alpha,
             applied=applied,
+            batch_rate=self.batch_rate,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -203,6 +213,9 @@ class RoundRecord:
     was drawn from, and ``sampled`` how many it drew (before dropouts and screening); ``weights``
     then hold the contributions that entered the sum (uniform), possibly none. Both None: a
     fixed-size round (and every record written before sampling existed).
+
+    ``batch_rate``: the largest Poisson batch-sampling rate B/n a contributing node applied (docs/MATH.md
+    §22), as the nodes echoed it; None: fixed-size batches (no amplification).
     """
 
     round: int
@@ -218,9 +231,12 @@ class RoundRecord:
     applied: bool = True
     population: int | None = None
     sampled: int | None = None
+    batch_rate: float | None = None
 
     def __post_init__(self) -> None:
         int_at_least("round", self.round, 1)
+        if self.batch_rate is not None and not (positive("batch_rate", self.batch_rate) <= 1.0):
+            raise ValueError(f"batch_rate must be in (0, 1], got {self.batch_rate!r}")
         if not isinstance(self.applied, bool):
             raise ValueError(f"applied must be true or false, got {self.applied!r}")  # noqa: TRY004 (as every field)
         choice("algorithm", self.algorithm, ALGORITHMS)
