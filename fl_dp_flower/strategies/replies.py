@@ -48,6 +48,7 @@ class Applied:
     round_index: int
     batch_size: int | None = None
     prox_alpha: float | None = None
+    batch_rate: float | None = None  # the Poisson batch rate B/n the node echoed (None: not Poisson-sampled)
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,11 @@ def _number(metrics: MetricRecord, key: str, *, integer: bool, minimum: float, s
 def parse_applied(metrics: MetricRecord, *, fedprox: bool) -> Applied:
     """The echoed settings of one reply (ValueError if missing or invalid)."""
     batch = _number(metrics, protocol.BATCH_SIZE, integer=True, minimum=1, strict=False) if protocol.BATCH_SIZE in metrics else None
+    rate = None
+    if protocol.BATCH_RATE in metrics:
+        rate = _number(metrics, protocol.BATCH_RATE, integer=False, minimum=0.0, strict=True)
+        if rate > 1.0:
+            raise ValueError(f"{protocol.BATCH_RATE} must be in (0, 1], got {rate!r}")
     alpha = None
     if fedprox and protocol.PROX_ALPHA in metrics:
         alpha = _number(metrics, protocol.PROX_ALPHA, integer=False, minimum=0.0, strict=True)
@@ -111,7 +117,14 @@ def parse_applied(metrics: MetricRecord, *, fedprox: bool) -> Applied:
         round_index=_number(metrics, protocol.ROUND_INDEX, integer=True, minimum=0, strict=False),
         batch_size=batch,
         prox_alpha=alpha,
+        batch_rate=rate,
     )
+
+
+def batch_rate(usable: Sequence[Usable]) -> float:
+    """The round's Poisson batch rate for the accountant (docs/MATH.md §22): the largest any contributing
+    node echoed, and 1 (no amplification) as soon as one of them did not echo Poisson sampling."""
+    return max((1.0 if u.applied.batch_rate is None else u.applied.batch_rate for u in usable), default=1.0)
 
 
 def _signature(arrays: ArrayRecord) -> dict[str, tuple[tuple[int, ...], str]]:
