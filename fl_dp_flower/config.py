@@ -27,8 +27,7 @@ from .config_secagg import SecureAggregationConfig
 from .config_server import ServerUpdateConfig
 from . import protocol
 from .privacy.accountant import Budget
-from .privacy.records import (SMOOTHNESS_FIELDS, AccountantConfig, batch_sampling_problems, colluder_problems,
-                              sampling_problems, smoothness_problems)
+from .privacy.records import SMOOTHNESS_FIELDS, AccountantConfig, batch_sampling_problems, colluder_problems, sampling_problems, smoothness_problems
 from .settings import DPSettings, FederationSettings
 from .vocabulary import (Algorithm, BatchSampling, ClientSampling, Clipping, CohortNoise, Dataset, ModelName, NoiseMode, Partitioning,
                          Schedule, ThreatModel, UnfinishedRoundPolicy, Weighting, model_problem)
@@ -86,15 +85,10 @@ class AppConfig(ServerUpdateConfig, SecureAggregationConfig, BaseModel):
     """B: mini-batch size of each local step."""
     clipping: Clipping = "per-batch"
     """"per-batch" (paper, Eq. 2: the mean batch gradient is clipped) or "per-sample" (DP-SGD style)."""
-    batch_sampling: BatchSampling = Field("fixed", description=(
-        "How each node draws a local step's batch. \"fixed\": 'batch-size' distinct samples. \"poisson\": "
-        "each of its n samples independently with probability B/n, on the node (per-sample clipping; the sum of "
-        "clipped gradients over the expected B); the all-rounds and curious-server threat models then certify "
-        "the amplified 'batch_sampled' bound, assuming honest nodes whose draws stay secret (docs/MATH.md §22). "
-        "Not with client-sampling \"poisson\" or cohort mode."))
-    batch_rate: float = Field(1.0, gt=0, le=1, description=(
-        "With batch-sampling \"poisson\": the rate B/n planning assumes (the largest over the nodes; 1 plans "
-        "without amplification). Each round is certified with the largest rate its nodes echoed."))
+    batch_sampling: BatchSampling = "fixed"
+    """"fixed" ('batch-size' distinct samples) or "poisson": each node includes each of its n samples with probability B/n (per-sample clipping; all-rounds and curious-server certify the amplified 'batch_sampled' bound, assuming honest nodes whose draws stay secret; docs/MATH.md §22)."""
+    batch_rate: float = Field(1.0, gt=0, le=1)
+    """With batch-sampling "poisson": the rate B/n planning assumes (1: no amplification); each round is certified with the largest rate its nodes echoed."""
     clip_norm: float = Field(2.0, gt=0)
     """V: L2 clipping norm."""
     sigma: float = Field(0.05, gt=0, description=(
@@ -306,16 +300,7 @@ class AppConfig(ServerUpdateConfig, SecureAggregationConfig, BaseModel):
             if self.weighting != "uniform":
                 problems.append(f"'weighting' = {self.weighting!r}: 'client-sampling' = 'poisson' needs 'uniform' "
                                 "(the aggregate divides the summed updates by q N)")
-        if self.batch_sampling == "poisson":
-            problems += [p.replace("threat_model", "'threat-model'").replace("batch_rate (Poisson batch sampling)",
-                                                                              "'batch-sampling' = 'poisson'")
-                         .replace("clipping", "'clipping'").replace("sampling_rate (Poisson client sampling)",
-                                                                   "'client-sampling' = 'poisson'")
-                         for p in batch_sampling_problems(self.threat_model, self.clipping, self.batch_rate,
-                                                          self.sampling_rate if self.client_sampling == "poisson"
-                                                          else None)]
-            if self.clients_per_node > 1:
-                problems.append("'batch-sampling' = 'poisson' needs 'clients-per-node' = 1 (no cohort mode)")
+        problems += batch_sampling_problems(self.threat_model, self.clipping, self.batch_rate if self.batch_sampling == "poisson" else None, self.sampling_rate if self.client_sampling == "poisson" else None, self.clients_per_node)  # noqa: E501 (docs/MATH.md §22.4)
         for problem in colluder_problems(self.threat_model, self.colluding_clients):
             problems.append(problem.replace("threat_model", "'threat-model'").replace("colluders", "'colluding-clients'"))
         if self.min_replies > self.clients_per_round:
@@ -359,8 +344,7 @@ class AppConfig(ServerUpdateConfig, SecureAggregationConfig, BaseModel):
         """What every client does (the library's :class:`DPSettings`)."""
         return DPSettings(sigma=self.sigma, clip_norm=self.clip_norm, local_steps=self.local_steps,
                           batch_size=self.batch_size, lr=self.lr, schedule=self.schedule, clipping=self.clipping,
-                          algorithm=self.algorithm, prox_alpha=self.prox_alpha, seed=self.seed,
-                          batch_sampling=self.batch_sampling)
+                          algorithm=self.algorithm, prox_alpha=self.prox_alpha, seed=self.seed, batch_sampling=self.batch_sampling)
 
     def federation_settings(self) -> FederationSettings:
         """How the server runs rounds (the library's :class:`FederationSettings`)."""

@@ -96,16 +96,19 @@ def sampling_problems(threat_model: str, sampling_rate: float | None) -> list[st
 
 
 def batch_sampling_problems(threat_model: str, clipping: str, batch_rate: float | None,
-                            sampling_rate: float | None) -> list[str]:
+                            sampling_rate: float | None, clients_per_node: int = 1) -> list[str]:
     """What Poisson batch sampling on the nodes asks of the run (docs/MATH.md §22.4).
 
     The amplified ``batch_sampled`` bound needs per-sample clipping (the sum of clipped per-sample
     gradients over the expected batch size), is analysed for the all-rounds and curious-server threat
     models only, and is not composed with Poisson client sampling (its fixed-denominator aggregate
-    and per-client noise change the pair): every selected site trains every round it is asked.
+    and per-client noise change the pair): every selected site trains every round it is asked. The
+    app's cohort mode (``clients_per_node`` > 1) trains members with fixed batches: refused.
     """
     if batch_rate is None:
         return []
+    if clients_per_node > 1:
+        return ["batch_rate (Poisson batch sampling) needs clients_per_node = 1 (cohort mode draws fixed batches)"]
     if clipping != "per-sample":
         return ["batch_rate (Poisson batch sampling) needs clipping 'per-sample': a per-batch clipped step "
                 "moves by 2V whichever samples it holds"]
