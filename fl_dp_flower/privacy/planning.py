@@ -36,6 +36,7 @@ from .bounds import (
 from .planned_bounds import planned_bounds
 from .records import BOUND_CHOICES, BOUND_NAMES, AccountantConfig, BoundChoice
 from .sampled import SAMPLED_BOUND, composed_epsilon, round_mu
+from .sample_sampling import BATCH_SAMPLED_BOUND, batch_sampled_sigma
 from .secure_aggregation import amend_secure_aggregation
 from .terms import drift_bound_allowed, round_terms
 from .validate import int_at_least
@@ -125,7 +126,7 @@ def _sampled_sigma(config: AccountantConfig, rounds: int, target_epsilon: float)
 def plan(config: AccountantConfig, rounds: int) -> Plan:
     """Every bound after ``rounds`` identical planned rounds, at ``config.delta``."""
     int_at_least("rounds", rounds, 1)
-    if config.sampling_rate is not None or config.sum_grid_step is not None:
+    if config.sampling_rate is not None or config.sum_grid_step is not None or config.batch_rate is not None:
         return _replayed_plan(config, rounds)
     mus = planned_bounds(config, rounds)
     sound = {name: paper_is_sound(config.algorithm, config.schedule) if name == "paper" else True
@@ -160,8 +161,8 @@ def calibrate(config: AccountantConfig, rounds: int, target_epsilon: float,
         raise ValueError("calibrate does not take an integer secure sum (sum_grid_step): its grid is planned from sigma "
                          "(training.secure_sum.plan_grid), so calibrate the plan without it, plan the grid for that "
                          "sigma and check the result with plan()")
-    if name == SAMPLED_BOUND:  # its epsilon is not a function of one mu: search sigma
-        sigma = _sampled_sigma(config, rounds, target_epsilon)
+    if name in (SAMPLED_BOUND, BATCH_SAMPLED_BOUND):  # its epsilon is not a function of one mu: search sigma
+        sigma = (_sampled_sigma if name == SAMPLED_BOUND else batch_sampled_sigma)(config, rounds, target_epsilon)
         value = plan(dataclasses.replace(config, sigma=sigma), rounds).bounds[name]
         return Calibration(sigma=sigma, bound=name, mu=value.mu, epsilon=value.epsilon, sound=value.sound,
                            assumes=value.assumes)
@@ -283,6 +284,10 @@ def calibrate_sigma(config: AccountantConfig, rounds: int, target_epsilon: float
         sigma = unit_plan.certified.mu / mu_star
         if config.threat_model == "all-rounds":  # certified = the smaller epsilon of composition and sampled
             sigma = min(sigma, _sampled_sigma(config, rounds, target_epsilon))
+    elif config.batch_rate is not None:  # certified = the smaller of the unamplified bound and batch_sampled (§22)
+        sigma = min(plan(dataclasses.replace(config, sigma=1.0), rounds).bounds[
+            "composition" if config.threat_model == "all-rounds" else "local_dp"].mu / mu_star,
+            batch_sampled_sigma(config, rounds, target_epsilon))
     else:
         unit = planned_run(dataclasses.replace(config, sigma=1.0), rounds)
         sigma = max(r.certified.mu for r in unit.reports) / mu_star

@@ -29,17 +29,19 @@ sampling) and rests on :func:`batch_assumption`, stated wherever it is printed.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from .bounds import BoundValue
-from .records import RoundRecord
+from .records import AccountantConfig, RoundRecord
 from .terms import RoundTerms, round_terms
 from .validate import int_at_least, positive
 
 __all__ = ["AMPLIFIED_THREAT_MODELS", "BATCH_SAMPLED_BOUND", "BatchSampledAccount", "BatchSampledComposition",
-           "DISCRETIZATION", "batch_assumption", "composed_epsilon", "inclusion_rate", "round_pair"]
+           "DISCRETIZATION", "batch_assumption", "batch_sampled_sigma", "composed_epsilon", "inclusion_rate",
+           "round_pair"]
 
 #: the name of the amplified bound in a report's ``bounds``
 BATCH_SAMPLED_BOUND = "batch_sampled"
@@ -89,15 +91,15 @@ def round_pair(record: RoundRecord, terms: RoundTerms, threat_model: str) -> tup
     return inclusion_rate(record.batch_rate, record.local_steps), num / noise
 
 
-def _round_pld(relation: str, p: float, r: float) -> Any:
+def _round_pld(relation: str, p: float, r: float, discretization: float = DISCRETIZATION) -> Any:
     from dp_accounting import NeighboringRelation
     from dp_accounting.pld import privacy_loss_distribution as pld
 
     if r == 0.0:
-        return pld.identity(DISCRETIZATION)
+        return pld.identity(discretization)
     rel = NeighboringRelation.REPLACE_ONE if relation == "replace-one" else NeighboringRelation.ADD_OR_REMOVE_ONE
     return pld.from_gaussian_mechanism(1.0 / r, sensitivity=1.0, sampling_prob=p, neighboring_relation=rel,
-                                       value_discretization_interval=DISCRETIZATION)
+                                       value_discretization_interval=discretization)
 
 
 @dataclass
@@ -197,7 +199,8 @@ class BatchSampledAccount:
                 "assumes": batch_assumption(rate)}
 
 
-def composed_epsilon(relation: str, pairs: list[tuple[float, float]], delta: float) -> float:
+def composed_epsilon(relation: str, pairs: list[tuple[float, float]], delta: float,
+                     discretization: float = DISCRETIZATION) -> float:
     """epsilon at ``delta`` of the rounds' pairs (p_t, r_t) composed (runs of equal pairs self-composed:
     fast for planned runs; equal to round-by-round composition up to the discretisation)."""
     composed: Any = None
@@ -206,8 +209,37 @@ def composed_epsilon(relation: str, pairs: list[tuple[float, float]], delta: flo
         j = i
         while j < len(pairs) and pairs[j] == pairs[i]:
             j += 1
-        block = _round_pld(relation, *pairs[i])
+        block = _round_pld(relation, *pairs[i], discretization)
         block = block.self_compose(j - i) if j - i > 1 else block
         composed = block if composed is None else composed.compose(block)
         i = j
     return 0.0 if composed is None else max(0.0, float(composed.get_epsilon_for_delta(delta)))
+
+
+def batch_sampled_sigma(config: AccountantConfig, rounds: int, target_epsilon: float) -> float:
+    """The smallest sigma (to 1e-6 relative, rounded up) at which the replace-one ``batch_sampled`` epsilon of
+    ``rounds`` planned rounds (rate ``config.batch_rate``) is <= ``target_epsilon``: every r_t is proportional to
+    1/sigma and epsilon decreases in sigma, so a bisection on the planned pairs finds it."""
+    int_at_least("rounds", rounds, 1)
+    unit = dataclasses.replace(config, sigma=1.0)
+    pairs = []
+    for t in range(1, rounds + 1):
+        record = unit.planned_round(t)
+        pairs.append(round_pair(record, round_terms(record, unit.smoothness, unit.colluders), unit.threat_model))
+
+    def fits(sigma: float, discretization: float = 1e-3) -> bool:  # coarse while searching, checked finely below
+        eps = composed_epsilon("replace-one", [(p, r / sigma) for p, r in pairs], config.delta, discretization)
+        return eps <= target_epsilon
+
+    hi = 1.0
+    while not fits(hi):
+        hi *= 2.0
+    lo = hi / 2.0
+    while fits(lo) and lo > 1e-12:
+        lo /= 2.0
+    while hi - lo > 1e-4 * hi:
+        mid = math.sqrt(lo * hi)
+        lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+    while not fits(hi, DISCRETIZATION):  # the accountant's own discretisation decides
+        hi *= 1.0 + 1e-4
+    return hi

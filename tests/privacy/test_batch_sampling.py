@@ -222,3 +222,16 @@ def test_peek_and_replay_agree_with_step():
     assert replayed.report().to_dict() == acc.report().to_dict()
     assert acc.get_delta(acc.report().certified.epsilon) == pytest.approx(DELTA, rel=0.05)
     assert RoundRecord.from_dict(acc.records[0].to_dict()).batch_rate == 0.1
+
+
+def test_planning_replays_and_calibrates_the_amplified_bound():
+    from fl_dp_flower.privacy.planning import calibrate, plan
+
+    cfg = _cfg()
+    planned = plan(cfg, 5)
+    acc = PrivacyAccountant(cfg)
+    acc.extend(cfg.planned_round(t) for t in range(1, 6))
+    assert planned.certified_bound == BATCH_SAMPLED_BOUND
+    assert planned.certified.epsilon == acc.report().certified.epsilon
+    cal = calibrate(cfg, 5, 1.0)
+    assert cal.bound == BATCH_SAMPLED_BOUND and 0.99 <= cal.epsilon <= 1.0
