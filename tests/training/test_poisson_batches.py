@@ -145,3 +145,7 @@ def test_run_certifies_the_amplified_bound_and_reveals_no_draw(tmp_path):
     for round_metrics in out.result.train_metrics_clientapp.values():
         assert not any("draw" in k or "indices" in k for k in round_metrics)
     json.dumps(last)  # the report is plain JSON
+    from fl_dp_flower.reporting.verify import verify_ledger
+
+    verified = verify_ledger(out.run_dir / "ledger.jsonl")  # recomputed from the records, batch_rate included
+    assert verified.ok and verified.rounds_verified == len(ledger.rounds), verified
