@@ -149,3 +149,16 @@ def test_run_certifies_the_amplified_bound_and_reveals_no_draw(tmp_path):
 
     verified = verify_ledger(out.run_dir / "ledger.jsonl")  # recomputed from the records, batch_rate included
     assert verified.ok and verified.rounds_verified == len(ledger.rounds), verified
+
+
+@pytest.mark.parametrize("overrides, text", [
+    ({"clipping": "per-batch"}, "per-sample"),
+    ({"clients-per-node": 2, "clients-per-round": 6}, "clients_per_node = 1"),
+    ({"client-sampling": "poisson", "sampling-rate": 0.5}, "client"),
+    ({"threat-model": "final-model", "colluding-clients": 0, "assume-smooth-losses": True}, "all-rounds"),
+])
+def test_run_config_refuses_what_the_amplification_is_not_analysed_for(tmp_path, overrides, text):
+    from fl_dp_flower.config import ConfigError
+
+    with pytest.raises((ConfigError, ValueError), match=text):
+        tiny_config(tmp_path, **{"clipping": "per-sample", "batch-sampling": "poisson", "batch-rate": 0.2, **overrides})
