@@ -235,3 +235,40 @@ def test_planning_replays_and_calibrates_the_amplified_bound():
     assert planned.certified.epsilon == acc.report().certified.epsilon
     cal = calibrate(cfg, 5, 1.0)
     assert cal.bound == BATCH_SAMPLED_BOUND and 0.99 <= cal.epsilon <= 1.0
+
+
+def test_the_real_one_dimensional_mechanism_never_exceeds_the_bound():
+    """A site of n = 4 samples with 1-D gradients, B = 2 (q = 1/2), K = 1, alone (m = 1, curious server):
+    the upload eta-step plus N(0, sigma^2) is an exact mixture over the 2^4 Poisson draws. Its hockey-stick
+    divergence between neighbours (the differing gradient +V against -V, and against a removed sample) at
+    the accountant's epsilon never exceeds the accountant's delta."""
+    from itertools import product
+
+    n, B, V, eta, sigma = 4, 2, 1.0, 1.0, 1.2
+    q = B / n
+    others = [0.7, -0.4, 1.0]
+
+    def upload_pdf(target_grad):
+        comps = []
+        for draw in product((0, 1), repeat=n):
+            grads = [g for g, d in zip([*others, target_grad], draw) if d and g is not None]
+            step = max(-V, min(V, sum(grads) / B))  # the outer clip
+            weight = math.prod(q if d else 1 - q for d in draw)
+            comps.append((weight, -eta * step))
+        w, mu = np.array(comps).T
+        return np.exp(-0.5 * ((grid[:, None] - mu) / sigma) ** 2) @ w / (sigma * math.sqrt(2 * math.pi))
+
+    grid = np.linspace(-9.0, 9.0, 180_001)
+
+    def hockey(p, r, eps):  # both directions, trapezoid on a fine grid (smooth integrands but for one kink)
+        return max(float(np.trapezoid(np.maximum(a - math.exp(eps) * b, 0.0), grid)) for a, b in ((p, r), (r, p)))
+
+    cfg = AccountantConfig(algorithm="fedavg", schedule="constant", lr=eta, local_steps=1, clip_norm=V, clients=1,
+                           sigma=sigma, clipping="per-sample", batch_size=B, batch_rate=q, colluders=0,
+                           threat_model="curious-server")
+    report = PrivacyAccountant(cfg).step(cfg.planned_round(1))
+    plus, minus, removed = upload_pdf(V), upload_pdf(-V), upload_pdf(None)
+    eps = report.certified.epsilon
+    assert hockey(plus, minus, eps) <= DELTA
+    assert hockey(plus, removed, report.add_remove["epsilon"]) <= DELTA
+    assert hockey(plus, minus, 0.5 * eps) > DELTA  # the bound is not vacuous: half its epsilon fails
