@@ -151,7 +151,7 @@ def test_rdp_of_the_same_events_is_an_upper_bound():
 def test_k_at_least_2_is_charged_the_inclusion_rate_and_the_clip_only_sensitivity():
     """K = 3: rate 1 - (1-q)^3 and the clip-only add/remove shift eta V/B + 2V (K-1) eta over the noise,
     even when the operator asserts L-smooth losses (the drift bound needs B samples per batch)."""
-    cfg = _cfg(local_steps=3, lr=0.05, assume_smooth_losses=True, smoothness=1.0)
+    cfg = _cfg(local_steps=3, lr=0.05, sigma=0.2, assume_smooth_losses=True, smoothness=1.0)
     record = cfg.planned_round(1)
     terms = round_terms(record, cfg.smoothness, cfg.colluders, assume_smooth_losses=False)
     p, r = round_pair(record, terms, "all-rounds")
