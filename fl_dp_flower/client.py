@@ -97,7 +97,7 @@ def _clipped_steps(model: nn.Module, x: torch.Tensor, y: torch.Tensor, s: TrainI
     batch_gen.manual_seed(derived_seed(s.seed, client, s.round_index, 1) if s.seed >= 0 else secrets.randbits(63))
     stats = local_update(model, x, y, step_sizes=etas, clip_norm=s.clip_norm, clipping=s.clipping,
                          batch_size=s.batch_size, prox_alpha=s.applied_prox_alpha, generator=batch_gen,
-                         loss_fn=loss_fn)
+                         loss_fn=loss_fn, batch_sampling=s.batch_sampling)
     log_nonfinite(stats.nonfinite_gradients, "per-sample" if s.clipping == "per-sample" else "step")
     return stats
 
@@ -155,7 +155,8 @@ def private_update(model: nn.Module, x: torch.Tensor, y: torch.Tensor, instructi
 def check_batch_fits(instruction: TrainInstruction, samples: int, whose: str = "") -> None:
     """Refuse per-sample clipping with a batch larger than the ``samples`` held (``whose``: e.g. " of
     virtual client 3"): the update would then average over a smaller B than the accountant charges."""
-    if instruction.clipping == "per-sample" and instruction.batch_size > samples:
+    if (instruction.clipping == "per-sample" or instruction.batch_sampling == "poisson") \
+            and instruction.batch_size > samples:
         raise Refused(f"{BATCH_SIZE}={instruction.batch_size} exceeds the {samples} local samples{whose}; "
                       "per-sample clipping would then use a smaller B than accounted")
 
@@ -174,7 +175,7 @@ def train_reply(msg: Message, instruction: TrainInstruction, model: nn.Module, s
                                          train_loss=stats.loss, clipped_fraction=stats.clipped_fraction,
                                          nonfinite_gradients=stats.nonfinite_gradients))
     metrics.update(extra_metrics or {})
-    metrics.update(echo(instruction, local_steps=stats.steps, batch_size=stats.batch_size))
+    metrics.update(echo(instruction, local_steps=stats.steps, batch_size=stats.batch_size, samples=num_examples))
     if secure_sum is not None:
         grid, upload = secure_sum
         metrics.update(sum_grid_config(grid.step))

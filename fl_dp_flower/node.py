@@ -11,6 +11,9 @@ Policy:
   anyone who knows the seed can regenerate and subtract. Refused unless the node config sets
   ``allow-fixed-seed=true`` or the node's environment sets ``FL_DP_ALLOW_FIXED_SEED=1`` (the only
   way in Flower's simulation engine, whose node config holds just the partition).
+- ``batch-sampling`` (absent: any): "fixed" or "poisson"; the node refuses an instruction whose
+  ``dp.batch-sampling`` differs (e.g. a site that wants every round's batches Poisson-sampled on it,
+  docs/MATH.md §23).
 - ``share-metrics`` (default false): statistics of local training that are neither noised nor
   accounted (train loss, clipped fraction, train seconds, non-finite gradients) are sent only when
   the node config sets it (or ``FL_DP_SHARE_METRICS=1`` in the node's environment).
@@ -23,7 +26,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from .protocol import CLIP_NORM, LOCAL_STEPS, LR, SEED, SIGMA, Refused, TrainInstruction
+from .protocol import BATCH_SAMPLING, CLIP_NORM, LOCAL_STEPS, LR, SEED, SIGMA, Refused, TrainInstruction
+from .vocabulary import BATCH_SAMPLINGS
 
 NODE_LIMITS = {  # node-config key -> (setting, comparison that must hold)
     "min-sigma": (SIGMA, ">="),
@@ -33,6 +37,7 @@ NODE_LIMITS = {  # node-config key -> (setting, comparison that must hold)
 }
 ALLOW_FIXED_SEED = "allow-fixed-seed"  # node-config key (bool)
 ALLOW_FIXED_SEED_ENV = "FL_DP_ALLOW_FIXED_SEED"  # node environment: "1" allows, like the key
+NODE_BATCH_SAMPLING = "batch-sampling"  # node-config key: the only dp.batch-sampling this node runs
 SHARE_METRICS = "share-metrics"  # node-config key (bool): send un-noised train/eval statistics
 SHARE_METRICS_ENV = "FL_DP_SHARE_METRICS"  # node environment: "1" shares them, like the key
 
@@ -77,7 +82,15 @@ def metrics_shared(node_config: Mapping[str, Any], environ: Mapping[str, str] | 
 
 def check_node_policy(s: TrainInstruction, node_config: Mapping[str, Any],
                       environ: Mapping[str, str] | None = None) -> None:
-    """Raise Refused if ``s`` asks for a fixed noise seed this node has not allowed."""
+    """Raise Refused if ``s`` asks for a fixed noise seed this node has not allowed, or for batch sampling
+    other than the node's ``batch-sampling``."""
+    if NODE_BATCH_SAMPLING in node_config:
+        wanted = node_config[NODE_BATCH_SAMPLING]
+        if wanted not in BATCH_SAMPLINGS:
+            raise Refused(f"node config {NODE_BATCH_SAMPLING}={wanted!r} must be one of {BATCH_SAMPLINGS}")
+        if s.batch_sampling != wanted:
+            raise Refused(f"{BATCH_SAMPLING}={s.batch_sampling!r} differs from this node's "
+                          f"{NODE_BATCH_SAMPLING}={wanted!r}")
     if s.seed >= 0 and not fixed_seed_allowed(node_config, environ):
         raise Refused(
             f"{SEED}={s.seed} asks for reproducible noise, which whoever knows the seed can subtract; "

@@ -23,7 +23,7 @@ from flwr.app import Error, Message
 from flwr.common.constant import ErrorCode
 
 from fl_dp_flower.errors import FlDpError
-from .vocabulary import ALGORITHMS, CLIPPING_MODES, SCHEDULES, Algorithm, Clipping, Schedule
+from .vocabulary import ALGORITHMS, BATCH_SAMPLINGS, CLIPPING_MODES, SCHEDULES, Algorithm, Clipping, Schedule
 
 REFUSAL_CODE = ErrorCode.MOD_FAILED_PRECONDITION
 REFUSAL_PREFIX = "refused by node: "
@@ -45,6 +45,11 @@ PARTITION_ID = "dp.partition-id"  # echoed: the node's data partition (the serve
 MEMBERS = "dp.members"  # cohort mode: the virtual-client slots a node trains (instruction and echo)
 #: secure aggregation (training/secure_sum.py): the step of the upload's integer grid (instruction and echo)
 SUM_GRID_STEP = "dp.sum-grid-step"
+#: Poisson batch sampling on the node (docs/MATH.md §23): "fixed" (absent: an older server) or "poisson";
+#: a node that applied "poisson" echoes the rate B/n it used as dp.batch-rate (a MetricRecord holds numbers
+#: only; never which samples it drew); no dp.batch-rate in a reply: fixed-size batches
+BATCH_SAMPLING = "dp.batch-sampling"
+BATCH_RATE = "dp.batch-rate"
 #: the reply's ArrayRecord holding the integer upload under secure aggregation (instead of "arrays")
 SECURE_SUM_RECORD = "secure-sum"
 
@@ -110,6 +115,7 @@ class TrainInstruction:
     batch_size: int
     prox_alpha: float
     seed: int
+    batch_sampling: str = "fixed"
 
     @property
     def applied_prox_alpha(self) -> float:
@@ -117,13 +123,19 @@ class TrainInstruction:
         return self.prox_alpha if self.algorithm == "fedprox" else 0.0
 
     def to_config(self) -> dict[str, Any]:
-        """The train ConfigRecord's ``dp.*`` entries."""
-        return {key: kind(getattr(self, name)) for name, (key, kind) in INSTRUCTION_KEYS.items()}
+        """The train ConfigRecord's ``dp.*`` entries (``dp.batch-sampling`` only when "poisson", so that
+        fixed-batch instructions stay what older nodes parse)."""
+        config = {key: kind(getattr(self, name)) for name, (key, kind) in INSTRUCTION_KEYS.items()}
+        if self.batch_sampling != "fixed":
+            config[BATCH_SAMPLING] = self.batch_sampling
+        return config
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> "TrainInstruction":
         """Parse and check the server's ``dp.*`` train config; raise :class:`Refused` naming the key."""
-        s = cls(**{name: _get(cfg, key, kind) for name, (key, kind) in INSTRUCTION_KEYS.items()})
+        sampling = _get(cfg, BATCH_SAMPLING, str) if BATCH_SAMPLING in cfg else "fixed"
+        s = cls(**{name: _get(cfg, key, kind) for name, (key, kind) in INSTRUCTION_KEYS.items()},
+                batch_sampling=sampling)
         checks = [
             (s.algorithm in ALGORITHMS, f"{ALGORITHM} must be one of {ALGORITHMS}, got {s.algorithm!r}"),
             (s.schedule in SCHEDULES, f"{SCHEDULE} must be one of {SCHEDULES}, got {s.schedule!r}"),
@@ -136,6 +148,10 @@ class TrainInstruction:
             (s.round_index >= 0, f"{ROUND_INDEX} must be >= 0, got {s.round_index!r}"),
             (s.prox_alpha >= 0, f"{PROX_ALPHA} must be >= 0, got {s.prox_alpha!r}"),
             (s.seed >= -1, f"{SEED} must be -1 (OS entropy) or >= 0, got {s.seed!r}"),
+            (s.batch_sampling in BATCH_SAMPLINGS,
+             f"{BATCH_SAMPLING} must be one of {BATCH_SAMPLINGS}, got {s.batch_sampling!r}"),
+            (s.batch_sampling != "poisson" or s.clipping == "per-sample",
+             f"{BATCH_SAMPLING}='poisson' needs {CLIPPING}='per-sample', got {s.clipping!r}"),
         ]
         for ok, reason in checks:
             if not ok:
@@ -169,13 +185,20 @@ def sum_grid_from_config(cfg: Mapping[str, Any]) -> float | None:
     return step
 
 
-def echo(instruction: TrainInstruction, *, local_steps: int, batch_size: int) -> dict[str, Any]:
+def echo(instruction: TrainInstruction, *, local_steps: int, batch_size: int,
+         samples: int | None = None) -> dict[str, Any]:
     """The reply's echo of the settings as applied (``local_steps`` and ``batch_size`` as run: B
-    shrinks to the local data size when that is smaller)."""
+    shrinks to the local data size when that is smaller). With Poisson batches (``samples``: the n the
+    node sampled from) it adds the rate ``dp.batch-rate`` = B/n."""
     applied = {"sigma": instruction.sigma, "clip_norm": instruction.clip_norm, "local_steps": local_steps,
                "lr": instruction.lr, "round_index": instruction.round_index, "batch_size": batch_size,
                "prox_alpha": instruction.applied_prox_alpha}
-    return {ECHO_KEYS[name]: value for name, value in applied.items()}
+    echoed: dict[str, Any] = {ECHO_KEYS[name]: value for name, value in applied.items()}
+    if instruction.batch_sampling == "poisson":
+        if not samples or batch_size > samples:
+            raise ValueError(f"a Poisson-batched echo needs the samples n >= B = {batch_size}, got {samples!r}")
+        echoed[BATCH_RATE] = batch_size / samples
+    return echoed
 
 
 def refusal(msg: Message, reason: str | Exception) -> Message:

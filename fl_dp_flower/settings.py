@@ -15,8 +15,8 @@ from typing import Any
 
 from .privacy.records import AccountantConfig
 from .privacy.validate import choice, int_at_least, nonnegative, positive
-from .vocabulary import (ALGORITHMS, CLIENT_SAMPLINGS, CLIPPING_MODES, RELEASE_AVERAGES, SAMPLE_SECRECIES, SCHEDULES,
-                         SERVER_OPTIMIZERS, THREAT_MODELS, WEIGHTINGS, Algorithm, ClientSampling, Clipping,
+from .vocabulary import (ALGORITHMS, BATCH_SAMPLINGS, CLIENT_SAMPLINGS, CLIPPING_MODES, RELEASE_AVERAGES, SAMPLE_SECRECIES,
+                         SCHEDULES, SERVER_OPTIMIZERS, THREAT_MODELS, WEIGHTINGS, Algorithm, ClientSampling, Clipping,
                          ReleaseAverage, SampleSecrecy, Schedule, ServerOptimizer, ThreatModel, Weighting)
 
 __all__ = ["DPSettings", "FederationSettings"]
@@ -34,6 +34,8 @@ class DPSettings:
     (the bounds that rest on L-smooth losses need it); otherwise any alpha > 0 (a usual FedProx mu of
     0.01 to 1) is certified by composition, by clipping alone. seed: -1 draws the noise from OS
     entropy; >= 0 makes it reproducible (experiments only: nodes refuse it unless they allow it).
+    batch_sampling: "fixed" (B distinct samples per step) or "poisson" (each node includes each of its n
+    samples independently at rate B/n; per-sample clipping; amplified, docs/MATH.md §23).
     """
 
     sigma: float
@@ -46,9 +48,13 @@ class DPSettings:
     algorithm: Algorithm = "fedavg"
     prox_alpha: float = 0.0
     seed: int = -1
+    batch_sampling: str = "fixed"
 
     def __post_init__(self) -> None:
         positive("sigma", self.sigma)
+        choice("batch_sampling", self.batch_sampling, BATCH_SAMPLINGS)
+        if self.batch_sampling == "poisson" and self.clipping != "per-sample":
+            raise ValueError(f"batch_sampling 'poisson' needs clipping 'per-sample', got {self.clipping!r}")
         positive("clip_norm", self.clip_norm)
         int_at_least("local_steps", self.local_steps, 1)
         int_at_least("batch_size", self.batch_size, 1)
@@ -112,6 +118,9 @@ class DPSettings:
             ours["batch_size"] = self.batch_size
         diff = [f"{k}: accountant {getattr(config, k)!r} != settings {v!r}"
                 for k, v in ours.items() if getattr(config, k) != v]
+        if (config.batch_rate is not None) != (self.batch_sampling == "poisson"):
+            diff.append(f"batch_rate: accountant {config.batch_rate!r} needs settings batch_sampling 'poisson' "
+                        f"(and only then), got {self.batch_sampling!r}")
         if diff:
             raise ValueError("the accountant's configuration does not match the DP settings (" + "; ".join(diff) + ")")
 

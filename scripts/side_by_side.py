@@ -22,6 +22,12 @@ choose nothing. Both sides are held to the same certified epsilon at delta = 1e-
   under REPLACE_ONE (an accountant independent of this package), so that replace-one epsilon equals
   the target; its add/remove epsilon is Opacus's own accountant (``PrivacyEngine(accountant='prv')``).
 
+- **cross-silo** (``--silo-rounds`` > 0): the package's cross-silo preset on the same 3,600 images held by
+  10 sites of 360 (every site every round, K = 1, per-sample clipping V = 1, each site's batch Poisson-
+  sampled on the site at rate ``--silo-batch``/360), its lr chosen from ``--silo-lrs`` on validation,
+  sigma calibrated so that the amplified ``batch_sampled`` bound (against one colluding site) certifies
+  the target; it assumes honest sites whose batch draws stay secret (docs/MATH.md §23).
+
 Neither side's hyperparameters are chosen on the test images: each side gets the same kind of
 search on validation (its lr per epsilon, and Opacus its length), from the main job's recipe and a
 common DP-SGD recipe for MNIST (C 1, batch 256, no momentum). Each (method, epsilon)
@@ -140,6 +146,40 @@ def opacus_point(epsilon: float, seed: int, batch: int, epochs: int, lr: float, 
             "epsilon_add_remove": float(engine.get_epsilon(DELTA)), "noise": z, "epochs": epochs, "lr": lr}
 
 
+SILO_SITES = 10
+
+
+def silo_point(epsilon: float, rounds: int, seed: int, lr: float, model: str, batch: int = 26) -> dict:
+    """One run of the cross-silo recipe (10 sites, Poisson batches of expected size ``batch`` on each, K 1,
+    per-sample clipping) at certified replace-one ``epsilon`` (the amplified batch_sampled bound)."""
+    from fl_dp_flower import DPSettings, calibrate
+    from fl_dp_flower.app.testing import run_local, tiny_config
+
+    rate = batch / (TRAIN_IMAGES // SILO_SITES)
+    settings = DPSettings(sigma=1.0, clip_norm=1.0, local_steps=1, batch_size=batch, lr=lr, clipping="per-sample",
+                          batch_sampling="poisson")
+    plan = settings.accountant_config(clients=SILO_SITES, delta=DELTA, batch_rate=rate)
+    sigma = calibrate(plan, rounds, epsilon).sigma * (1 + 1e-9)
+    with tempfile.TemporaryDirectory() as out:
+        cfg = tiny_config(Path(out), **{"local-steps": 1, "clip-norm": 1.0, "schedule": "constant",
+                                         "num-partitions": SILO_SITES, "clients-per-round": SILO_SITES,
+                                         "threat-model": "all-rounds", "validation-fraction": VALIDATION,
+                                         "clipping": "per-sample", "batch-sampling": "poisson", "batch-size": batch,
+                                         "batch-rate": rate, "sigma": sigma, "num-server-rounds": rounds, "seed": seed,
+                                         "lr": lr, "model": model})
+        outcome, _ = run_local(cfg, nodes=SILO_SITES)
+    report = outcome.summary["final_report"]
+    return {"accuracy": outcome.summary["final_accuracy"], "val_accuracy": outcome.summary["final_val_accuracy"],
+            "lr": lr, "epsilon": report["certified"]["epsilon"],
+            "epsilon_add_remove": report["add_remove"]["epsilon"], "noise": sigma}
+
+
+def silo_runs(epsilon: float, seeds: int, rounds: int, lrs: list[float], model: str, batch: int) -> list[dict]:
+    """The cross-silo runs of one epsilon, its lr chosen on validation."""
+    return chosen_on_validation(lambda seed, **s: silo_point(epsilon, rounds, seed, model=model, batch=batch, **s),
+                                [{"lr": lr} for lr in lrs], seeds)
+
+
 def chosen_on_validation(run: Callable[..., dict], settings: list[dict[str, Any]], seeds: int) -> list[dict]:
     """Every setting on the first seed, then the one with the best validation accuracy on the other
     seeds (the test images choose nothing): ``run(seed=..., **setting)`` is one run."""
@@ -175,20 +215,23 @@ def read_results(logs: list[Path]) -> list[dict]:
             if line.startswith(RESULT)]
 
 
-METHODS = {"package": "fl-dp-flower", "sampled": "fl-dp-flower, Poisson-sampled", "opacus": "Opacus DP-SGD"}
+METHODS = {"package": "fl-dp-flower", "sampled": "fl-dp-flower, Poisson-sampled", "opacus": "Opacus DP-SGD",
+           "silo": "fl-dp-flower cross-silo, Poisson batches"}
 
 
 def table(results: list[dict], rounds: int, sampled_rounds: int, q: float) -> str:
     by = {(r["epsilon"], r["method"]): r["points"] for r in results}
     lines = [f"| replace-one ε (δ 1e-5) | fl-dp-flower, {rounds} rounds (lr; add/remove ε) | "
-             f"sampled q {q:g}, {sampled_rounds} rounds (add/remove ε) | Opacus DP-SGD (lr, epochs; add/remove ε) |",
-             "|---|---|---|---|"]
+             f"sampled q {q:g}, {sampled_rounds} rounds (add/remove ε) | Opacus DP-SGD (lr, epochs; add/remove ε) |"
+             " cross-silo, Poisson batches (lr; add/remove ε) |",
+             "|---|---|---|---|---|"]
     for epsilon in sorted({e for e, _ in by}):
-        ours, sampled, theirs = (by.get((epsilon, m), []) for m in METHODS)
+        ours, sampled, theirs, silo = (by.get((epsilon, m), []) for m in METHODS)
         cells = [f"{summary(ours)} (lr {ours[0]['lr']:g}; {ours[0]['epsilon_add_remove']:.3g})" if ours else "not run",
                  f"{summary(sampled)} ({sampled[0]['epsilon_add_remove']:.3g})" if sampled else "not run",
                  f"{summary(theirs)} (lr {theirs[0]['lr']:g}, {theirs[0]['epochs']}; "
-                 f"{theirs[0]['epsilon_add_remove']:.3g})" if theirs else "not run"]
+                 f"{theirs[0]['epsilon_add_remove']:.3g})" if theirs else "not run",
+                 f"{summary(silo)} (lr {silo[0]['lr']:g}; {silo[0]['epsilon_add_remove']:.3g})" if silo else "not run"]
         lines.append(f"| {epsilon:g} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -233,6 +276,9 @@ def main() -> None:
     parser.add_argument("--sampled-rounds", type=int, default=120, help="rounds of the sampled runs")
     parser.add_argument("--sample-secrecy", choices=("public", "secret"), default="public",
                         help="the sampled runs' sample-secrecy (secret: counts-only ledger, docs/MATH.md §22)")
+    parser.add_argument("--silo-rounds", type=int, default=0, help="rounds of the cross-silo column (0: not run)")
+    parser.add_argument("--silo-lrs", type=float, nargs="+", default=[0.5, 1.0, 2.0])
+    parser.add_argument("--silo-batch", type=int, default=26, help="each site's expected Poisson batch")
     parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "images" / "side-by-side.png")
     parser.add_argument("--from-log", type=Path, nargs="+", default=[],
                         help="print the table and plot from the RESULT lines of earlier runs' logs; train nothing")
@@ -272,7 +318,14 @@ def main() -> None:
             print(f"eps {epsilon:g} fl-dp-flower sampled q {args.sampling_rate:g}: test accuracy "
                   f"{[round(p['accuracy'], 3) for p in sampled]}, add/remove eps {sampled[0]['epsilon_add_remove']:.4g}, "
                   f"sigma {sampled[0]['noise']:.4g} ({time.perf_counter() - start:.0f} s)", flush=True)
-        for method, points in (("package", ours), ("sampled", sampled), ("opacus", theirs)):
+        silo: list[dict] = []
+        if args.silo_rounds > 0:
+            start = time.perf_counter()
+            silo = silo_runs(epsilon, args.seeds, args.silo_rounds, args.silo_lrs, args.model, args.silo_batch)
+            print(f"eps {epsilon:g} fl-dp-flower cross-silo (lr {silo[0]['lr']:g}): test accuracy "
+                  f"{[round(p['accuracy'], 3) for p in silo]}, add/remove eps {silo[0]['epsilon_add_remove']:.4g}, "
+                  f"sigma {silo[0]['noise']:.4g} ({time.perf_counter() - start:.0f} s)", flush=True)
+        for method, points in (("package", ours), ("sampled", sampled), ("opacus", theirs), ("silo", silo)):
             if points:
                 results.append(result(epsilon, method, points))
                 print(RESULT + json.dumps(results[-1]), flush=True)

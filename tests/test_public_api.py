@@ -141,6 +141,11 @@ def test_dp_train_echoes_and_refuses_like_the_contract():
                                   "config": ConfigRecord(per_sample.to_config())}), 1, MessageType.TRAIN)
     refused = train(too_big, ctx)
     assert refused.has_error() and "dp.batch-size=64 exceeds the 40 local samples" in refused.error.reason
+    # Poisson batches (docs/MATH.md §23): the reply echoes the rate B/n, nothing about the draws
+    poisson = dataclasses.replace(per_sample, batch_size=8, batch_sampling="poisson")
+    reply = train(Message(RecordDict({"arrays": ArrayRecord(TinyNet().state_dict()),
+                                      "config": ConfigRecord(poisson.to_config())}), 1, MessageType.TRAIN), ctx)
+    assert not reply.has_error() and reply.content["metrics"]["dp.batch-rate"] == pytest.approx(8 / 40)
 
 
 def test_every_package_error_has_the_one_base_class():

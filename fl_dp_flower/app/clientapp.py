@@ -173,6 +173,9 @@ def train(msg: Message, context: Context) -> Message:
         if slots is not None and grid is not None:
             raise Refused(f"cohort mode ({protocol.MEMBERS}) with secure aggregation's integer upload "
                           f"({protocol.SUM_GRID_STEP}) is not supported: one virtual client per node")
+        if slots is not None and s.batch_sampling == "poisson":
+            raise Refused(f"cohort mode ({protocol.MEMBERS}) with {protocol.BATCH_SAMPLING}='poisson' is not "
+                          "supported: Poisson batches are drawn by one client per node")
         if slots is not None:
             if "partition-id" not in context.node_config:
                 raise Refused("node config has no 'partition-id'")

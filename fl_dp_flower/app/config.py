@@ -27,10 +27,10 @@ from fl_dp_flower.app.config_secagg import SecureAggregationConfig
 from fl_dp_flower.app.config_screening import ReplyChecksConfig
 from fl_dp_flower.app.config_server import ServerUpdateConfig
 from fl_dp_flower.privacy.accountant import Budget
-from fl_dp_flower.privacy.records import (SMOOTHNESS_FIELDS, AccountantConfig, colluder_problems, sampling_problems, secrecy_problems,
+from fl_dp_flower.privacy.records import (SMOOTHNESS_FIELDS, AccountantConfig, batch_sampling_problems, colluder_problems, sampling_problems, secrecy_problems,
                               smoothness_problems)
 from fl_dp_flower.settings import DPSettings, FederationSettings, planned_population
-from fl_dp_flower.vocabulary import (Algorithm, ClientSampling, Clipping, CohortNoise, Dataset, ModelName, NoiseMode, Partitioning,
+from fl_dp_flower.vocabulary import (Algorithm, BatchSampling, ClientSampling, Clipping, CohortNoise, Dataset, ModelName, NoiseMode, Partitioning,
                          Schedule, ThreatModel, UnfinishedRoundPolicy, Weighting, model_problem)
 from fl_dp_flower.privacy.terms import SCHEDULE_CONSTANTS, default_cyclic_c, default_iterative_z, resolve_constant
 
@@ -86,6 +86,10 @@ class AppConfig(ServerUpdateConfig, SecureAggregationConfig, ReplyChecksConfig, 
     """B: mini-batch size of each local step."""
     clipping: Clipping = "per-batch"
     """"per-batch" (paper, Eq. 2: the mean batch gradient is clipped) or "per-sample" (DP-SGD style)."""
+    batch_sampling: BatchSampling = "fixed"
+    """"fixed" ('batch-size' distinct samples) or "poisson": each node includes each of its n samples with probability B/n (per-sample clipping; all-rounds and curious-server certify the amplified 'batch_sampled' bound, assuming honest nodes whose draws stay secret; docs/MATH.md §23)."""
+    batch_rate: float = Field(1.0, gt=0, le=1)
+    """With batch-sampling "poisson": the rate B/n planning assumes (1: no amplification); each round is certified with the largest rate its nodes echoed."""
     clip_norm: float = Field(2.0, gt=0)
     """V: L2 clipping norm."""
     sigma: float = Field(0.05, gt=0, description=(
@@ -291,6 +295,7 @@ class AppConfig(ServerUpdateConfig, SecureAggregationConfig, ReplyChecksConfig, 
             if self.weighting != "uniform":
                 problems.append(f"'weighting' = {self.weighting!r}: 'client-sampling' = 'poisson' needs 'uniform' "
                                 "(the aggregate divides the summed updates by q N)")
+        problems += batch_sampling_problems(self.threat_model, self.clipping, self.batch_rate if self.batch_sampling == "poisson" else None, self.sampling_rate if self.client_sampling == "poisson" else None, self.clients_per_node)  # noqa: E501 (docs/MATH.md §23.4)
         for problem in colluder_problems(self.threat_model, self.colluding_clients):
             problems.append(problem.replace("threat_model", "'threat-model'").replace("colluders", "'colluding-clients'"))
         if self.min_replies > self.clients_per_round:
@@ -334,7 +339,7 @@ class AppConfig(ServerUpdateConfig, SecureAggregationConfig, ReplyChecksConfig, 
         """What every client does (the library's :class:`DPSettings`)."""
         return DPSettings(sigma=self.sigma, clip_norm=self.clip_norm, local_steps=self.local_steps,
                           batch_size=self.batch_size, lr=self.lr, schedule=self.schedule, clipping=self.clipping,
-                          algorithm=self.algorithm, prox_alpha=self.prox_alpha, seed=self.seed)
+                          algorithm=self.algorithm, prox_alpha=self.prox_alpha, seed=self.seed, batch_sampling=self.batch_sampling)
 
     def federation_settings(self) -> FederationSettings:
         """How the server runs rounds (the library's :class:`FederationSettings`)."""
@@ -373,6 +378,7 @@ class AppConfig(ServerUpdateConfig, SecureAggregationConfig, ReplyChecksConfig, 
             assume_smooth_losses=self.assume_smooth_losses,
             colluders=self.colluding_clients,
             sample_secrecy=self.sample_secrecy, population=federation.planned_population(self.num_partitions),
+            batch_rate=self.batch_rate if self.batch_sampling == "poisson" else None,
             **self.secure_sum_fields(),
         )
 

@@ -33,6 +33,7 @@ from .records import BOUND_NAMES, AccountantConfig, RoundRecord
 from .client_sampling import CONDITIONED_BOUND, SecretSampleAccount
 from .sampled import SAMPLED_BOUND, SampledAccount
 from .screening_charge import screening_charge
+from .sample_sampling import BATCH_SAMPLED_BOUND, BatchSampledAccount
 from .running_sum import RunningSum
 from .secure_aggregation import REAL_SUM_LABEL, SecureSumAccount, amend_secure_aggregation, rdp_delta, warn_planning_only
 from .schedules import step_sizes
@@ -78,6 +79,8 @@ class PrivacyAccountant:
         grid = config.sum_grid_step  # secure aggregation's integer sum (docs/MATH.md §20.4)
         warn_planning_only(config.threat_model, grid)
         self._secure = None if grid is None else SecureSumAccount(grid, config.sum_dimension or 0, config.colluders)
+        self._batch = None if config.batch_rate is None else BatchSampledAccount(  # docs/MATH.md §23
+            config.threat_model, config.smoothness, config.colluders)
 
     # ------------------------------------------------------------ protocol shape
     @property
@@ -102,6 +105,8 @@ class PrivacyAccountant:
             delta = self._sampled.replace_one.delta(epsilon)
         elif report.certified_bound == CONDITIONED_BOUND and self._secret is not None:
             delta = self._secret.composition.delta(epsilon)
+        elif report.certified_bound == BATCH_SAMPLED_BOUND and self._batch is not None:
+            delta = self._batch.replace_one.delta(epsilon)
         elif report.rdp_curve is not None and self._secure is not None:  # RDP -> delta (docs/MATH.md §20.4)
             delta = rdp_delta(report.rdp_curve[1], report.rdp_curve[0], epsilon, self._secure.log_clamp)
         else:
@@ -177,6 +182,7 @@ class PrivacyAccountant:
                             trial=self._sampled.peek(record, terms) if self._sampled else None,
                             secure_trial=self._secure_curves(record, terms),
                             secret_trial=self._secret.peek(record, terms) if self._secret else None,
+                            batch_trial=self._batch.peek(record, terms) if self._batch else None,
                             screening_drop=self._screening_drop + record.screening_drop)
 
     def report(self, delta: float | None = None) -> PrivacyReport:
@@ -190,7 +196,7 @@ class PrivacyAccountant:
     def _report(self, mus: dict[str, float], sound: dict[str, bool], round_: int, rounds: int, clients: int,
                 delta: float | None = None, *, applied: int, ar_mus: dict[str, float],
                 uses_smoothness: bool, trial: Any = None, secure_trial: Any = None,
-                secret_trial: Any = None, screening_drop: float = 0.0) -> PrivacyReport:
+                secret_trial: Any = None, batch_trial: Any = None, screening_drop: float = 0.0) -> PrivacyReport:
         d = self._config.delta if delta is None else delta
         asserted = self._config.assume_smooth_losses
         assumes = bound_assumptions(self._config.smoothness, uses_smoothness)
@@ -211,6 +217,7 @@ class PrivacyAccountant:
         elif self._sampled is not None:
             sampling["secrecy"] = "public"
         curve = None if self._secure is None else self._secure.amend(bounds, add_remove, d, secure_trial)
+        batch = {} if self._batch is None else self._batch.amend(bounds, add_remove, d, batch_trial)
         cert = certified_bound(self._config.threat_model, bounds, asserted)
         screening = screening_charge(screening_drop, bounds[cert].epsilon, d, self._config.threat_model,
                                      add_remove["epsilon"])
@@ -218,6 +225,7 @@ class PrivacyAccountant:
             round=round_, rounds=rounds, delta=d, threat_model=self._config.threat_model, clients=clients,
             bounds=bounds, rounds_applied=applied, colluders=self._config.colluders,
             certified_bound=cert, add_remove=add_remove, sampling=sampling, rdp_curve=curve, screening=screening,
+            batch_sampling=batch,
         )
 
     # -------------------------------------------------------------------- state
@@ -246,8 +254,9 @@ class PrivacyAccountant:
             raise ValueError(
                 f"record.round must be {self._records[-1].round + 1} (rounds are accounted in order), got {record.round}"
             )
+        # Poisson batches hold a random number of samples: the drift bound (B samples) does not apply (§23)
         return round_terms(record, self._config.smoothness, self._config.colluders,
-                           self._config.assume_smooth_losses)
+                           self._config.assume_smooth_losses and record.batch_rate is None)
 
     def _apply(self, record: RoundRecord, terms: RoundTerms) -> None:
         self._records.append(record)
@@ -265,6 +274,8 @@ class PrivacyAccountant:
             self._secret.push(record, terms)
         if self._secure is not None:
             self._secure.add(self._secure_curves(record, terms))
+        if self._batch is not None:
+            self._batch.push(record, terms)
         self._uses_smoothness = self._uses_smoothness or terms.uses_smoothness
         self._screening_drop += record.screening_drop
         m = max(record.clients, 1)

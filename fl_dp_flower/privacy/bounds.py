@@ -223,12 +223,12 @@ def bound_assumptions(smoothness: float, sensitivity_uses_smoothness: bool) -> d
 #: "sampled_secret" (the bound conditioned on the count for a secret sample, docs/MATH.md §22) only with
 #: sample_secrecy "secret", "secure_aggregation" (docs/MATH.md §20) only under its threat model
 ADMISSIBLE: dict[str, tuple[str, ...]] = {
-    "all-rounds": ("composition", "sampled", "sampled_secret"),
+    "all-rounds": ("composition", "sampled", "sampled_secret", "batch_sampled"),
     "final-model": ("final_model", "composition", "paper"),
-    "curious-server": ("local_dp",),
+    "curious-server": ("local_dp", "batch_sampled"),
     "secure-aggregation": ("secure_aggregation",),  # composition against the server (docs/MATH.md §20)
 }
-_ORDER = (*BOUND_NAMES, "sampled", "sampled_secret", "secure_aggregation")  # tie-break order of the certified rule
+_ORDER = (*BOUND_NAMES, "sampled", "sampled_secret", "secure_aggregation", "batch_sampled")  # tie-break order of the certified rule
 
 
 def rests_on_smoothness(assumes: Sequence[str]) -> bool:

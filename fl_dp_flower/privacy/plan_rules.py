@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from .validate import int_at_least, positive
 
-__all__ = ["SECAGG_HONEST_MINIMUM", "SMOOTHNESS_FIELDS", "check_prox", "secure_contributor_problems", "colluder_problems", "sampling_problems", "secure_sum_problems",
-           "smoothness_problems"]
+__all__ = ["SECAGG_HONEST_MINIMUM", "SMOOTHNESS_FIELDS", "batch_sampling_problems", "check_prox", "colluder_problems",
+           "sampling_problems", "secrecy_problems", "secure_contributor_problems", "secure_sum_problems", "smoothness_problems"]
 
 
 def check_prox(algorithm: str, prox_alpha: float | None, smoothness: float, max_step: float,
@@ -113,6 +113,33 @@ def secrecy_problems(threat_model: str, sample_secrecy: str, population: int | N
         problems.append(f"population must be an integer >= clients = {clients} (the clients a round draws from), "
                         f"got {population!r}")
     return problems
+
+
+def batch_sampling_problems(threat_model: str, clipping: str, batch_rate: float | None,
+                            sampling_rate: float | None, clients_per_node: int = 1) -> list[str]:
+    """What Poisson batch sampling on the nodes asks of the run (docs/MATH.md §23.4).
+
+    The amplified ``batch_sampled`` bound needs per-sample clipping (the sum of clipped per-sample
+    gradients over the expected batch size), is analysed for the all-rounds and curious-server threat
+    models only, and is not composed with Poisson client sampling (its fixed-denominator aggregate
+    and per-client noise change the pair): every selected site trains every round it is asked. The
+    app's cohort mode (``clients_per_node`` > 1) trains members with fixed batches: refused.
+    """
+    if batch_rate is None:
+        return []
+    if clients_per_node > 1:
+        return ["batch_rate (Poisson batch sampling) needs clients_per_node = 1 (cohort mode draws fixed batches)"]
+    if clipping != "per-sample":
+        return ["batch_rate (Poisson batch sampling) needs clipping 'per-sample': a per-batch clipped step "
+                "moves by 2V whichever samples it holds"]
+    if sampling_rate is not None:
+        return ["batch_rate (Poisson batch sampling) cannot be combined with sampling_rate (Poisson client "
+                "sampling): the two amplifications are not analysed together; use fixed-size client selection "
+                "(every site every round in a cross-silo run)"]
+    if threat_model not in ("all-rounds", "curious-server"):
+        return [f"batch_rate (Poisson batch sampling) is amplified only under threat_model 'all-rounds' or "
+                f"'curious-server', not {threat_model!r}; use fixed-size batches with it"]
+    return []
 
 
 def secure_sum_problems(threat_model: str, step: float | None, dimension: int | None) -> list[str]:

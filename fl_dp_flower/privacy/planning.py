@@ -37,6 +37,7 @@ from .planned_bounds import planned_bounds
 from .records import BOUND_CHOICES, BOUND_NAMES, AccountantConfig, BoundChoice
 from .client_sampling import CONDITIONED_BOUND, SecretSampleAccount, conditioned_epsilon
 from .sampled import SAMPLED_BOUND, composed_epsilon, round_mu
+from .sample_sampling import BATCH_SAMPLED_BOUND, batch_sampled_sigma
 from .secure_aggregation import amend_secure_aggregation
 from .terms import drift_bound_allowed, round_terms
 from .validate import int_at_least
@@ -144,7 +145,8 @@ def _search_sigma(fits: Any, hi: float) -> float:
 def plan(config: AccountantConfig, rounds: int) -> Plan:
     """Every bound after ``rounds`` identical planned rounds, at ``config.delta``."""
     int_at_least("rounds", rounds, 1)
-    if config.sampling_rate is not None or config.sum_grid_step is not None or config.sample_secrecy == "secret":
+    if (config.sampling_rate is not None or config.sum_grid_step is not None or config.sample_secrecy == "secret"
+            or config.batch_rate is not None):
         return _replayed_plan(config, rounds)
     mus = planned_bounds(config, rounds)
     sound = {name: paper_is_sound(config.algorithm, config.schedule) if name == "paper" else True
@@ -179,8 +181,9 @@ def calibrate(config: AccountantConfig, rounds: int, target_epsilon: float,
         raise ValueError("calibrate does not take an integer secure sum (sum_grid_step): its grid is planned from sigma "
                          "(training.secure_sum.plan_grid), so calibrate the plan without it, plan the grid for that "
                          "sigma and check the result with plan()")
-    if name in (SAMPLED_BOUND, CONDITIONED_BOUND):  # its epsilon is not a function of one mu: search sigma
-        sigma = (_sampled_sigma if name == SAMPLED_BOUND else _secret_sigma)(config, rounds, target_epsilon)
+    if name in (SAMPLED_BOUND, CONDITIONED_BOUND, BATCH_SAMPLED_BOUND):  # epsilon not a function of one mu: search sigma
+        search = {SAMPLED_BOUND: _sampled_sigma, CONDITIONED_BOUND: _secret_sigma, BATCH_SAMPLED_BOUND: batch_sampled_sigma}
+        sigma = search[name](config, rounds, target_epsilon)
         value = plan(dataclasses.replace(config, sigma=sigma), rounds).bounds[name]
         return Calibration(sigma=sigma, bound=name, mu=value.mu, epsilon=value.epsilon, sound=value.sound,
                            assumes=value.assumes)
@@ -303,6 +306,10 @@ def calibrate_sigma(config: AccountantConfig, rounds: int, target_epsilon: float
             sigma = min(sigma, _sampled_sigma(config, rounds, target_epsilon))
         if config.sample_secrecy == "secret":
             sigma = min(sigma, _secret_sigma(config, rounds, target_epsilon))
+    elif config.batch_rate is not None:  # certified = the smaller of the unamplified bound and batch_sampled (§23)
+        sigma = min(plan(dataclasses.replace(config, sigma=1.0), rounds).bounds[
+            "composition" if config.threat_model == "all-rounds" else "local_dp"].mu / mu_star,
+            batch_sampled_sigma(config, rounds, target_epsilon))
     else:
         unit = planned_run(dataclasses.replace(config, sigma=1.0), rounds)
         sigma = max(r.certified.mu for r in unit.reports) / mu_star

@@ -28,7 +28,8 @@ from fl_dp_flower.vocabulary import (ALGORITHMS, BOUND_CHOICES, BOUND_NAMES, CLI
                                      SCHEDULES, THREAT_MODELS, Algorithm, BoundChoice, BoundName, Clipping,
                                      SampleSecrecy, Schedule, ThreatModel)
 
-from .plan_rules import (SMOOTHNESS_FIELDS, check_prox, colluder_problems, sampling_problems, secrecy_problems,  # noqa: F401
+from .plan_rules import (SMOOTHNESS_FIELDS, batch_sampling_problems, check_prox,  # noqa: F401
+                         colluder_problems, sampling_problems, secrecy_problems,
                          secure_sum_problems, smoothness_problems)
 from .schedules import step_sizes
 from .validate import choice, int_at_least, nonnegative, plausible_delta, positive
@@ -88,6 +89,9 @@ class AccountantConfig:
     all-rounds adversary also gets the ``sampled_secret`` bound conditioned on each round's count
     (docs/MATH.md §22), for Poisson and fixed-size sampling alike. ``population`` (N, default None):
     the clients a round draws from, for planning (p = clients / N; each run's records carry their own N_t).
+    ``batch_rate`` (q in (0, 1], default None = fixed-size batches): every node draws its local batches
+    by Poisson sampling at rate B/n <= q (per-sample clipping); the all-rounds and curious-server
+    threat models get the amplified ``batch_sampled`` bound (docs/MATH.md §23). Planning assumes q.
     """
 
     algorithm: Algorithm = "fedavg"
@@ -112,6 +116,7 @@ class AccountantConfig:
     sum_dimension: int | None = None  # ... and d, the values summed (docs/MATH.md §20.4; both or neither)
     sample_secrecy: SampleSecrecy = "public"
     population: int | None = None
+    batch_rate: float | None = None  # Poisson batch sampling on the nodes (docs/MATH.md §23)
 
     def __post_init__(self) -> None:
         choice("algorithm", self.algorithm, ALGORITHMS)
@@ -146,7 +151,10 @@ class AccountantConfig:
             int_at_least("population", self.population, 1)
         for problem in secrecy_problems(self.threat_model, self.sample_secrecy, self.population, self.clients):
             raise ValueError(problem)
-        for problem in colluder_problems(self.threat_model, self.colluders) + sampling_problems(
+        if self.batch_rate is not None and not (positive("batch_rate", self.batch_rate) <= 1.0):
+            raise ValueError(f"batch_rate must be in (0, 1], got {self.batch_rate!r}")
+        for problem in batch_sampling_problems(self.threat_model, self.clipping, self.batch_rate,
+                                               self.sampling_rate) + colluder_problems(self.threat_model, self.colluders) + sampling_problems(
                 self.threat_model, self.sampling_rate) + secure_sum_problems(self.threat_model, self.sum_grid_step,
                                                                              self.sum_dimension):
             raise ValueError(problem)
@@ -170,6 +178,7 @@ class AccountantConfig:
             applied=applied,
             population=self.population,
             sampled=None if self.population is None else m,
+            batch_rate=self.batch_rate,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -220,6 +229,8 @@ class RoundRecord:
     noise, update magnitude) dropped an honest reply in this round (noise-check-alpha +
     update-bound-alpha; 0 where they did not run): charged to delta (docs/MATH.md §17.1). A record
     written before the field existed reads as 0, as it was certified then.
+    ``batch_rate``: the largest Poisson batch-sampling rate B/n a contributing node applied (docs/MATH.md
+    §23), as the nodes echoed it; None: fixed-size batches (no amplification).
     """
 
     round: int
@@ -236,12 +247,15 @@ class RoundRecord:
     population: int | None = None
     sampled: int | None = None
     screening_drop: float = 0.0
+    batch_rate: float | None = None
 
     def __post_init__(self) -> None:
         int_at_least("round", self.round, 1)
         if (isinstance(self.screening_drop, bool) or not isinstance(self.screening_drop, (int, float))
                 or not 0.0 <= self.screening_drop <= 1.0):
             raise ValueError(f"screening_drop must be a probability in [0, 1], got {self.screening_drop!r}")
+        if self.batch_rate is not None and not (positive("batch_rate", self.batch_rate) <= 1.0):
+            raise ValueError(f"batch_rate must be in (0, 1], got {self.batch_rate!r}")
         if not isinstance(self.applied, bool):
             raise ValueError(f"applied must be true or false, got {self.applied!r}")  # noqa: TRY004 (as every field)
         choice("algorithm", self.algorithm, ALGORITHMS)

@@ -51,6 +51,8 @@ class PrivacyReport:
     #: the certified bound's RDP curve (orders, nats) where it comes from RDP (the Skellam secure sum), else None
     rdp_curve: tuple[tuple[int, ...], tuple[float, ...]] | None = None
     screening: dict[str, Any] = field(default_factory=dict)  # drops charged to delta (MATH §17.1), or {}
+    #: Poisson batch sampling on the nodes (docs/MATH.md §23): max rate, the unamplified epsilon; {} without it
+    batch_sampling: dict[str, Any] = field(default_factory=dict)
 
     @property
     def delta_total(self) -> float:  # the delta the certified epsilon holds at, screening drops included
@@ -81,6 +83,7 @@ class PrivacyReport:
             "add_remove": dict(self.add_remove),
             **({"sampling": dict(self.sampling)} if self.sampling else {}),
             **({"screening": dict(self.screening)} if self.screening else {}),
+            **({"batch_sampling": dict(self.batch_sampling)} if self.batch_sampling else {}),
         }
 
 

@@ -25,6 +25,7 @@ class Applied:
     round_index: int
     batch_size: int | None = None
     prox_alpha: float | None = None
+    batch_rate: float | None = None  # the Poisson batch rate B/n the node echoed (None: not Poisson-sampled)
 
 
 def metric_number(metrics: MetricRecord, key: str, *, integer: bool, minimum: float, strict: bool) -> float | int:
@@ -46,6 +47,11 @@ def metric_number(metrics: MetricRecord, key: str, *, integer: bool, minimum: fl
 def parse_applied(metrics: MetricRecord, *, fedprox: bool) -> Applied:
     """The echoed settings of one reply (ValueError if missing or invalid)."""
     batch = metric_number(metrics, protocol.BATCH_SIZE, integer=True, minimum=1, strict=False) if protocol.BATCH_SIZE in metrics else None
+    rate = None
+    if protocol.BATCH_RATE in metrics:
+        rate = metric_number(metrics, protocol.BATCH_RATE, integer=False, minimum=0.0, strict=True)
+        if rate > 1.0:
+            raise ValueError(f"{protocol.BATCH_RATE} must be in (0, 1], got {rate!r}")
     alpha = None
     if fedprox and protocol.PROX_ALPHA in metrics:
         alpha = metric_number(metrics, protocol.PROX_ALPHA, integer=False, minimum=0.0, strict=True)
@@ -57,4 +63,5 @@ def parse_applied(metrics: MetricRecord, *, fedprox: bool) -> Applied:
         round_index=metric_number(metrics, protocol.ROUND_INDEX, integer=True, minimum=0, strict=False),
         batch_size=batch,
         prox_alpha=alpha,
+        batch_rate=rate,
     )

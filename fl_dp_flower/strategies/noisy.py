@@ -47,7 +47,7 @@ from .pending import ModelNotFinite, PendingRound
 from .preflight import check_budget_delta, log_preflight, nothing_accounted
 from .sampling import NodeRefusals, NodeSampling, check_plan
 from .echo import Applied
-from .replies import average_metrics, member_id, mismatches, reconcile
+from .replies import average_metrics, batch_rate, member_id, mismatches, reconcile
 from .screening import ReplyChecks, ScreeningRules, rules_for
 from .server_opt import ServerUpdate
 
@@ -130,6 +130,7 @@ class NoisyStrategyMixin(NodeSampling):
             round_index=t, algorithm=c.algorithm, schedule=c.schedule, lr=c.lr, local_steps=c.local_steps,
             clip_norm=c.clip_norm, sigma=c.sigma, clipping=c.clipping, batch_size=c.batch_size,
             prox_alpha=c.prox_alpha if c.algorithm == "fedprox" else 0.0, seed=c.seed,
+            batch_sampling=c.batch_sampling,
         )
 
     def train_settings(self, t: int) -> dict[str, Any]:
@@ -264,7 +265,7 @@ class NoisyStrategyMixin(NodeSampling):
             prox_alpha=worst.prox_alpha, applied=applied,
             node_ids=self._published_ids(planned.round_index + 1, tuple(m for u in usable for m in u.members), quiet=quiet),
             screening_drop=min(1.0, self._screening_rules(planned).drop_probability + self._void_drop),
-            **self._sampling_fields())
+            batch_rate=batch_rate(usable) if c.batch_sampling == "poisson" else None, **self._sampling_fields())
 
     # ------------------------------------------------------------ round closing
     def configure_evaluate(

@@ -69,6 +69,12 @@ def _members(metrics: MetricRecord, node: int, slots: Sequence[int] | None, clie
     return tuple(member_id(node, j, clients_per_node) for j in slots)
 
 
+def batch_rate(usable: Sequence[Usable]) -> float:
+    """The round's Poisson batch rate for the accountant (docs/MATH.md §23): the largest any contributing
+    node echoed, and 1 (no amplification) as soon as one of them did not echo Poisson sampling."""
+    return max((1.0 if u.applied.batch_rate is None else u.applied.batch_rate for u in usable), default=1.0)
+
+
 def _signature(arrays: ArrayRecord) -> dict[str, tuple[tuple[int, ...], str]]:
     return {k: (tuple(a.shape), str(a.dtype)) for k, a in arrays.items()}
 

@@ -3,8 +3,10 @@
 Step k (k = 0..K-1, step size eta_k from ``privacy.schedules.step_sizes``):
 
     S_k   = B distinct indices of the local data (drawn with ``generator``, independent of the data)
+          | every index independently with probability q = B/n   (batch_sampling="poisson", docs/MATH.md §23)
     g_k   = clip_V( (1/B) sum_{j in S_k} grad l(w_k; xi_j) )           per-batch  (paper Eq. 2)
           | (1/B) sum_{j in S_k} clip_V( grad l(w_k; xi_j) )           per-sample (DP-SGD style, §13)
+    g_k   = clip_V( (1/B) sum_{j in S_k} clip_V( grad l(w_k; xi_j) ) ) Poisson: B is the EXPECTED size
     g_k  += alpha (w_k - w_t)                                          FedProx (Eq. 4), after clipping
     w_{k+1} = w_k - eta_k g_k
 
@@ -28,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from fl_dp_flower.vocabulary import CLIPPING_MODES
+from fl_dp_flower.vocabulary import BATCH_SAMPLINGS, CLIPPING_MODES
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -78,9 +80,9 @@ def _per_batch_grad(model, names, params, xb, yb, loss_fn, clip_norm):
     return grads, float(loss.detach()), int(norm > clip_norm), bad
 
 
-def _per_sample_grad(model, names, params, xb, yb, loss_fn, clip_norm, chunk):
-    """Mean of per-sample clipped gradients (torch.func). Returns (grads, loss, number_clipped,
-    number_nonfinite)."""
+def _per_sample_grad(model, names, params, xb, yb, loss_fn, clip_norm, chunk, divisor=None):
+    """Sum of per-sample clipped gradients over ``divisor`` (default: the batch's size; torch.func).
+    Returns (grads, loss, number_clipped, number_nonfinite)."""
     buffers = dict(model.named_buffers())
 
     def sample_loss(p, x, y):
@@ -104,7 +106,21 @@ def _per_sample_grad(model, names, params, xb, yb, loss_fn, clip_norm, chunk):
         loss_sum += float(losses.sum())
         clipped += int((norms > clip_norm).sum())
     b = len(yb)
-    return [t / b for t in total], loss_sum / b, clipped, nonfinite
+    return [t / (divisor or b) for t in total], loss_sum / max(b, 1), clipped, nonfinite
+
+
+def _poisson_grad(model, names, params, xb, yb, loss_fn, clip_norm, chunk, expected):
+    """Poisson batch (docs/MATH.md §23): clip_V( sum of per-sample clipped gradients / expected B ).
+
+    The sum is over the realized batch (possibly empty: a zero step), the divisor is the expected size
+    B, fixed whatever was drawn, and the outer clip (a projection) bounds the step by V whatever the
+    batch's size, so one sample moves it by at most V/B and any two points' steps differ by at most 2V."""
+    if len(yb) == 0:
+        return [torch.zeros_like(p) for p in params], 0.0, 0, 0
+    grads, loss, clipped, bad = _per_sample_grad(model, names, params, xb, yb, loss_fn, clip_norm, chunk, expected)
+    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    torch._foreach_mul_(grads, _clip_factor(norm, clip_norm))
+    return grads, loss, clipped, bad
 
 
 def local_update(
@@ -121,6 +137,7 @@ def local_update(
     loss_fn: LossFn = F.cross_entropy,
     per_sample_chunk: int = 16,
     batches: torch.Tensor | None = None,
+    batch_sampling: str = "fixed",
 ) -> LocalUpdateStats:
     """Run exactly K = len(step_sizes) clipped GD steps on ``model`` in place.
 
@@ -133,9 +150,17 @@ def local_update(
     batches: optional [K, B] indices of the K batches, drawn elsewhere (the cohort trainer's
     :class:`~.cohort_data.KeyedStreams`; each row B distinct indices < len(y)), instead of
     ``randperm`` from ``generator`` (then unused).
+    batch_sampling: "fixed" (B distinct indices per step) or "poisson" (every sample independently with
+    probability q = B/n, per-sample clipping only, B <= n; docs/MATH.md §23). The draws stay here: the
+    stats report B, never a realized batch.
     """
     if clipping not in CLIPPING_MODES:
         raise ValueError(f"clipping must be one of {CLIPPING_MODES}, got {clipping!r}")
+    if batch_sampling not in BATCH_SAMPLINGS:
+        raise ValueError(f"batch_sampling must be one of {BATCH_SAMPLINGS}, got {batch_sampling!r}")
+    if batch_sampling == "poisson" and (clipping != "per-sample" or batch_size > len(y)):
+        raise ValueError(f"batch_sampling 'poisson' needs per-sample clipping and batch_size <= the {len(y)} "
+                         f"samples, got clipping {clipping!r} and batch_size {batch_size}")
     if not (math.isfinite(clip_norm) and clip_norm > 0):
         raise ValueError(f"clip_norm must be finite and > 0, got {clip_norm!r}")
     if not (math.isfinite(prox_alpha) and prox_alpha >= 0):
@@ -147,6 +172,8 @@ def local_update(
     if n == 0 or batch_size < 1:
         raise ValueError(f"need data (got {n} samples) and batch_size >= 1 (got {batch_size})")
     bsz = min(int(batch_size), n)
+    if batches is not None and batch_sampling == "poisson":
+        raise ValueError("batches (drawn elsewhere, B each) and batch_sampling 'poisson' exclude each other")
     if batches is None and generator is None:
         raise ValueError("local_update needs a generator (or the batches)")
     if batches is not None and (tuple(batches.shape) != (len(etas), bsz) or not bool((batches >= 0).all())
@@ -161,14 +188,23 @@ def local_update(
     anchor = [p.detach().clone() for p in params] if prox_alpha > 0 else None
 
     losses, clipped, counted, nonfinite = [], 0, 0, 0
+    rate = bsz / n
     for k, eta in enumerate(etas):
         if batches is not None:
             idx = batches[k].to(device)
+        elif batch_sampling == "poisson":
+            assert generator is not None  # checked above
+            draw = torch.rand(n, generator=generator, device=generator.device) < rate
+            idx = torch.nonzero(draw).flatten().to(device)
         else:
             assert generator is not None  # checked above
             idx = torch.randperm(n, generator=generator, device=generator.device)[:bsz].to(device)
         xb, yb = x[idx], y[idx]
-        if clipping == "per-batch":
+        if batch_sampling == "poisson":
+            grads, loss, c, bad = _poisson_grad(model, names, params, xb, yb, loss_fn, clip_norm, per_sample_chunk,
+                                                bsz)
+            counted += len(idx)
+        elif clipping == "per-batch":
             grads, loss, c, bad = _per_batch_grad(model, names, params, xb, yb, loss_fn, clip_norm)
             counted += 1
         else:
@@ -185,7 +221,7 @@ def local_update(
             torch._foreach_add_(params, grads, alpha=-eta)
     return LocalUpdateStats(
         loss=sum(losses) / len(losses),
-        clipped_fraction=clipped / counted,
+        clipped_fraction=clipped / max(counted, 1),
         steps=len(etas),
         batch_size=bsz,
         nonfinite_gradients=nonfinite,

@@ -40,6 +40,8 @@ def test_frozen():
 
 # (key, bad value, text that must appear: the allowed range)
 BAD = [
+    ("batch-sampling", "shuffle", "one of 'fixed', 'poisson'"),
+    ("batch-rate", 1.5, "<= 1"),
     ("algorithm", "fedsgd", "one of 'fedavg', 'fedprox'"),
     ("schedule", "cosine", "one of 'constant', 'cyclic', 'stage', 'iterative'"),
     ("lr", 0.0, "a finite number > 0"),

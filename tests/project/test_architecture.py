@@ -12,8 +12,8 @@ import pytest
 
 PRIVACY = [f"fl_dp_flower.privacy.{m}" for m in
            ("schedules", "records", "gdp", "terms", "planned_terms", "bounds", "closed_forms", "final_model",
-            "planned_bounds", "accountant", "report", "planning", "sampled", "secure_aggregation", "skellam", "plan_rules",
-            "running_sum", "preflight")]
+            "planned_bounds", "accountant", "report", "planning", "sampled", "sample_sampling", "secure_aggregation",
+            "skellam", "plan_rules", "running_sum", "preflight")]
 REPORTING = [f"fl_dp_flower.reporting.{m}" for m in ("ledger", "console", "prometheus", "plot", "durable",
                                                                 "logfilter", "resume", "rounds")]
 
@@ -124,7 +124,7 @@ def test_only_privacy_sampled_imports_dp_accounting():
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             if any(n == "dp_accounting" or n.startswith("dp_accounting.") for n in names):
                 users.add(str(path.relative_to(package)))
-    assert users == {"privacy/sampled.py", "privacy/client_sampling.py"}
+    assert users == {"privacy/sampled.py", "privacy/client_sampling.py", "privacy/sample_sampling.py"}
 
 
 def test_a_run_without_client_sampling_does_not_load_dp_accounting():

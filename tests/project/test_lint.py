@@ -16,7 +16,7 @@ STRICT = ["fl_dp_flower/privacy/validate.py", "fl_dp_flower/privacy/schedules.py
           "fl_dp_flower/privacy/gdp.py", "fl_dp_flower/privacy/accountant.py", "fl_dp_flower/__init__.py", "fl_dp_flower/settings.py", "fl_dp_flower/protocol.py",
           "fl_dp_flower/node.py", "fl_dp_flower/client.py", "fl_dp_flower/interop.py", "fl_dp_flower/app/app_project.py",
           "fl_dp_flower/reporting/rounds.py", "fl_dp_flower/privacy/terms.py", "fl_dp_flower/privacy/bounds.py",
-          "fl_dp_flower/privacy/planning.py", "fl_dp_flower/privacy/sampled.py",
+          "fl_dp_flower/privacy/planning.py", "fl_dp_flower/privacy/sampled.py", "fl_dp_flower/privacy/sample_sampling.py",
           "fl_dp_flower/privacy/secure_aggregation.py", "fl_dp_flower/privacy/skellam.py",
           "fl_dp_flower/checkpoint.py", "fl_dp_flower/reporting/resume.py", "fl_dp_flower/privacy/preflight.py",
           "fl_dp_flower/strategies/preflight.py", "fl_dp_flower/api_docs.py",

@@ -78,6 +78,8 @@ def test_one_tiny_point_of_each_side(script):
     sampled = script.package_point(8.0, rounds=2, seed=1, lr=2.0, model="cnn-tanh", q=0.25)  # amplified bound
     # planned at floor(q N) contributors a round; the run charges the Poisson count that arrived (about q N)
     assert 7.5 < sampled["epsilon"] < 8.5 and 0.0 <= sampled["accuracy"] <= 1.0
+    silo = script.silo_point(8.0, rounds=2, seed=1, lr=1.0, model="cnn-tanh")  # batch_sampled bound, calibrated
+    assert 7.9 < silo["epsilon"] <= 8.0 * (1 + 1e-6) and silo["epsilon_add_remove"] < silo["epsilon"]
     theirs = script.opacus_point(8.0, seed=1, batch=256, epochs=1, lr=1.0, model_name="cnn-tanh")
     assert theirs["epsilon"] == 8.0 and 0.0 < theirs["epsilon_add_remove"] < 8.0
     assert theirs["accuracy"] > 0.2 and theirs["val_accuracy"] > 0.2  # one private epoch at eps 8 learns something
@@ -123,11 +125,11 @@ def test_table_and_plot_from_the_result_lines_of_split_logs(script, tmp_path):
 
     (tmp_path / "a.log").write_text("noise\n" + line(1.0, "package", [0.6, 0.7, 0.8]) + "\n"
                                     + line(1.0, "opacus", [0.5, 0.5, 0.5], epochs=5) + "\n")
-    (tmp_path / "b.log").write_text(line(4.0, "sampled", [0.9, 0.8]) + "\n")
+    (tmp_path / "b.log").write_text(line(4.0, "sampled", [0.9, 0.8]) + "\n" + line(4.0, "silo", [0.88, 0.86]) + "\n")
     results = script.read_results([tmp_path / "a.log", tmp_path / "b.log"])
-    assert [r["method"] for r in results] == ["package", "opacus", "sampled"]
+    assert [r["method"] for r in results] == ["package", "opacus", "sampled", "silo"]
     rows = script.table(results, 60, 120, 0.25).splitlines()
-    assert rows[2] == "| 1 | 0.700 ± 0.100 (lr 2; 0.5) | not run | 0.500 ± 0.000 (lr 2, 5; 0.5) |"
-    assert rows[3] == "| 4 | not run | 0.850 ± 0.071 (2) | not run |"
+    assert rows[2] == "| 1 | 0.700 ± 0.100 (lr 2; 0.5) | not run | 0.500 ± 0.000 (lr 2, 5; 0.5) | not run |"
+    assert rows[3] == "| 4 | not run | 0.850 ± 0.071 (2) | not run | 0.870 ± 0.014 (lr 2; 2) |"
     script.plot(results, tmp_path / "p.png", "cnn-tanh")
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
