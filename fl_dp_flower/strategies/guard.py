@@ -14,8 +14,8 @@
   the id were accepted, after it none, so the partition's data reached the model through one client
   at most. A node that echoes a partition id other than its first is dropped as a refusal (a node's
   partition does not change within a run), so a liar can contest one id only. Claims are
-  ``partition-claimed`` ledger events (a secret sample's: the members file), restored on resume
-  (:meth:`ReplyGuard.restore`).
+  ``partition-claimed`` ledger events (a secret sample's: the members file); a resume keeps the contested
+  ids (:meth:`ReplyGuard.restore`; single claims are not kept: node ids need not survive a restart).
 - **Accountant errors per reply**: a reply whose echoes (accepted within ``echo-tolerance``)
   make the round's terms fail (ValueError, OverflowError, any ArithmeticError) is dropped as a
   refusal, so no reply can fail the run. Replies echoing exactly the plan are never the cause
@@ -86,13 +86,20 @@ class ReplyGuard:
                 protocol.PARTITION_ID, partition, ", ".join(map(str, sorted(nodes))))
 
     def restore(self, events: Iterable[dict[str, Any]]) -> None:
-        """A resume keeps the run's partition claims (``partition-claimed`` ledger events)."""
+        """A resume keeps the run's contested partition ids (``partition-claimed`` ledger events of two or more
+        nodes for one id): they stay contested. A single claim is not kept: node ids need not survive a restart
+        (Flower's simulation gives every run new ones), so the same site under a new id must not contest its
+        own partition; a liar who claims it after the resume contests it as in any round."""
+        claims: dict[int, set[int]] = {}
         for entry in events:
             if entry.get("event") == PARTITION_CLAIMED_EVENT:
                 data = entry.get("data") or {}
-                node, partition = int(data["node_id"]), int(data["partition_id"])
-                self.node_partition.setdefault(node, partition)
-                self.claimants.setdefault(partition, set()).add(node)
+                claims.setdefault(int(data["partition_id"]), set()).add(int(data["node_id"]))
+        for partition, nodes in claims.items():
+            if len(nodes) > 1:
+                self.claimants.setdefault(partition, set()).update(nodes)
+                for node in nodes:
+                    self.node_partition.setdefault(node, partition)
         for partition, nodes in sorted(self.contested.items()):
             self.log.error("resume: %s = %d stays contested (claimed by nodes %s): they are not sampled",
                            protocol.PARTITION_ID, partition, ", ".join(map(str, nodes)))

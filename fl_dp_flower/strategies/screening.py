@@ -106,8 +106,8 @@ class ReplyChecks:
     """
 
     echo_tolerance: float = 1.0
-    noise_check_alpha: float = 1e-9
-    update_bound_alpha: float = 1e-9
+    noise_check_alpha: float = DEFAULT_CHECK_LEVEL
+    update_bound_alpha: float = DEFAULT_CHECK_LEVEL
     examples_cap_ratio: float = 10.0
 
     def __post_init__(self) -> None:

@@ -18,6 +18,7 @@ import pytest
 
 import fl_dp_flower
 from fl_dp_flower.privacy import AccountantConfig, PrivacyAccountant, RoundRecord
+from fl_dp_flower.privacy.screening_charge import DEFAULT_CHECK_LEVEL
 from fl_dp_flower.reporting.verify import verify_ledger
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -129,7 +130,8 @@ def test_digits_example_runs_with_flwr_run(tmp_path):
     assert config.sigma == 0.02 and config.clients == 3 and config.local_steps == 5
     fresh = PrivacyAccountant.from_records(config, [RoundRecord.from_dict(e["record"]) for e in rounds])
     assert summary["epsilon"] == pytest.approx(fresh.report().certified.epsilon, rel=1e-12)
-    # every client replied as planned (node ids aside)
+    # every client replied as planned (node ids aside), each round screened at the library's default levels
+    screened = 2 * DEFAULT_CHECK_LEVEL  # noise-check + update-bound, charged to delta (MATH §17.1)
     assert tuple(dataclasses.replace(r, node_ids=()) for r in fresh.records) == \
-        tuple(config.planned_round(t) for t in (1, 2, 3))
+        tuple(dataclasses.replace(config.planned_round(t), screening_drop=screened) for t in (1, 2, 3))
     assert verify_ledger(ledger).ok, verify_ledger(ledger).to_dict()
