@@ -414,3 +414,25 @@ def test_an_honest_count_resets_the_capped_streak(tmp_path):
     out, _ = run_local(cfg, _altering(change_reply=every_other))
     assert [r["metrics"]["dp-capped"] for r in read_ledger(out.run_dir / LEDGER).rounds] == [1, 0, 1]
     assert _events(out, "node-capped") == []
+
+
+def test_a_resume_keeps_contested_partition_ids_but_not_single_claims():
+    """Node ids need not survive a restart (Flower's simulation gives every run new ones): a restored single
+    claim would make the same site, under its new id, contest its own partition, and a resumed simulation
+    accounted nothing. Contested ids stay contested; a new node claiming a singly-claimed id is its claimant."""
+    from types import SimpleNamespace
+
+    from fl_dp_flower.reporting.ledger.events import PARTITION_CLAIMED_EVENT
+    from fl_dp_flower.strategies.guard import ReplyGuard
+
+    def claim(node, partition, round_):
+        return {"event": PARTITION_CLAIMED_EVENT, "data": {"node_id": node, "partition_id": partition, "round": round_}}
+
+    guard = ReplyGuard(accountant=None, log=logging.getLogger("test"))  # type: ignore[arg-type]
+    guard.restore([claim(11, 0, 1), claim(12, 1, 1), claim(13, 1, 2)])  # partition 1 was contested before the crash
+    assert guard.contested == {1: (12, 13)}
+    dropped: list = []
+    reply = SimpleNamespace  # the fields check_partitions reads
+    kept = guard.check_partitions([reply(node_id=21, partition_id=0), reply(node_id=22, partition_id=1)], dropped, 3)
+    assert [u.node_id for u in kept] == [21]  # partition 0's site under its new id trains on
+    assert [(n, refusal) for n, _, refusal in dropped] == [(22, False)] and guard.contested[1] == (12, 13, 22)
