@@ -29,9 +29,10 @@ if ! command -v promtool >/dev/null 2>&1; then
 fi
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
 export PATH="$PWD/.venv/bin:$PATH"
-# pytest-xdist workers: most of the suite's time is real Flower processes waiting on each other, so 3 workers
-# share 2 cores well; FL_DP_TEST_WORKERS=0 runs everything in this process (e.g. to debug one test)
-.venv/bin/python -m pytest -p no:cacheprovider -n "${FL_DP_TEST_WORKERS:-3}" "$@"
+# pytest-xdist workers: most of the suite's time is real Flower processes waiting on each other, so 4 workers
+# share 2 cores well; each is handed two tests at a time (the longest real-process runs first: tests/conftest.py),
+# so no worker is left with a queue of long runs. FL_DP_TEST_WORKERS=0 runs everything in this process.
+.venv/bin/python -m pytest -p no:cacheprovider -n "${FL_DP_TEST_WORKERS:-4}" --maxschedchunk 2 "$@"
 status=$?
 if [ "$status" -eq 5 ]; then
   echo "no tests were collected: failing" >&2
