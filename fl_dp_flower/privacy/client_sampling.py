@@ -43,6 +43,7 @@ from typing import Any, Sequence
 import numpy as np
 from scipy import special
 
+from .pld_rounds import RoundByRoundPLD, compose_runs, epsilon_at
 from .records import RoundRecord
 from .terms import _fedprox_parts
 from .validate import int_at_least, nonnegative
@@ -57,7 +58,6 @@ CONDITIONED_BOUND = "sampled_secret"
 DISCRETIZATION = 1e-4
 #: standard deviations beyond mu covered before the rest of P's mass is put at infinite loss
 _TAIL_SD = 9.0
-_CACHE_SIZE = 256
 
 
 def secret_sample_assumption(population: int | None = None) -> str:
@@ -108,7 +108,7 @@ def privacy_profile(p: float, mu: float, epsilons: np.ndarray) -> np.ndarray:
     y = (np.log1p(np.expm1(a) / p) + mu * mu / 2.0) / mu
     y = np.where(a == 0.0, mu / 2.0, y)
     upper = np.maximum(p * _survival(y - mu) - (np.expm1(a) + p) * _survival(y), 0.0)
-    return np.where(eps >= 0.0, upper, np.clip(-np.expm1(eps) + np.exp(eps) * upper, 0.0, 1.0))
+    return np.asarray(np.where(eps >= 0.0, upper, np.clip(-np.expm1(eps) + np.exp(eps) * upper, 0.0, 1.0)))
 
 
 def conditioned_pld(p: float, mu: float, interval: float = DISCRETIZATION) -> Any:
@@ -133,57 +133,38 @@ def conditioned_pld(p: float, mu: float, interval: float = DISCRETIZATION) -> An
 
 @dataclass
 class ConditionedComposition:
-    """The composed PLD of the rounds so far, one convolution per round (``push``), with a
-    side-effect-free ``peek`` whose result the following ``push`` reuses."""
+    """The composed PLD of the rounds (p_t, mu_t) so far, one convolution per round (``push``), with a
+    side-effect-free ``peek`` whose result the following ``push`` reuses (:class:`pld_rounds.RoundByRoundPLD`)."""
 
     rounds: list[tuple[float, float]] = field(default_factory=list)
-    _pld: Any = None
-    _cache: dict[tuple[float, float], Any] = field(default_factory=dict)
-    _trial: tuple[int, tuple[float, float], Any] | None = None
-
-    def _single(self, key: tuple[float, float]) -> Any:
-        if key not in self._cache:
-            if len(self._cache) >= _CACHE_SIZE:
-                self._cache.clear()
-            self._cache[key] = conditioned_pld(*key)
-        return self._cache[key]
+    _plds: RoundByRoundPLD[tuple[float, float]] = field(
+        default_factory=lambda: RoundByRoundPLD(_round_pld), init=False, repr=False, compare=False)
 
     def peek(self, p: float, mu: float) -> Any:
-        key = (float(p), float(mu))
-        if self._trial is not None and self._trial[:2] == (len(self.rounds), key):
-            return self._trial[2]
-        single = self._single(key)
-        composed = single if self._pld is None else self._pld.compose(single)
-        self._trial = (len(self.rounds), key, composed)
-        return composed
+        """The composed PLD after one more round (p, mu), nothing changed."""
+        return self._plds.peek((float(p), float(mu)))
 
     def push(self, p: float, mu: float) -> None:
-        self._pld = self.peek(p, mu)
+        self._plds.push((float(p), float(mu)))
         self.rounds.append((float(p), float(mu)))
-        self._trial = None
 
     def epsilon(self, delta: float, pld: Any = None) -> float:
-        composed = self._pld if pld is None else pld
-        return 0.0 if composed is None else max(0.0, float(composed.get_epsilon_for_delta(delta)))
+        """epsilon (nats) at ``delta`` of the rounds so far (or of ``pld``, e.g. a :meth:`peek`); 0 before any."""
+        return self._plds.epsilon(delta, pld)
 
     def delta(self, epsilon: float) -> float:
-        return 0.0 if self._pld is None else float(self._pld.get_delta_for_epsilon(epsilon))
+        """delta at ``epsilon`` (nats) of the rounds so far; 0 before any round."""
+        return self._plds.delta(epsilon)
+
+
+def _round_pld(key: tuple[float, float]) -> Any:
+    return conditioned_pld(*key)
 
 
 def conditioned_epsilon(rounds: Sequence[tuple[float, float]], delta: float) -> float:
     """epsilon at ``delta`` of the rounds (p_t, mu_t) composed; runs of equal rounds are self-composed
     (fast for planned runs; equal to round-by-round composition up to the discretisation)."""
-    composed: Any = None
-    i = 0
-    while i < len(rounds):
-        j = i
-        while j < len(rounds) and rounds[j] == rounds[i]:
-            j += 1
-        block = conditioned_pld(*rounds[i])
-        block = block.self_compose(j - i) if j - i > 1 else block
-        composed = block if composed is None else composed.compose(block)
-        i = j
-    return 0.0 if composed is None else max(0.0, float(composed.get_epsilon_for_delta(delta)))
+    return epsilon_at(compose_runs(rounds, _round_pld), delta)
 
 
 def _uniform(weights: Sequence[float]) -> bool:

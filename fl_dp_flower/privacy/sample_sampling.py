@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .bounds import BoundValue
+from .pld_rounds import RoundByRoundPLD, compose_runs, epsilon_at
 from .records import AccountantConfig, RoundRecord
 from .terms import RoundTerms, round_terms
 from .validate import int_at_least, positive
@@ -49,7 +50,6 @@ BATCH_SAMPLED_BOUND = "batch_sampled"
 DISCRETIZATION = 1e-4
 #: the threat models whose bound the amplification applies to (their unamplified bound in brackets)
 AMPLIFIED_THREAT_MODELS: dict[str, str] = {"all-rounds": "composition", "curious-server": "local_dp"}
-_CACHE_SIZE = 256
 _RELATIONS = ("replace-one", "add/remove-one")
 
 
@@ -108,41 +108,33 @@ class BatchSampledComposition:
     composes one more round without changing anything (kept for the ``push`` that usually follows)."""
 
     relation: str
-    _pld: Any = None
-    _rounds: dict[tuple[float, float], Any] = field(default_factory=dict)
-    _trial: tuple[int, tuple[float, float], Any] | None = None
-    count: int = 0
+    _plds: RoundByRoundPLD[tuple[float, float]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.relation not in _RELATIONS:
             raise ValueError(f"relation must be one of {_RELATIONS}, got {self.relation!r}")
+        relation = self.relation
+        self._plds = RoundByRoundPLD(lambda pair: _round_pld(relation, *pair))
 
-    def _single(self, pair: tuple[float, float]) -> Any:
-        if pair not in self._rounds:
-            if len(self._rounds) >= _CACHE_SIZE:
-                self._rounds.clear()
-            self._rounds[pair] = _round_pld(self.relation, *pair)
-        return self._rounds[pair]
+    @property
+    def count(self) -> int:
+        """The rounds pushed so far."""
+        return self._plds.count
 
     def peek(self, pair: tuple[float, float]) -> Any:
-        if self._trial is not None and self._trial[:2] == (self.count, pair):
-            return self._trial[2]
-        single = self._single(pair)
-        composed = single if self._pld is None else self._pld.compose(single)
-        self._trial = (self.count, pair, composed)
-        return composed
+        """The composed PLD after one more round with ``pair`` (p_t, r_t), nothing changed."""
+        return self._plds.peek(pair)
 
     def push(self, pair: tuple[float, float]) -> None:
-        self._pld = self.peek(pair)
-        self.count += 1
-        self._trial = None
+        self._plds.push(pair)
 
     def epsilon(self, delta: float, pld: Any = None) -> float:
-        composed = self._pld if pld is None else pld
-        return 0.0 if composed is None else max(0.0, float(composed.get_epsilon_for_delta(delta)))
+        """epsilon (nats) at ``delta`` of the rounds so far (or of ``pld``, e.g. a :meth:`peek`); 0 before any round."""
+        return self._plds.epsilon(delta, pld)
 
     def delta(self, epsilon: float) -> float:
-        return 0.0 if self._pld is None else float(self._pld.get_delta_for_epsilon(epsilon))
+        """delta at ``epsilon`` (nats) of the rounds so far; 0 before any round."""
+        return self._plds.delta(epsilon)
 
 
 @dataclass
@@ -203,17 +195,7 @@ def composed_epsilon(relation: str, pairs: list[tuple[float, float]], delta: flo
                      discretization: float = DISCRETIZATION) -> float:
     """epsilon at ``delta`` of the rounds' pairs (p_t, r_t) composed (runs of equal pairs self-composed:
     fast for planned runs; equal to round-by-round composition up to the discretisation)."""
-    composed: Any = None
-    i = 0
-    while i < len(pairs):
-        j = i
-        while j < len(pairs) and pairs[j] == pairs[i]:
-            j += 1
-        block = _round_pld(relation, *pairs[i], discretization)
-        block = block.self_compose(j - i) if j - i > 1 else block
-        composed = block if composed is None else composed.compose(block)
-        i = j
-    return 0.0 if composed is None else max(0.0, float(composed.get_epsilon_for_delta(delta)))
+    return epsilon_at(compose_runs(pairs, lambda pair: _round_pld(relation, *pair, discretization)), delta)
 
 
 def batch_sampled_sigma(config: AccountantConfig, rounds: int, target_epsilon: float) -> float:

@@ -32,6 +32,7 @@ from typing import Any
 
 from .bounds import BoundValue
 from .client_sampling import inclusion_probability
+from .pld_rounds import RoundByRoundPLD, compose_runs, epsilon_at
 from .records import RoundRecord
 from .terms import RoundTerms
 from .validate import int_at_least, positive
@@ -43,8 +44,6 @@ __all__ = ["DISCRETIZATION", "SAMPLED_BOUND", "SampledAccount", "SampledComposit
 SAMPLED_BOUND = "sampled"
 #: PLD value discretisation interval (nats): the pessimistic rounding adds at most this per round to epsilon
 DISCRETIZATION = 1e-4
-#: PLDs of distinct per-round mu kept for reuse (rounds of a run mostly repeat a few counts)
-_CACHE_SIZE = 256
 
 
 def sampler_assumption(sampling_rate: float) -> str:
@@ -77,6 +76,10 @@ def _round_pld(sampling_rate: float, mu: float) -> Any:
     return gaussian.compute_mixture(pld.identity(DISCRETIZATION), sampling_rate)
 
 
+def _pair_pld(key: tuple[float, float]) -> Any:
+    return _round_pld(*key)
+
+
 @dataclass
 class SampledComposition:
     """The composed PLD of the rounds so far (amortised: one convolution per round).
@@ -88,21 +91,13 @@ class SampledComposition:
     sampling_rate: float
     mus: list[float] = field(default_factory=list)
     rates: list[float] = field(default_factory=list)
-    _pld: Any = None
-    _rounds: dict[tuple[float, float], Any] = field(default_factory=dict)
-    _trial: tuple[int, tuple[float, float], Any] | None = None
+    _plds: RoundByRoundPLD[tuple[float, float]] = field(
+        default_factory=lambda: RoundByRoundPLD(_pair_pld), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         q = positive("sampling_rate", self.sampling_rate)
         if q > 1.0:
             raise ValueError(f"sampling_rate must be in (0, 1], got {q!r}")
-
-    def _single(self, key: tuple[float, float]) -> Any:
-        if key not in self._rounds:
-            if len(self._rounds) >= _CACHE_SIZE:
-                self._rounds.clear()
-            self._rounds[key] = _round_pld(*key)
-        return self._rounds[key]
 
     def _key(self, mu: float, rate: float | None) -> tuple[float, float]:
         p = self.sampling_rate if rate is None else float(rate)
@@ -113,29 +108,21 @@ class SampledComposition:
     def peek(self, mu: float, rate: float | None = None) -> Any:
         """The composed PLD after one more round with ``mu`` and the target's chance ``rate`` of being
         in it (default: the sampling rate q)."""
-        key = self._key(mu, rate)
-        if self._trial is not None and self._trial[:2] == (len(self.mus), key):
-            return self._trial[2]
-        single = self._single(key)
-        composed = single if self._pld is None else self._pld.compose(single)
-        self._trial = (len(self.mus), key, composed)
-        return composed
+        return self._plds.peek(self._key(mu, rate))
 
     def push(self, mu: float, rate: float | None = None) -> None:
-        self._pld = self.peek(mu, rate)
         p, m = self._key(mu, rate)
+        self._plds.push((p, m))
         self.mus.append(m)
         self.rates.append(p)
-        self._trial = None
 
     def epsilon(self, delta: float, pld: Any = None) -> float:
-        """epsilon at ``delta`` of the rounds so far (or of ``pld``, e.g. a :meth:`peek`); 0 before any round."""
-        composed = self._pld if pld is None else pld
-        return 0.0 if composed is None else max(0.0, float(composed.get_epsilon_for_delta(delta)))
+        """epsilon (nats) at ``delta`` of the rounds so far (or of ``pld``, e.g. a :meth:`peek`); 0 before any round."""
+        return self._plds.epsilon(delta, pld)
 
     def delta(self, epsilon: float) -> float:
-        """delta at ``epsilon`` of the rounds so far."""
-        return 0.0 if self._pld is None else float(self._pld.get_delta_for_epsilon(epsilon))
+        """delta at ``epsilon`` (nats) of the rounds so far; 0 before any round."""
+        return self._plds.delta(epsilon)
 
     def mu_clt(self, extra: tuple[float, float] | None = None) -> float:
         """sqrt(sum_t p_t mu_t^2): the central-limit approximation of the composed pairs (Dong, Roth
@@ -207,14 +194,4 @@ class SampledAccount:
 def composed_epsilon(sampling_rate: float, mus: list[float], delta: float) -> float:
     """epsilon at ``delta`` of the pairs (q, mu_t) composed (runs of equal mu self-composed: fast for
     planned schedules; equal to round-by-round composition up to the discretisation)."""
-    composed: Any = None
-    i = 0
-    while i < len(mus):
-        j = i
-        while j < len(mus) and mus[j] == mus[i]:
-            j += 1
-        block = _round_pld(sampling_rate, mus[i])
-        block = block.self_compose(j - i) if j - i > 1 else block
-        composed = block if composed is None else composed.compose(block)
-        i = j
-    return 0.0 if composed is None else max(0.0, float(composed.get_epsilon_for_delta(delta)))
+    return epsilon_at(compose_runs(mus, lambda mu: _round_pld(sampling_rate, mu)), delta)

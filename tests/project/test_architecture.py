@@ -13,7 +13,7 @@ import pytest
 PRIVACY = [f"fl_dp_flower.privacy.{m}" for m in
            ("schedules", "records", "gdp", "terms", "planned_terms", "bounds", "closed_forms", "final_model",
             "planned_bounds", "accountant", "report", "planning", "sampled", "sample_sampling", "secure_aggregation",
-            "skellam", "plan_rules", "running_sum", "preflight")]
+            "skellam", "plan_rules", "running_sum", "preflight", "pld_rounds")]
 REPORTING = [f"fl_dp_flower.reporting.{m}" for m in ("ledger", "console", "prometheus", "plot", "durable",
                                                                 "logfilter", "resume", "rounds")]
 

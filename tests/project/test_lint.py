@@ -20,7 +20,7 @@ STRICT = ["fl_dp_flower/privacy/validate.py", "fl_dp_flower/privacy/schedules.py
           "fl_dp_flower/privacy/secure_aggregation.py", "fl_dp_flower/privacy/skellam.py",
           "fl_dp_flower/checkpoint.py", "fl_dp_flower/reporting/resume.py", "fl_dp_flower/privacy/preflight.py",
           "fl_dp_flower/strategies/preflight.py", "fl_dp_flower/api_docs.py",
-          "fl_dp_flower/privacy/screening_charge.py", "fl_dp_flower/privacy/report.py"]
+          "fl_dp_flower/privacy/screening_charge.py", "fl_dp_flower/privacy/report.py", "fl_dp_flower/privacy/pld_rounds.py"]
 
 
 def _tool(name: str) -> str:
