@@ -165,12 +165,8 @@ class NodeSampling:
     _drawn: int = 0  # clients that round's sample drew
     _last_capped: int = 0  # replies whose num-examples was capped in the last aggregated round
 
-    def _cap_ratio(self) -> float:
-        """``ReplyChecks.examples_cap_ratio`` (run-config key ``examples-cap-ratio``)."""
-        return self.reply_checks.examples_cap_ratio
-
     def _weights(self, usable: list) -> tuple[float, ...]:
-        return weights_for(usable, self.federation.weighting, self._cap_ratio())
+        return weights_for(usable, self.federation.weighting, self.reply_checks.examples_cap_ratio)
 
     def _aggregate(self, usable: list[Usable], weights: tuple[float, ...], reference: ArrayRecord) -> ArrayRecord:
         """The round's aggregate: the weighted average, or with Poisson sampling the fixed-denominator sum."""
@@ -311,7 +307,7 @@ class NodeSampling:
         if self.federation.weighting != "examples" or not usable:
             return
         limit = self.federation.max_node_refusals
-        counts = capped_examples([u.num_examples for u in usable], self._cap_ratio())
+        counts = capped_examples([u.num_examples for u in usable], self.reply_checks.examples_cap_ratio)
         for u, weighted in zip(usable, counts):
             if weighted >= u.num_examples:
                 if u.node_id in self.refusals:
@@ -326,7 +322,7 @@ class NodeSampling:
                 log.error("round %d: node %d claimed num-examples = %d, above examples-cap-ratio = %g times the "
                           "round's median claim, %d rounds in a row: it is weighted as %d, and still steers a large "
                           "share of the model. It stays sampled (a site may hold that much data): check its claim",
-                          server_round, u.node_id, u.num_examples, self._cap_ratio(), state.capped, weighted)
+                          server_round, u.node_id, u.num_examples, self.reply_checks.examples_cap_ratio, state.capped, weighted)
                 self._event("node-capped", {"node_id": u.node_id, "round": server_round, "consecutive": state.capped,
                                             "claimed": u.num_examples, "weighted_as": weighted})
 
