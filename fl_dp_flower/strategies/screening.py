@@ -49,7 +49,7 @@ from fl_dp_flower import protocol
 from fl_dp_flower.errors import FlDpError
 from fl_dp_flower.privacy.records import check_prox
 from fl_dp_flower.privacy.schedules import step_sizes
-from fl_dp_flower.privacy.screening_charge import DEFAULT_CHECK_LEVEL
+from fl_dp_flower.reply_checks import ReplyChecks
 from fl_dp_flower.vocabulary import Schedule
 
 if TYPE_CHECKING:
@@ -75,9 +75,9 @@ class ScreeningRules:
     fedprox: bool
     smoothness: float
     per_sample: bool
-    echo_tolerance: float = 1.0  # (echo-tolerance) >= 1
-    noise_check_alpha: float = DEFAULT_CHECK_LEVEL  # (noise-check-alpha) false-alarm rate; 0 = off
-    update_bound_alpha: float = DEFAULT_CHECK_LEVEL  # (update-bound-alpha) tail probability of the noise norm bound
+    echo_tolerance: float = ReplyChecks.echo_tolerance  # (echo-tolerance) >= 1
+    noise_check_alpha: float = ReplyChecks.noise_check_alpha  # (noise-check-alpha) false-alarm rate; 0 = off
+    update_bound_alpha: float = ReplyChecks.update_bound_alpha  # (update-bound-alpha) tail probability
     #: secure aggregation: every reply holds w_t + the average of the secure sum, not one upload, so only the
     #: echoes are checked (the magnitude and residual-noise checks describe one client's upload)
     secure_sum: bool = False
@@ -90,34 +90,6 @@ class ScreeningRules:
         residual energy dominates chi2_d, the distance stays within the magnitude bound but with probability
         beta); 0 when they do not run. Charged to delta (docs/MATH.md §17.1)."""
         return 0.0 if self.secure_sum else self.noise_check_alpha + self.update_bound_alpha
-
-
-@dataclass(frozen=True)
-class ReplyChecks:
-    """The server's checks of each reply (docs/MATH.md §17), with the reference app's run-config keys in
-    parentheses; pass one as ``NoisyFedAvg(..., reply_checks=ReplyChecks(...))``.
-
-    echo_tolerance (echo-tolerance, >= 1): factor by which echoed settings may differ from the plan
-    (accepted deviations are accounted least privately); noise_check_alpha (noise-check-alpha, in
-    [0, 1), 0 = off): false-alarm rate of the residual-noise check; update_bound_alpha
-    (update-bound-alpha, in (0, 1)): tail probability of the update-magnitude bound;
-    examples_cap_ratio (examples-cap-ratio, >= 1): weighting "examples" caps each claim at this many
-    times the round's median.
-    """
-
-    echo_tolerance: float = 1.0
-    noise_check_alpha: float = DEFAULT_CHECK_LEVEL
-    update_bound_alpha: float = DEFAULT_CHECK_LEVEL
-    examples_cap_ratio: float = 10.0
-
-    def __post_init__(self) -> None:
-        checks = (("echo_tolerance", self.echo_tolerance, 1.0 <= self.echo_tolerance < math.inf, ">= 1 and finite"),
-                  ("noise_check_alpha", self.noise_check_alpha, 0.0 <= self.noise_check_alpha < 1.0, "in [0, 1)"),
-                  ("update_bound_alpha", self.update_bound_alpha, 0.0 < self.update_bound_alpha < 1.0, "in (0, 1)"),
-                  ("examples_cap_ratio", self.examples_cap_ratio, self.examples_cap_ratio >= 1.0, ">= 1"))
-        for name, value, ok, span in checks:
-            if not ok:
-                raise ValueError(f"ReplyChecks.{name} = {value!r} must be {span}")
 
 
 def rules_for(planned: Applied, settings: DPSettings, plan: AccountantConfig, checks: ReplyChecks) -> ScreeningRules:
