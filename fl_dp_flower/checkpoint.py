@@ -55,11 +55,20 @@ class ModelCheckpoint:
         saved = self._load()
         return 0 if saved is None else int(saved["round"])
 
+    def saved_model(self) -> ArrayRecord | None:
+        """The saved model (None: no file yet). Reads only."""
+        saved = self._load()
+        return None if saved is None else ArrayRecord(saved["state_dict"])
+
+    def attach(self, strategy: Any) -> None:
+        """Save ``strategy``'s server-optimizer state with the model from now on (no restore)."""
+        self._strategy = strategy
+
     def restore(self, strategy: Any) -> ArrayRecord | None:
         """Attach to ``strategy`` (its server optimizer's state is saved with the model from now on),
         restore that state from the file, and return the saved model (None: no file yet, start from
         your initial model)."""
-        self._strategy = strategy
+        self.attach(strategy)
         saved = self._load()
         if saved is None:
             return None

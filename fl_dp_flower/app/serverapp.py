@@ -64,6 +64,7 @@ from fl_dp_flower.app.threat import (final_model_assumptions, node_assumptions, 
                                       run_grid, start_warnings)
 from fl_dp_flower.app.config import AppConfig, ConfigError
 from fl_dp_flower.app.preflight import chance_level_warning, log_preflight
+from fl_dp_flower.checkpoint import ModelCheckpoint
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.reporting import PrivacyLedger, PrivacyMetricsExporter, plot_privacy_curve, render_summary
 from fl_dp_flower.reporting.console import conditional_note, delta_text
@@ -189,18 +190,18 @@ def _require_ledger(path: Path) -> None:
 
 
 def _checkpoint(run_dir: Path, contents: LedgerContents) -> tuple[int, ArrayRecord | None]:
-    """(round, model) of ``model-latest.pt``; (0, None) before any round. Reads only."""
+    """(round, model) of ``model-latest.pt`` (the library's :class:`ModelCheckpoint` format); (0, None)
+    before any round. Reads only."""
     if not contents.rounds and contents.open_round is None:
         return 0, None
-    path = run_dir / CHECKPOINT
-    if not path.exists():
+    checkpoint = ModelCheckpoint(run_dir / CHECKPOINT)
+    if not checkpoint.path.exists():
         if contents.rounds:
             log.warning("%s is missing but the ledger has %d round(s) (a crash before the first checkpoint): "
                         "resuming from the initial model; every accounted round stays accounted",
-                        path, len(contents.rounds))
+                        checkpoint.path, len(contents.rounds))
         return 0, None
-    ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    return int(ckpt["round"]), ArrayRecord(ckpt["state_dict"])
+    return checkpoint.saved_round(), checkpoint.saved_model()
 
 
 def run_server(grid: Grid, config: AppConfig, *, fraction_evaluate: float = 0.0,
@@ -241,10 +242,8 @@ def _run_server(grid: Grid, config: AppConfig, fraction_evaluate: float,
             exporter = _start_exporter(config)
         if arrays is None:
             arrays = ArrayRecord(build_model(config.dataset, config.model).state_dict())
-        sink = RoundSink(ledger, lambda round_, saved: atomic_torch_save(  # the released model, the server's state
-                             {"round": round_, "state_dict": saved.to_torch_state_dict(),
-                              "server_update": strategy.server_update.state()}, run_dir / CHECKPOINT),
-                         log, exporter, config.budget_epsilon,
+        checkpoint = ModelCheckpoint(run_dir / CHECKPOINT)  # the released model and the server's state
+        sink = RoundSink(ledger, checkpoint.save, log, exporter, config.budget_epsilon,
                          members=run_dir / MEMBERS_FILE if config.sample_secrecy == "secret" else None)
         per_round_eval = publishes_per_round_models(config)
         if not per_round_eval:  # docs/MATH.md §15
@@ -254,9 +253,9 @@ def _run_server(grid: Grid, config: AppConfig, fraction_evaluate: float,
         if config.resume:
             restore_exclusions(strategy, read_ledger(run_dir / LEDGER).events  # a secret sample's: members file
                                + (member_events(run_dir / MEMBERS_FILE) if config.sample_secrecy == "secret" else []))
-            if (run_dir / CHECKPOINT).exists():  # the server optimizer and average (server_opt.py)
-                strategy.server_update.restore(torch.load(run_dir / CHECKPOINT, map_location="cpu",
-                                                          weights_only=True).get("server_update", {}))
+            checkpoint.restore(strategy)  # the server optimizer and average (server_opt.py); the model was read above
+        else:
+            checkpoint.attach(strategy)
         remaining = max(config.num_server_rounds - accountant.num_releases, 0)
         log.info("%s: %d rounds to run (%d already accounted)", type(strategy).__name__, remaining,
                  accountant.num_releases)

@@ -49,17 +49,19 @@ def _disk_full_at_round_line(monkeypatch, round_: int) -> None:
 
 def _disk_full_at_checkpoint(monkeypatch, round_: int) -> None:
     """As torch.save reports it: a RuntimeError whose context is the OSError of the write."""
-    real_save = server_module.atomic_torch_save
+    from fl_dp_flower.checkpoint import ModelCheckpoint
 
-    def save(obj, path):
-        if path.name == server_module.CHECKPOINT and obj["round"] == round_:
+    real_save = ModelCheckpoint.save
+
+    def save(self, saved_round, arrays):
+        if self.path.name == server_module.CHECKPOINT and saved_round == round_:
             try:
-                raise OSError(errno.ENOSPC, "No space left on device", str(path))
+                raise OSError(errno.ENOSPC, "No space left on device", str(self.path))
             except OSError:
                 raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 512 vs 0") from None
-        real_save(obj, path)
+        real_save(self, saved_round, arrays)
 
-    monkeypatch.setattr(server_module, "atomic_torch_save", save)
+    monkeypatch.setattr(ModelCheckpoint, "save", save)
 
 
 @pytest.mark.parametrize("where", ["ledger", "checkpoint"])

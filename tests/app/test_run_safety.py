@@ -259,7 +259,9 @@ def test_a_rounds_line_is_durable_before_its_aggregate_is_saved_or_broadcast(tmp
     path = tmp_path / "run" / LEDGER
     aggregate_round: dict[int, int] = {}  # id(aggregate ArrayRecord) -> its round
     checks = {"broadcast": 0, "checkpoint": 0}
-    real_aggregate, real_save = NoisyStrategyMixin.aggregate_train, server.atomic_torch_save
+    from fl_dp_flower.checkpoint import ModelCheckpoint
+
+    real_aggregate, real_save = NoisyStrategyMixin.aggregate_train, ModelCheckpoint.save
 
     def aggregate_train(self, server_round, replies):
         arrays, metrics = real_aggregate(self, server_round, replies)
@@ -267,11 +269,11 @@ def test_a_rounds_line_is_durable_before_its_aggregate_is_saved_or_broadcast(tmp
             aggregate_round[id(arrays)] = self.accountant.records[-1].round
         return arrays, metrics
 
-    def save(obj, file):
-        if file.name == CHECKPOINT:
-            assert read_ledger(path).last_round >= obj["round"], "checkpoint before its round line"
-            checks["checkpoint"] += 1
-        real_save(obj, file)
+    def save(self, round_, arrays):
+        assert self.path.name == CHECKPOINT
+        assert read_ledger(path).last_round >= round_, "checkpoint before its round line"
+        checks["checkpoint"] += 1
+        real_save(self, round_, arrays)
 
     class Spy(LocalGrid):
         def send_and_receive(self, messages, *, timeout=None):
@@ -285,7 +287,7 @@ def test_a_rounds_line_is_durable_before_its_aggregate_is_saved_or_broadcast(tmp
             return super().send_and_receive(messages, timeout=timeout)
 
     monkeypatch.setattr(NoisyStrategyMixin, "aggregate_train", aggregate_train)
-    monkeypatch.setattr(server, "atomic_torch_save", save)
+    monkeypatch.setattr(ModelCheckpoint, "save", save)
     grid = Spy(client_app, NODES, cfg.to_run_config())
     with task_identity():
         server.run_server(grid, cfg, fraction_evaluate=fraction_evaluate)
@@ -297,19 +299,20 @@ def test_a_rounds_line_is_durable_before_its_aggregate_is_saved_or_broadcast(tmp
 def test_round_line_without_checkpoint_resumes_and_leaves_the_final_model_bound(tmp_path, monkeypatch, crash_round):
     """Issue 18 item 7 (crash_round 1: no checkpoint at all, resume from the initial model) and
     issue 16 item 1 (the lost round is charged to composition but is not in the released model)."""
-    import fl_dp_flower.app.serverapp as server
     from fl_dp_flower.reporting.verify import verify_ledger
 
-    real_save = server.atomic_torch_save
+    from fl_dp_flower.checkpoint import ModelCheckpoint
 
-    def save(obj, file):
-        if file.name == CHECKPOINT and obj["round"] == crash_round:
+    real_save = ModelCheckpoint.save
+
+    def save(self, saved_round, arrays):
+        if self.path.name == CHECKPOINT and saved_round == crash_round:
             raise Crash(f"killed after round {crash_round}'s line, before its checkpoint")
-        real_save(obj, file)
+        real_save(self, saved_round, arrays)
 
     overrides = _final_model_overrides()
     with monkeypatch.context() as m:
-        m.setattr(server, "atomic_torch_save", save)
+        m.setattr(ModelCheckpoint, "save", save)
         with pytest.raises(Crash):
             _run(_config(tmp_path, **overrides))
     ledger = tmp_path / "run" / LEDGER
