@@ -30,6 +30,7 @@ from flwr.app import ConfigRecord, Context, Error, Message, Metadata, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 from flwr.app.message.message import make_message
+from flwr.supercore.run import Run
 from flwr.serverapp import Grid
 
 SUPERLINK_NODE_ID = 1
@@ -74,13 +75,15 @@ class LocalGrid(Grid):
             )
             for i, nid in enumerate(self._node_ids)
         }
-        self._run = None
+        self._run: Run | None = None
 
-    def set_run(self, run_id: int) -> None:
-        self._run = run_id
+    def set_run(self, run: Run) -> None:
+        self._run = run
 
     @property
-    def run(self):
+    def run(self) -> Run:
+        if self._run is None:
+            raise RuntimeError("LocalGrid.run: set_run was not called")
         return self._run
 
     def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):

@@ -53,7 +53,7 @@ def _paper_form(
     K = config.local_steps
     V = float(config.clip_norm)
     if config.algorithm == "fedprox":  # Theorem 4
-        alpha = float(config.prox_alpha)
+        alpha = config.fedprox_alpha
         if not alpha > L:  # Theorem 4 needs alpha > L: no closed form (an infinite, unsound bound)
             return "sd", math.inf, 0.0
         return "tanh", 2.0 * V / alpha * pref, fedprox_log_rho(alpha, L)

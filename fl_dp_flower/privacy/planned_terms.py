@@ -58,7 +58,7 @@ def planned_theta(config: AccountantConfig) -> float:
     L = float(config.smoothness)
     lr = float(config.lr)
     if config.algorithm == "fedprox":
-        alpha = float(config.prox_alpha)
+        alpha = config.fedprox_alpha
         kappa = alpha / (alpha - L) if alpha > L else math.inf
     elif L == 0.0:
         kappa = 1.0
@@ -106,7 +106,7 @@ def _planned_first_steps(config: AccountantConfig, T: int) -> np.ndarray:
 def _planned_fedprox_terms(config: AccountantConfig, T: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Exact per-round FedProx terms (log rho_t, gamma_t, add/remove gamma_t) of the planned rounds
     (what :func:`round_terms` gives them)."""
-    alpha, L, V, m = float(config.prox_alpha), float(config.smoothness), float(config.clip_norm), config.clients
+    alpha, L, V, m = config.fedprox_alpha, float(config.smoothness), float(config.clip_norm), config.clients
     log_rho = np.full(T, fedprox_log_rho(alpha, L))
     client = 2.0 * V * -np.expm1(_log_prod_one_minus(config, T, alpha)) / alpha
     client_ar = client
@@ -213,7 +213,7 @@ def planned_terms(config: AccountantConfig, rounds: int) -> tuple[np.ndarray, np
     m = config.clients
     theta = planned_theta(config)
     if config.algorithm == "fedprox":
-        alpha = float(config.prox_alpha)
+        alpha = config.fedprox_alpha
         log_rho = np.full(T, fedprox_log_rho(alpha, L))
         gamma = np.full(T, theta * 2.0 * V / (m * alpha))
         return log_rho, gamma

@@ -159,6 +159,13 @@ class AccountantConfig:
                                                                              self.sum_dimension):
             raise ValueError(problem)
 
+    @property
+    def fedprox_alpha(self) -> float:
+        """FedProx's alpha (1/lr units; present for fedprox, checked by __post_init__)."""
+        if self.prox_alpha is None:
+            raise ValueError("prox_alpha is required for fedprox (> 0)")
+        return float(self.prox_alpha)
+
     def planned_round(self, round_index: int, clients: int | None = None, *, applied: bool = True) -> "RoundRecord":
         """The record of round ``round_index`` (1-based) if it runs exactly as planned
         (``applied=False``: its aggregate never reaches the released model)."""

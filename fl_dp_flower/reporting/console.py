@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import io
 import math
-from typing import Any
+from typing import Any, Literal
 
 from rich.console import Console
 from rich.table import Table
@@ -125,9 +125,10 @@ def summary_table(history: list[dict[str, Any]], max_rows: int | None = None) ->
     """
     title = "Privacy summary" + (f" (delta={delta_text(history[-1]['report'])})" if history else "")
     table = Table(title=title, show_lines=False)
-    for name, justify in [("round", "right"), ("clients", "right"), ("accuracy", "right"),
-                          ("loss", "right"), ("certified by", "left"), ("cert. mu", "right"),
-                          ("cert. eps", "right")]:
+    columns: list[tuple[str, Literal["left", "right"]]] = [
+        ("round", "right"), ("clients", "right"), ("accuracy", "right"), ("loss", "right"),
+        ("certified by", "left"), ("cert. mu", "right"), ("cert. eps", "right")]
+    for name, justify in columns:
         table.add_column(name, justify=justify)
     for name in BOUND_NAMES:
         table.add_column(f"{name} eps", justify="right")

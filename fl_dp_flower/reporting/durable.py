@@ -111,7 +111,11 @@ def create_whole(path: Path, data: bytes) -> bool:
     return replaced
 
 
+def _write_bytes(f: BinaryIO, data: bytes) -> None:
+    f.write(data)
+
+
 def write_json(path: Path, data: dict[str, Any]) -> None:
     """Strict JSON (non-finite floats as strings, see :func:`json_safe`), written atomically."""
     text = json.dumps(json_safe(data), indent=2, allow_nan=False) + "\n"
-    atomic_write(path, lambda f: f.write(text.encode()))
+    atomic_write(path, lambda f: _write_bytes(f, text.encode()))

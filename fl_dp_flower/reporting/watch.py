@@ -157,7 +157,7 @@ def render(view: RunView, source: Path, *, now: float | None = None):
     head.add_row("rounds", f"{acct.num_releases if acct else 0} / {planned} planned; clients last round "
                             f"{report.clients if report else '-'} (plan {app.get('clients-per-round', '-')}); "
                             f"accuracy {_fmt(metrics.get('accuracy'), 3)}")
-    if cert is not None and acct.num_releases == 0:
+    if cert is not None and (acct.num_releases if acct else 0) == 0:
         head.add_row("certified", "no round accounted yet")
     elif cert is not None and report is not None:
         from .console import FINAL_MODEL_ASSUMES, add_remove_note, conditional_note, delta_text

@@ -46,7 +46,7 @@ def metric_number(metrics: MetricRecord, key: str, *, integer: bool, minimum: fl
 
 def parse_applied(metrics: MetricRecord, *, fedprox: bool) -> Applied:
     """The echoed settings of one reply (ValueError if missing or invalid)."""
-    batch = metric_number(metrics, protocol.BATCH_SIZE, integer=True, minimum=1, strict=False) if protocol.BATCH_SIZE in metrics else None
+    batch = int(metric_number(metrics, protocol.BATCH_SIZE, integer=True, minimum=1, strict=False)) if protocol.BATCH_SIZE in metrics else None
     rate = None
     if protocol.BATCH_RATE in metrics:
         rate = metric_number(metrics, protocol.BATCH_RATE, integer=False, minimum=0.0, strict=True)
@@ -58,9 +58,9 @@ def parse_applied(metrics: MetricRecord, *, fedprox: bool) -> Applied:
     return Applied(
         sigma=metric_number(metrics, protocol.SIGMA, integer=False, minimum=0.0, strict=True),
         clip_norm=metric_number(metrics, protocol.CLIP_NORM, integer=False, minimum=0.0, strict=True),
-        local_steps=metric_number(metrics, protocol.LOCAL_STEPS, integer=True, minimum=1, strict=False),
+        local_steps=int(metric_number(metrics, protocol.LOCAL_STEPS, integer=True, minimum=1, strict=False)),
         lr=metric_number(metrics, protocol.LR, integer=False, minimum=0.0, strict=True),
-        round_index=metric_number(metrics, protocol.ROUND_INDEX, integer=True, minimum=0, strict=False),
+        round_index=int(metric_number(metrics, protocol.ROUND_INDEX, integer=True, minimum=0, strict=False)),
         batch_size=batch,
         prox_alpha=alpha,
         batch_rate=rate,

@@ -100,9 +100,9 @@ class ReplyGuard:
                 self.claimants.setdefault(partition, set()).update(nodes)
                 for node in nodes:
                     self.node_partition.setdefault(node, partition)
-        for partition, nodes in sorted(self.contested.items()):
+        for partition, claimed in sorted(self.contested.items()):
             self.log.error("resume: %s = %d stays contested (claimed by nodes %s): they are not sampled",
-                           protocol.PARTITION_ID, partition, ", ".join(map(str, nodes)))
+                           protocol.PARTITION_ID, partition, ", ".join(map(str, claimed)))
 
     def check_partitions(self, usable: list[Usable], dropped: Dropped, server_round: int = 0) -> list[Usable]:
         """Drop (into ``dropped``) replies echoing a contested partition id (not refusals) or a partition id

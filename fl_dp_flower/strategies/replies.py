@@ -27,6 +27,7 @@ from flwr.common.constant import ErrorCode
 
 from fl_dp_flower.privacy.schedules import step_sizes
 from fl_dp_flower import protocol
+from fl_dp_flower.vocabulary import Schedule
 
 from .echo import Applied, metric_number, parse_applied
 from .screening import Rejected, ScreeningRules, check_batch, check_reply, reference_norm
@@ -179,7 +180,7 @@ def mismatches(planned: Applied, echoed: Applied) -> list[str]:
     return out
 
 
-def reconcile(planned: Applied, echoed: list[Applied], schedule: str, per_sample: bool) -> tuple[Applied, tuple[float, ...]]:
+def reconcile(planned: Applied, echoed: list[Applied], schedule: Schedule, per_sample: bool) -> tuple[Applied, tuple[float, ...]]:
     """Least private combination of plan and echoes, and its (element-wise max) step sizes."""
     everyone = [planned, *echoed]
     etas = [step_sizes(schedule, a.lr, a.round_index, a.local_steps) for a in everyone]
@@ -272,7 +273,8 @@ def average_metrics(usable: list[Usable], weights: tuple[float, ...]) -> dict[st
     out: dict[str, float | int] = {}
     for key in keys:
         values = [u.metrics[key] for u in usable]
-        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-            out[key] = math.fsum(p * float(v) for p, v in zip(weights, values))
+        numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if len(numbers) == len(values):
+            out[key] = math.fsum(p * float(v) for p, v in zip(weights, numbers))
     out["num-examples"] = int(sum(u.num_examples for u in usable))
     return out

@@ -170,7 +170,7 @@ def partition_indices(
     elif scheme == "dirichlet":
         if not (np.isfinite(alpha) and alpha > 0):
             raise ValueError(f"dirichlet-alpha must be a finite number > 0, got {alpha!r}")
-        parts = [[] for _ in range(num_partitions)]
+        members: list[list[int]] = [[] for _ in range(num_partitions)]
         classes = np.unique(labels)
         # all proportions first: the same seed gives the same class mix to a client's train and
         # test parts (when both splits contain the same classes)
@@ -179,8 +179,8 @@ def partition_indices(
             idx = rng.permutation(np.flatnonzero(labels == c))
             cuts = (np.cumsum(p)[:-1] * len(idx)).astype(np.int64)
             for i, chunk in enumerate(np.split(idx, cuts)):
-                parts[i].extend(chunk.tolist())
-        parts = [np.asarray(p, dtype=np.int64) for p in parts]
+                members[i].extend(chunk.tolist())
+        parts = [np.asarray(p, dtype=np.int64) for p in members]
         for i in range(num_partitions):
             if len(parts[i]) == 0:
                 j = int(np.argmax([len(p) for p in parts]))
@@ -217,8 +217,7 @@ def load_partition(
         # evaluates on part i mod len(y) (test parts are then shared; training parts never are).
         parts = min(num_partitions, len(y)) if split else num_partitions
         idx = _split_indices(name, data_dir, float(test_fraction), int(seed), split, parts, scheme, alpha,
-                             float(validation_fraction))
-        idx = idx[partition_id % parts]
+                             float(validation_fraction))[partition_id % parts]
         out += [_normalise(x[idx], kind), torch.from_numpy(y[idx])]
     return Partition(*out)
 

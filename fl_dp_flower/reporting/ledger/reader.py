@@ -160,10 +160,10 @@ def read_ledger(path: str | os.PathLike[str]) -> LedgerContents:
                 open_round = open_line = None
         elif kind == "event":
             events.append(entry)
-            data = entry.get("data") if isinstance(entry.get("data"), dict) else {}
-            if entry.get("event") == ROUND_OPEN_EVENT and isinstance(data.get("round"), int):
-                open_round, open_line = data["round"], lineno
-            elif entry.get("event") == ROUND_VOID_EVENT and data.get("round") == open_round:
+            event_data: dict[str, Any] = entry["data"] if isinstance(entry.get("data"), dict) else {}
+            if entry.get("event") == ROUND_OPEN_EVENT and isinstance(event_data.get("round"), int):
+                open_round, open_line = event_data["round"], lineno
+            elif entry.get("event") == ROUND_VOID_EVENT and event_data.get("round") == open_round:
                 open_round = open_line = None
         else:
             raise ValueError(f"privacy ledger {path}: line {lineno} has unknown kind {kind!r}")
