@@ -34,7 +34,7 @@ from .cohort_data import CohortData, MemberStreams
 from .local_update import LossFn
 from .secure_sum import SumGrid, clamp_upload, grid_values
 
-__all__ = ["SecureCohortUpload", "secure_cohort_upload"]
+__all__ = ["CleanMembers", "SecureCohortUpload", "clean_members", "node_upload", "secure_cohort_upload"]
 
 
 class _CleanStreams:
@@ -58,15 +58,69 @@ class _CleanStreams:
 
 
 @dataclass(frozen=True)
+class CleanMembers:
+    """The members' clean local models after :func:`clean_members` (on the host, the weights' dtype), the shared
+    start w_t (float64) and the cohort trainer's statistics (training/cohort.py ``CohortResult``)."""
+
+    trained: list[np.ndarray]  # per state-dict array: [M, ...]
+    start: list[np.ndarray]
+    clipped_fraction: float
+    batch_sizes: tuple[int, ...]
+    nonfinite_gradients: int
+
+    def delta(self, j: int) -> list[np.ndarray]:
+        """Member j's clean update Delta = w_j - w_t in float64, as the single client computes it."""
+        return [t[j].astype(np.float64) - b for t, b in zip(self.trained, self.start)]
+
+
+@dataclass(frozen=True)
 class SecureCohortUpload:
     """``upload``: k = clamp(sum_i a_i, -2^29, 2^29 - 1) + 2^29 per array of the model's state dict, int64;
-    ``clamped``: values clamped; the cohort trainer's statistics (training/cohort.py ``CohortResult``)."""
+    ``clamped``: values clamped; the cohort trainer's statistics."""
 
     upload: list[np.ndarray]
     clamped: int
     clipped_fraction: float
     batch_sizes: tuple[int, ...]
     nonfinite_gradients: int
+
+
+def clean_members(model: nn.Module, data: CohortData, rows: Sequence[int] | np.ndarray,
+                  batch_generators: Sequence[torch.Generator], *, step_sizes: Sequence[float], clip_norm: float,
+                  batch_size: int, prox_alpha: float = 0.0, clipping: str = "per-batch",
+                  loss_fn: LossFn = F.cross_entropy, member_chunk: int | None = None) -> CleanMembers:
+    """Step 1: the clean local models of members ``rows`` of ``data`` (the cohort trainer, no Gaussian noise),
+    ``batch_generators[j]`` drawing member j's batches as the single client's generator does. The model must hold
+    parameters only (every value goes on the grid); ``model`` is not changed."""
+    rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+    if len(batch_generators) != len(rows):
+        raise ValueError(f"need one batch generator per member ({len(rows)}), got {len(batch_generators)}")
+    keys = list(model.state_dict().keys())
+    if keys != [n for n, _ in model.named_parameters()]:
+        raise ValueError("a secure cohort upload needs a model whose state dict is its parameters (no buffers)")
+    result = train_cohort(model, data, rows, _CleanStreams(batch_generators), step_sizes=step_sizes,
+                          clip_norm=clip_norm, batch_size=batch_size, sigma=1.0, prox_alpha=prox_alpha,
+                          clipping=clipping, loss_fn=loss_fn, keep_members=True, member_chunk=member_chunk)
+    assert result.members is not None  # keep_members
+    return CleanMembers([result.members[k].detach().cpu().numpy() for k in keys],
+                        [v.detach().to("cpu", torch.float64).numpy() for v in model.state_dict().values()],
+                        result.clipped_fraction, result.batch_sizes, result.nonfinite_gradients)
+
+
+def node_upload(members: CleanMembers, noise_rngs: Sequence[np.random.Generator | None], grid: SumGrid,
+                sigma: float) -> tuple[list[np.ndarray], int]:
+    """Steps 2 and 3: member j's integers round(Delta_j / s) + Skellam from ``noise_rngs[j]`` (None: OS entropy),
+    summed over the members, clamped once and offset (:func:`~.secure_sum.clamp_upload`): (upload, clamped)."""
+    count = len(members.trained[0]) if members.trained else 0
+    if len(noise_rngs) != count:
+        raise ValueError(f"need one noise generator per member ({count}), got {len(noise_rngs)}")
+    total: list[np.ndarray] | None = None
+    for j in range(count):
+        values = grid_values(members.delta(j), grid, sigma, noise_rngs[j])
+        total = values if total is None else [acc + a for acc, a in zip(total, values)]
+    if total is None:
+        raise ValueError("a cohort needs at least one member")
+    return clamp_upload(total)
 
 
 def secure_cohort_upload(
@@ -86,28 +140,14 @@ def secure_cohort_upload(
     loss_fn: LossFn = F.cross_entropy,
     member_chunk: int | None = None,
 ) -> SecureCohortUpload:
-    """The node's integer upload for members ``rows`` of ``data`` (module docstring). ``batch_generators[j]`` and
-    ``noise_rngs[j]`` are member j's (``rows[j]``) streams: its batch indices and its Skellam noise (None: OS
-    entropy). The model must hold parameters only (every value is on the grid); ``model`` is not changed."""
-    rows = np.asarray(rows, dtype=np.int64).reshape(-1)
-    if not len(batch_generators) == len(noise_rngs) == len(rows):
+    """The node's integer upload for members ``rows`` of ``data`` (module docstring): :func:`clean_members` then
+    :func:`node_upload`. ``batch_generators[j]`` and ``noise_rngs[j]`` are member j's (``rows[j]``) streams."""
+    if not len(batch_generators) == len(noise_rngs) == len(np.asarray(rows).reshape(-1)):
         raise ValueError(f"need one batch generator and one noise generator per member ({len(rows)}), got "
                          f"{len(batch_generators)} and {len(noise_rngs)}")
-    keys = list(model.state_dict().keys())
-    if keys != [n for n, _ in model.named_parameters()]:
-        raise ValueError("a secure cohort upload needs a model whose state dict is its parameters (no buffers)")
-    result = train_cohort(model, data, rows, _CleanStreams(batch_generators), step_sizes=step_sizes,
-                          clip_norm=clip_norm, batch_size=batch_size, sigma=sigma, prox_alpha=prox_alpha,
-                          clipping=clipping, loss_fn=loss_fn, keep_members=True, member_chunk=member_chunk)
-    assert result.members is not None  # keep_members
-    before = [v.detach().to("cpu", torch.float64).numpy() for v in model.state_dict().values()]
-    trained = [result.members[k].detach().cpu().numpy() for k in keys]  # [M, ...] in the weights' dtype
-    total: list[np.ndarray] | None = None
-    for j in range(len(rows)):  # member j: Delta = w_j - w_t in float64, as the single client computes it
-        values = grid_values([t[j].astype(np.float64) - b for t, b in zip(trained, before)], grid, sigma,
-                             noise_rngs[j])
-        total = values if total is None else [acc + a for acc, a in zip(total, values)]
-    assert total is not None
-    upload, clamped = clamp_upload(total)
-    return SecureCohortUpload(upload, clamped, result.clipped_fraction, result.batch_sizes,
-                              result.nonfinite_gradients)
+    members = clean_members(model, data, rows, batch_generators, step_sizes=step_sizes, clip_norm=clip_norm,
+                            batch_size=batch_size, prox_alpha=prox_alpha, clipping=clipping, loss_fn=loss_fn,
+                            member_chunk=member_chunk)
+    upload, clamped = node_upload(members, noise_rngs, grid, sigma)
+    return SecureCohortUpload(upload, clamped, members.clipped_fraction, members.batch_sizes,
+                              members.nonfinite_gradients)
