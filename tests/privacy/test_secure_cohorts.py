@@ -110,3 +110,18 @@ def test_the_strategy_refuses_a_federation_whose_nodes_sum_other_counts():
     with pytest.raises(ValueError, match="sum_clients_per_upload 1 is not the federation's clients_per_node 400"):
         check_plan(settings, config, federation)
     check_plan(settings, dataclasses.replace(config, sum_clients_per_upload=400), federation)
+
+
+def test_the_secagg_grid_is_told_the_coalition_in_nodes():
+    """check_grid hands SecAggGrid ceil(c / clients-per-node) colluders: its threshold and floor count nodes."""
+    from fl_dp_flower.strategies.sampling import check_grid
+    from fl_dp_flower.strategies.secagg import SecAggGrid, clients_in, members_of
+    from fl_dp_flower.training.secure_sum import SumGrid
+
+    for colluders, nodes in ((1, 1), (400, 1), (401, 2)):
+        config = dataclasses.replace(MAIN, colluders=colluders, sum_clients_per_upload=400)
+        grid = SecAggGrid(object(), SumGrid(step=2.0**-16), min_contributors=4000)  # type: ignore[arg-type]
+        check_grid(grid, config, 4000)
+        assert grid.colluders == nodes and grid.honest_minimum == 4
+    assert members_of({"dp.members": [0, 3, 7]}) == 3 and members_of({}) == 1
+    assert clients_in([{"dp.members": [0, 1]}, {"dp.members": [5]}, {}]) == 4
