@@ -125,3 +125,14 @@ def test_the_secagg_grid_is_told_the_coalition_in_nodes():
         assert grid.colluders == nodes and grid.honest_minimum == 4
     assert members_of({"dp.members": [0, 3, 7]}) == 3 and members_of({}) == 1
     assert clients_in([{"dp.members": [0, 1]}, {"dp.members": [5]}, {}]) == 4
+
+
+def test_members_cross_secaggs_scalar_metrics_and_back():
+    """Flower's SecAgg+ carries legacy FitRes metrics (scalars only): a cohort's dp.members travels as a string."""
+    from fl_dp_flower.protocol import from_secure_echo, secure_echo
+
+    echo = {"dp.members": [0, 3, 7], "dp.sigma": 0.5, "num-examples": 12}
+    wire = secure_echo(echo)
+    assert wire["dp.members"] == "int-list:0,3,7" and wire["dp.sigma"] == 0.5
+    assert from_secure_echo(wire) == echo
+    assert from_secure_echo({"dp.members": "int-list:0,x"}) == {"dp.members": "int-list:0,x"}  # screening rejects it
