@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -41,8 +41,8 @@ from .training.local_update import LocalUpdateStats, LossFn, local_update
 from .training.noise import FIXED_SEED_WARNING, add_gaussian_noise_, make_noise_source
 from .training.secure_sum import SumGrid, encode_update
 
-__all__ = ["check_batch_fits", "check_no_buffers", "derived_seed", "dp_train", "log_nonfinite", "node_data",
-           "noisy_local_update",
+__all__ = ["check_batch_fits", "check_no_buffers", "derived_seed", "dp_train", "log_nonfinite", "member_streams",
+           "node_data", "noisy_local_update",
            "private_update", "secure_sum_update", "shared_statistics", "sum_grid", "train_reply"]
 
 log = logging.getLogger(__name__)
@@ -137,6 +137,22 @@ def secure_sum_update(model: nn.Module, x: torch.Tensor, y: torch.Tensor, instru
     if clamped:  # the grid plan makes this astronomically unlikely; the accountant charges its probability
         log.warning("secure aggregation: %d value(s) of this upload were clamped to the range Flower passes", clamped)
     return stats, upload
+
+
+def member_streams(seed: int, clients: Sequence[int], round_index: int,
+                   noise_mode: str = "standard") -> tuple[list[torch.Generator], list[np.random.Generator | None]]:
+    """Each client's (batch generator, Skellam generator) for secure aggregation, exactly as
+    :func:`secure_sum_update` seeds them for that ``client``: a cohort node gives every member the streams it
+    would have as a single client (training/cohort_secure.py). ``seed = -1``: batches from OS entropy and
+    noise None (OS entropy); ``noise_mode`` "secure": noise None."""
+    batch, noise = [], []
+    for client in clients:
+        gen = torch.Generator(device="cpu")
+        gen.manual_seed(derived_seed(seed, int(client), round_index, 1) if seed >= 0 else secrets.randbits(63))
+        batch.append(gen)
+        fixed = seed >= 0 and noise_mode == "standard"
+        noise.append(np.random.default_rng(derived_seed(seed, int(client), round_index, 0)) if fixed else None)
+    return batch, noise
 
 
 def private_update(model: nn.Module, x: torch.Tensor, y: torch.Tensor, instruction: TrainInstruction,

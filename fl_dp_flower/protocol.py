@@ -174,6 +174,29 @@ def sum_grid_config(step: float) -> dict[str, Any]:
     return {SUM_GRID_STEP: float(step)}
 
 
+#: an integer list echoed through Flower's SecAgg+ (its legacy FitRes metrics hold scalars only): this prefix + "i,j,..."
+SECURE_LIST_PREFIX = "int-list:"
+
+
+def secure_echo(metrics: dict[str, Any]) -> dict[str, Any]:
+    """A reply's metrics as SecAgg+ carries them: each integer list (a cohort's ``dp.members``) as a string."""
+    return {k: SECURE_LIST_PREFIX + ",".join(str(int(i)) for i in v) if isinstance(v, list) else v
+            for k, v in metrics.items()}
+
+
+def from_secure_echo(metrics: dict[str, Any]) -> dict[str, Any]:
+    """:func:`secure_echo` undone (the server side); a malformed list stays a string (screening rejects it)."""
+    out = dict(metrics)
+    for k, v in metrics.items():
+        if isinstance(v, str) and v.startswith(SECURE_LIST_PREFIX):
+            body = v[len(SECURE_LIST_PREFIX):]
+            try:
+                out[k] = [int(i) for i in body.split(",")] if body else []
+            except ValueError:
+                pass
+    return out
+
+
 def sum_grid_from_config(cfg: Mapping[str, Any]) -> float | None:
     """The grid step when the instruction asks for secure aggregation's integer upload, else None;
     :class:`Refused` naming the key when it is malformed."""

@@ -30,7 +30,7 @@ from flwr.common.constant import ErrorCode
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 from flwr.compat.common.recorddict_compat import fitres_to_recorddict
 
-from fl_dp_flower.protocol import SECURE_SUM_RECORD
+from fl_dp_flower.protocol import SECURE_SUM_RECORD, secure_echo
 from fl_dp_flower.training.secure_sum import to_flower_values
 
 __all__ = ["NOT_ON_THE_GRID", "secure_aggregation_mod", "secure_upload_mod"]
@@ -53,8 +53,9 @@ def secure_upload_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable)
     ints = reply.content.array_records[SECURE_SUM_RECORD]
     values = to_flower_values([np.asarray(ints[k].numpy()) for k in ints.keys()])
     metrics = dict(reply.content.metric_records["metrics"]) if "metrics" in reply.content.metric_records else {}
+    metrics = secure_echo(metrics)  # a cohort's dp.members as a string: SecAgg+'s FitRes metrics hold scalars only
     fitres = FitRes(status=Status(code=Code.OK, message="OK"), parameters=ndarrays_to_parameters(values),
-                    num_examples=1, metrics=metrics)  # type: ignore[arg-type]  # echoes: scalars and int lists
+                    num_examples=1, metrics=metrics)
     return Message(fitres_to_recorddict(fitres, keep_input=False), reply_to=msg)
 
 

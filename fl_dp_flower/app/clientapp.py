@@ -37,12 +37,12 @@ from collections.abc import Mapping
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fl_dp_flower import protocol
-from fl_dp_flower.client import (check_batch_fits, derived_seed, log_nonfinite, private_update, shared_statistics,
-                                 sum_grid, train_reply)
+from fl_dp_flower.client import (check_batch_fits, derived_seed, log_nonfinite, member_streams, private_update,
+                                 shared_statistics, sum_grid, train_reply)
 from fl_dp_flower.secagg_mod import secure_aggregation_mod
 from fl_dp_flower.app.config import AppConfig, ConfigError
 from fl_dp_flower.node import (ALLOW_FIXED_SEED, ALLOW_FIXED_SEED_ENV, NODE_LIMITS, SHARE_METRICS,  # noqa: F401
@@ -50,12 +50,14 @@ from fl_dp_flower.node import (ALLOW_FIXED_SEED, ALLOW_FIXED_SEED_ENV, NODE_LIMI
                                metrics_shared, node_flag)
 from fl_dp_flower.privacy.schedules import step_sizes
 from fl_dp_flower.protocol import REFUSAL_CODE, Refused, TrainInstruction, refusal
-from fl_dp_flower.training.cohort import KeyedStreams, train_cohort
-from fl_dp_flower.training.cohort_data import resident_partitions
+from fl_dp_flower.training.cohort import CohortResult, KeyedStreams, train_cohort
+from fl_dp_flower.training.cohort_data import CohortData, resident_partitions
+from fl_dp_flower.training.cohort_secure import SecureCohortUpload, secure_cohort_upload
 from fl_dp_flower.training.data import DEFAULT_DATA_SEED, Partition, load_partition
 from fl_dp_flower.training.local_update import evaluate_model
 from fl_dp_flower.training.models import build_model
-from fl_dp_flower.training.noise import make_noise_source
+from fl_dp_flower.training.noise import FIXED_SEED_WARNING, make_noise_source
+from fl_dp_flower.training.secure_sum import SumGrid
 
 log = logging.getLogger(__name__)
 
@@ -117,10 +119,12 @@ def _cohort_slots(cfg: Mapping, config: AppConfig) -> list[int] | None:
 
 
 def _train_cohort(msg: Message, context: Context, s: TrainSettings, config: AppConfig, slots: list[int],
-                  etas: tuple[float, ...], share: bool) -> Message:
+                  etas: tuple[float, ...], share: bool, grid: SumGrid | None = None) -> Message:
     """Cohort mode: every sampled virtual client of this node runs the local update; the reply
     carries the sum of their noisy uploads (training.cohort). Noise: ``cohort-noise = "summed"``
-    draws the sum's noise at once (the same distribution), ``"per-member"`` one stream per member."""
+    draws the sum's noise at once (the same distribution), ``"per-member"`` one stream per member.
+    With a sum ``grid`` (secure aggregation): the members' integer sum, each member with its own
+    single-client streams and Skellam noise (training/cohort_secure.py, docs/MATH.md §20.6)."""
     nc = context.node_config
     cpn = config.clients_per_node
     pid, parts = int(nc["partition-id"]), int(nc.get("num-partitions", config.num_partitions))
@@ -135,18 +139,43 @@ def _train_cohort(msg: Message, context: Context, s: TrainSettings, config: AppC
     rows = np.asarray(slots, dtype=np.int64)
     smallest = int(np.argmin(pool.sizes[rows]))
     check_batch_fits(s, int(pool.sizes[rows[smallest]]), f" of virtual client {pid * cpn + slots[smallest]}")
+    alpha = s.prox_alpha if s.algorithm == "fedprox" else 0.0
+    clients = pid * cpn + rows
+    if grid is not None:  # secure aggregation: each member as one client would, the node uploads the integer sum
+        if s.seed >= 0 and config.noise_mode == "standard":
+            log.warning(FIXED_SEED_WARNING)
+        batch, noise = member_streams(s.seed, clients.tolist(), s.round_index, config.noise_mode)
+        started = time.perf_counter()
+        up = secure_cohort_upload(model, pool, rows, batch, noise, grid, step_sizes=etas, clip_norm=s.clip_norm,
+                                  batch_size=s.batch_size, sigma=s.sigma, prox_alpha=alpha, clipping=s.clipping)
+        if up.clamped:  # the grid plan makes this astronomically unlikely; the accountant charges its probability
+            log.warning("secure aggregation: %d value(s) of this node's sum were clamped to the range Flower passes",
+                        up.clamped)
+        metrics = _cohort_metrics(pool, rows, slots, pid, s, etas, up, share, started)
+        metrics.update(protocol.sum_grid_config(grid.step))
+        ints = ArrayRecord({k: Array(np.ascontiguousarray(a)) for k, a in zip(model.state_dict().keys(), up.upload,
+                                                                               strict=True)})
+        return Message(RecordDict({protocol.SECURE_SUM_RECORD: ints, "metrics": metrics}), reply_to=msg)
     # batches (and per-member noise) drawn chunk-wise on the device, keyed by seed, round and client ids
     streams = KeyedStreams(None if s.seed == -1 else s.seed, s.round_index, pid * cpn + rows, config.noise_mode)
     summed = None
     if config.cohort_noise == "summed":  # one draw of the members' summed noise (training.cohort)
         summed = make_noise_source(config.noise_mode, device,
                                    -1 if s.seed == -1 else _derived_seed(s.seed, pid, s.round_index, 2))
-    alpha = s.prox_alpha if s.algorithm == "fedprox" else 0.0
     started = time.perf_counter()
     result = train_cohort(model, pool, rows, streams, step_sizes=etas, clip_norm=s.clip_norm, batch_size=s.batch_size,
                           sigma=s.sigma, prox_alpha=alpha, clipping=s.clipping, summed_noise=summed)
+    metrics = _cohort_metrics(pool, rows, slots, pid, s, etas, result, share, started)
+    arrays = ArrayRecord({k: v.detach().cpu() for k, v in result.total.items()})
+    return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
+
+
+def _cohort_metrics(pool: CohortData, rows: np.ndarray, slots: list[int], pid: int, s: TrainSettings,
+                    etas: tuple[float, ...], result: CohortResult | SecureCohortUpload, share: bool,
+                    started: float) -> MetricRecord:
+    """A cohort reply's metrics: num-examples, the shared statistics (``share-metrics``), the members, the echo."""
     log_nonfinite(result.nonfinite_gradients, "per-sample" if s.clipping == "per-sample" else "(member, step)")
-    metrics = MetricRecord({
+    return MetricRecord({
         "num-examples": int(pool.sizes[rows].sum()),
         **(shared_statistics(train_seconds=time.perf_counter() - started, clipped_fraction=result.clipped_fraction,
                              nonfinite_gradients=result.nonfinite_gradients) if share else {}),
@@ -154,8 +183,6 @@ def _train_cohort(msg: Message, context: Context, s: TrainSettings, config: AppC
         protocol.PARTITION_ID: pid,
         **protocol.echo(s, local_steps=len(etas), batch_size=min(result.batch_sizes)),
     })
-    arrays = ArrayRecord({k: v.detach().cpu() for k, v in result.total.items()})
-    return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
 
 
 @app.train()
@@ -170,9 +197,6 @@ def train(msg: Message, context: Context) -> Message:
         config = run_config(context)
         slots = _cohort_slots(msg.content["config"], config)
         grid = sum_grid(msg)
-        if slots is not None and grid is not None:
-            raise Refused(f"cohort mode ({protocol.MEMBERS}) with secure aggregation's integer upload "
-                          f"({protocol.SUM_GRID_STEP}) is not supported: one virtual client per node")
         if slots is not None and s.batch_sampling == "poisson":
             raise Refused(f"cohort mode ({protocol.MEMBERS}) with {protocol.BATCH_SAMPLING}='poisson' is not "
                           "supported: Poisson batches are drawn by one client per node")
@@ -180,7 +204,7 @@ def train(msg: Message, context: Context) -> Message:
             if "partition-id" not in context.node_config:
                 raise Refused("node config has no 'partition-id'")
             etas = step_sizes(s.schedule, s.lr, s.round_index, s.local_steps)
-            return _train_cohort(msg, context, s, config, slots, etas, share)
+            return _train_cohort(msg, context, s, config, slots, etas, share, grid)
         part = _partition(context, config)
         check_batch_fits(s, len(part.y_train))
     except Refused as err:

@@ -78,7 +78,8 @@ class PrivacyAccountant:
         self._secret = SecretSampleAccount(config.colluders) if config.sample_secrecy == "secret" else None
         grid = config.sum_grid_step  # secure aggregation's integer sum (docs/MATH.md §20.4)
         warn_planning_only(config.threat_model, grid)
-        self._secure = None if grid is None else SecureSumAccount(grid, config.sum_dimension or 0, config.colluders)
+        self._secure = None if grid is None else SecureSumAccount(grid, config.sum_dimension or 0, config.colluders,
+                                                                 config.sum_clients_per_upload)
         self._batch = None if config.batch_rate is None else BatchSampledAccount(  # docs/MATH.md §23
             config.threat_model, config.smoothness, config.colluders)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from .validate import int_at_least, positive
 
-__all__ = ["SECAGG_HONEST_MINIMUM", "SMOOTHNESS_FIELDS", "batch_sampling_problems", "check_prox", "colluder_problems",
+__all__ = ["SECAGG_HONEST_MINIMUM", "SMOOTHNESS_FIELDS", "batch_sampling_problems", "check_prox", "colluder_problems", "colluding_nodes",
            "sampling_problems", "secrecy_problems", "secure_contributor_problems", "secure_sum_problems", "smoothness_problems"]
 
 
@@ -142,10 +142,14 @@ def batch_sampling_problems(threat_model: str, clipping: str, batch_rate: float 
     return []
 
 
-def secure_sum_problems(threat_model: str, step: float | None, dimension: int | None) -> list[str]:
-    """What the grid fields of an accountant config ask: both or neither, only under secure-aggregation."""
+def secure_sum_problems(threat_model: str, step: float | None, dimension: int | None,
+                        clients_per_upload: int = 1) -> list[str]:
+    """What the grid fields of an accountant config ask: both or neither, only under secure-aggregation; the clients
+    per upload (>= 1) only with them."""
+    int_at_least("sum_clients_per_upload", clients_per_upload, 1)
     if step is None and dimension is None:
-        return []
+        return [] if clients_per_upload == 1 else ["sum_clients_per_upload > 1 needs the integer sum's grid "
+                                                   "(sum_grid_step and sum_dimension)"]
     if threat_model != "secure-aggregation":
         return ["sum_grid_step and sum_dimension are for threat_model 'secure-aggregation', not "
                 f"{threat_model!r}"]
@@ -161,13 +165,36 @@ def secure_sum_problems(threat_model: str, step: float | None, dimension: int | 
 SECAGG_HONEST_MINIMUM = 4
 
 
-def secure_contributor_problems(clients_per_round: int, min_replies: int, colluders: int) -> list[str]:
-    """What secure aggregation asks of the round's size (docs/MATH.md §20.3): a sum is unmasked only with
-    at least SECAGG_HONEST_MINIMUM contributors outside the coalition of ``colluders``, so a round of
-    ``clients_per_round`` clients needs ``clients_per_round - colluders >= 4``, else every round is
-    abandoned and nothing trains; and the budget is checked for sums of ``min_replies`` contributors, so
-    ``min_replies - colluders >= 4`` too (smaller sums are never unmasked)."""
-    need = colluders + SECAGG_HONEST_MINIMUM
+def colluding_nodes(colluders: int, clients_per_node: int = 1) -> int:
+    """SecAgg+ participants (nodes) a coalition of ``colluders`` clients is counted as: ceil(c / clients-per-node).
+    A colluding node's operator knows all its members' noise, so c (which the accountant subtracts, in clients)
+    covers the members of at most floor(c / cpn) whole nodes; the node-level rules take the ceiling, which also
+    counts a coalition that holds part of one more node (docs/MATH.md §20.6)."""
+    c, cpn = int_at_least("colluders", colluders, 0), int_at_least("clients_per_node", clients_per_node, 1)
+    return -(-c // cpn)
+
+
+def secure_contributor_problems(clients_per_round: int, min_replies: int, colluders: int,
+                                clients_per_node: int = 1) -> list[str]:
+    """What secure aggregation asks of the round's size (docs/MATH.md §20.3, §20.6): a sum is unmasked only with
+    at least SECAGG_HONEST_MINIMUM contributing NODES (SecAgg+ participants) outside the coalition, which counts
+    as ``colluding_nodes(colluders, clients_per_node)`` nodes. A round of ``clients_per_round`` clients lies on
+    at least ceil(clients_per_round / clients_per_node) nodes, so that many nodes minus the coalition must reach
+    4, else every round may be abandoned; and the budget is checked for sums of ``min_replies`` clients, which
+    may lie on ceil(min_replies / clients_per_node) nodes, so those must reach it too (smaller sums are never
+    unmasked). With one client per node: clients_per_round - colluders >= 4 and min_replies - colluders >= 4."""
+    cpn = int_at_least("clients_per_node", clients_per_node, 1)
+    coalition = colluding_nodes(colluders, cpn)
+    need = coalition + SECAGG_HONEST_MINIMUM
+    if cpn > 1:
+        nodes_round, nodes_min = -(-clients_per_round // cpn), -(-min_replies // cpn)
+        if min(nodes_round, nodes_min) < need:
+            return [f"secure aggregation with clients_per_node = {cpn} needs every sum on at least {need} nodes "
+                    f"(SecAgg+ participants): {SECAGG_HONEST_MINIMUM} outside a coalition of {coalition} node(s) "
+                    f"(ceil(colluders / clients_per_node), colluders = {colluders}), but clients_per_round = "
+                    f"{clients_per_round} may lie on {nodes_round} node(s) and min_replies = {min_replies} on "
+                    f"{nodes_min}; raise both to >= {need * cpn} (or lower clients_per_node)"]
+        return []
     if clients_per_round < need:
         return [f"secure aggregation with {clients_per_round} clients per round and colluders = {colluders} can "
                 f"never unmask a sum: each needs at least {SECAGG_HONEST_MINIMUM} contributors outside the "

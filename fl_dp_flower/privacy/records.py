@@ -114,6 +114,7 @@ class AccountantConfig:
     sampling_rate: float | None = None
     sum_grid_step: float | None = None  # secure aggregation's integer sum: grid step s (parameter units) ...
     sum_dimension: int | None = None  # ... and d, the values summed (docs/MATH.md §20.4; both or neither)
+    sum_clients_per_upload: int = 1  # ... and the most clients one integer upload sums (a cohort node's; §20.6)
     sample_secrecy: SampleSecrecy = "public"
     population: int | None = None
     batch_rate: float | None = None  # Poisson batch sampling on the nodes (docs/MATH.md §23)
@@ -156,7 +157,7 @@ class AccountantConfig:
         for problem in batch_sampling_problems(self.threat_model, self.clipping, self.batch_rate,
                                                self.sampling_rate) + colluder_problems(self.threat_model, self.colluders) + sampling_problems(
                 self.threat_model, self.sampling_rate) + secure_sum_problems(self.threat_model, self.sum_grid_step,
-                                                                             self.sum_dimension):
+                                                                             self.sum_dimension, self.sum_clients_per_upload):
             raise ValueError(problem)
 
     @property

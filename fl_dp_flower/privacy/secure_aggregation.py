@@ -74,9 +74,11 @@ class SecureSumAccount:
     :data:`.skellam.ORDERS`, and the log of a bound on P(some client clamped some value), which widens
     delta (module docstring; docs/MATH.md §20.4)."""
 
-    def __init__(self, step: float, dimension: int, colluders: int) -> None:
+    def __init__(self, step: float, dimension: int, colluders: int, clients_per_upload: int = 1) -> None:
         self.step, self.dimension = positive("sum_grid_step", step), int_at_least("sum_dimension", dimension, 1)
         self.colluders = int_at_least("colluders", colluders, 0)
+        #: the most clients one integer upload sums (a cohort node's members; docs/MATH.md §20.6): the clamp's range
+        self.clients_per_upload = int_at_least("sum_clients_per_upload", clients_per_upload, 1)
         self.rdp = np.zeros(len(ORDERS))
         self.rdp_add_remove = np.zeros(len(ORDERS))
         self.log_clamp = -math.inf
@@ -84,13 +86,16 @@ class SecureSumAccount:
     def curves(self, clients: int, sigma: float, sensitivity: float, sensitivity_add_remove: float,
                update_bound: float) -> Curves:
         """One round's RDP curves (replace-one, add/remove-one) and log clamp bound (clients x d values whose
-        clean part is at most ``update_bound`` = V sum_k eta_k); zeros / -inf when nothing entered the sum."""
+        clean part is at most ``update_bound`` = V sum_k eta_k, summed up to ``clients_per_upload`` per upload);
+        zeros / -inf when nothing entered the sum. ``clients`` counts clients (a cohort's members), each of
+        which added its own Skellam noise: the honest variance is (clients - c_eff) sigma^2, c in clients."""
         if clients == 0:
             return np.zeros(len(ORDERS)), np.zeros(len(ORDERS)), -math.inf
         honest = honest_clients(clients, self.colluders)
         ro, ar = (SkellamRound(g, sigma, honest, self.step, self.dimension).rdp()
                   for g in (sensitivity, sensitivity_add_remove))
-        return ro, ar, log_clamp_bound(self.step, sigma, update_bound, clients, self.dimension)
+        return ro, ar, log_clamp_bound(self.step, sigma, update_bound, clients, self.dimension,
+                                          min(self.clients_per_upload, clients))
 
     def add(self, curves: Curves) -> None:
         self.rdp = self.rdp + curves[0]

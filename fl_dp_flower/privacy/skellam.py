@@ -46,6 +46,8 @@ from typing import Any
 
 import numpy as np
 
+from .skellam_tails import (CLIENT_HALF_RANGE, CLAMP_PLAN_LOG_BOUND, log_clamp_bound, log_skellam_tail_bound,
+                            skellam_tail_bound)
 from .validate import int_at_least, nonnegative, positive
 
 __all__ = [
@@ -243,57 +245,6 @@ def skellam_epsilon(rounds: Iterable[SkellamRound], delta: float, orders: Sequen
 # ----------------------------------------------------------------------------- the grid
 
 
-def skellam_tail_bound(threshold: float, rate: float) -> float:
-    """Chernoff bound on P(X >= threshold) for X = Poisson(rate) - Poisson(rate) (a proven upper bound).
-
-    E exp(tX) = exp(2 rate (cosh t - 1)); with t = asinh(k / (2 rate)) the bound is
-    exp(-2 rate (u asinh u - (sqrt(1 + u^2) - 1))), u = k / (2 rate), k = ceil(threshold). 1 for k <= 0.
-
-    Args:
-        threshold: k, any real number (X is an integer: P(X >= k) = P(X >= ceil k)).
-        rate: the rate of each Poisson, >= 0 (0: X = 0).
-    """
-    if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real) or math.isnan(float(threshold)):
-        raise ValueError(f"threshold must be a real number, got {threshold!r}")
-    lam = nonnegative("rate", rate)
-    k = math.ceil(float(threshold)) if math.isfinite(float(threshold)) else float(threshold)
-    if k <= 0:
-        return 1.0
-    if lam == 0.0 or math.isinf(k):
-        return 0.0
-    return math.exp(log_skellam_tail_bound(k, lam))
-
-
-def log_skellam_tail_bound(threshold: float, rate: float) -> float:
-    """The natural log of :func:`skellam_tail_bound` (finite where the bound itself underflows to 0; -inf for
-    rate 0 or an infinite threshold, 0 for a threshold <= 0). Same arguments."""
-    lam = nonnegative("rate", rate)
-    k = math.ceil(float(threshold)) if math.isfinite(float(threshold)) else float(threshold)
-    if k <= 0:
-        return 0.0
-    if lam == 0.0 or math.isinf(k):
-        return -math.inf
-    u = k / (2.0 * lam)
-    return -2.0 * lam * (u * math.asinh(u) - u * u / (1.0 + math.sqrt(1.0 + u * u)))
-
-
-#: the largest |integer| one client's upload may hold: Flower's SecAgg+ quantization takes values in [0, 2^30)
-CLIENT_HALF_RANGE = 2**29
-
-
-def log_clamp_bound(step: float, sigma: float, update_bound: float, clients: int, dimension: int) -> float:
-    """log of an upper bound on P(some client's integer a = round(Delta/s) + Sk of one round leaves
-    [-2^29, 2^29)), where the client clamps it (training/secure_sum.py): |round(Delta_j/s)| <= B/s + 1/2, so a
-    clamp needs |Sk| >= 2^29 - B/s - 1/2 (two Chernoff tails, union over clients x dimension values).
-    Unlike a wrap, a clamp changes one client's upload: the accountant adds it to delta (docs/MATH.md §20.4)."""
-    s, sig, b = positive("step", step), positive("sigma", sigma), positive("update_bound", update_bound)
-    m, d = int_at_least("clients", clients, 1), int_at_least("dimension", dimension, 1)
-    margin = CLIENT_HALF_RANGE - (b / s + 0.5)
-    if margin <= 0:
-        return 0.0
-    return min(0.0, math.log(2.0 * m * d) + log_skellam_tail_bound(margin, sig * sig / (2.0 * s * s)))
-
-
 def _plan_inputs(sigma: float, update_bound: float, clients: int, dimension: int, rounds: int,
                  modulus_bits: int) -> tuple[float, float, int, int, int, int]:
     bits = int_at_least("modulus_bits", modulus_bits, 2)
@@ -362,7 +313,7 @@ class GridPlan:
 
 
 def grid_plan(sigma: float, update_bound: float, clients: int, dimension: int, rounds: int,
-              wrap_probability: float, modulus_bits: int = 32) -> GridPlan:
+              wrap_probability: float, modulus_bits: int = 32, members_per_upload: int = 1) -> GridPlan:
     """The smallest power-of-two step s (finest grid) whose wrap bound is at most ``wrap_probability``.
 
     A power of two keeps float arithmetic on grid values exact. The bound (:func:`wrap_bound`) is a Chernoff bound
@@ -371,8 +322,12 @@ def grid_plan(sigma: float, update_bound: float, clients: int, dimension: int, r
     raises ValueError. A wrap is post-processing of the integer sum: it never weakens the privacy guarantee, only
     the utility of that round's model.
 
-    Args: as :func:`wrap_bound`, and wrap_probability in (0, 1).
+    The step is also coarse enough that no upload is clamped (:func:`log_clamp_bound` with ``members_per_upload``
+    clients summed per upload, over all rounds, at most e^:data:`CLAMP_PLAN_LOG_BOUND`): a clamp costs privacy.
+
+    Args: as :func:`wrap_bound`, wrap_probability in (0, 1), and members_per_upload >= 1 (a cohort node's members).
     """
+    k = int_at_least("members_per_upload", members_per_upload, 1)
     sig, b, m, d, t, bits = _plan_inputs(sigma, update_bound, clients, dimension, rounds, modulus_bits)
     if isinstance(wrap_probability, bool) or not isinstance(wrap_probability, numbers.Real) \
             or not 0.0 < float(wrap_probability) < 1.0:
@@ -391,9 +346,10 @@ def grid_plan(sigma: float, update_bound: float, clients: int, dimension: int, r
     while exponent <= top:
         s = math.ldexp(1.0, exponent)
         bound = wrap_bound(s, sig, b, m, d, t, bits)
-        if bound <= p:
+        if bound <= p and math.log(t) + log_clamp_bound(s, sig, b, m, d, k) <= CLAMP_PLAN_LOG_BOUND:
             return GridPlan(step=s, modulus=2 ** bits, poisson_rate=sig * sig / (2.0 * s * s), wrap_bound=bound,
                             sigma=sig, update_bound=b, clients=m, dimension=d, rounds=t, wrap_probability=p)
         exponent += 1
     raise ValueError(f"no power-of-two step <= sigma = {sig} keeps the wrap probability <= {p} with "
-                     f"modulus_bits = {bits}, clients = {m}, update_bound = {b}: raise modulus_bits or wrap_probability")
+                     f"modulus_bits = {bits}, clients = {m}, update_bound = {b} (and every upload of up to {k} clients "
+                     "in range): raise modulus_bits or wrap_probability, or sum fewer clients per upload")

@@ -42,7 +42,7 @@ from fl_dp_flower import protocol
 from .screening import ReplyChecks
 from fl_dp_flower.errors import FlDpError
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
-from fl_dp_flower.privacy.plan_rules import secure_contributor_problems
+from fl_dp_flower.privacy.plan_rules import colluding_nodes, secure_contributor_problems
 from fl_dp_flower.privacy.records import AccountantConfig
 from fl_dp_flower.privacy.secure_aggregation import NOT_YET_CERTIFIABLE, SECURE_AGGREGATION_THREAT
 from fl_dp_flower.reporting.ledger.events import MEMBERS_EVENT, NODE_ID_EVENTS
@@ -87,11 +87,12 @@ def check_plan(settings: DPSettings, config: AccountantConfig, federation: Feder
         if config.sum_grid_step is None:
             raise ValueError(f"threat_model '{SECURE_AGGREGATION_THREAT}' without sum_grid_step is for planning only "
                              f"(plan, calibrate, `fl-dp-flower privacy`): {NOT_YET_CERTIFIABLE}")
-        if federation.clients_per_node != 1:
-            raise ValueError(f"threat_model '{SECURE_AGGREGATION_THREAT}' needs one client per node (clients_per_node "
-                             f"= 1, got {federation.clients_per_node}): cohorts do not upload the integer sum yet")
+        if config.sum_clients_per_upload != federation.clients_per_node:
+            raise ValueError(f"the accountant's sum_clients_per_upload {config.sum_clients_per_upload} is not the "
+                             f"federation's clients_per_node {federation.clients_per_node}: a cohort node uploads its "
+                             "members' integer sum, whose clamp the accountant charges (docs/MATH.md §20.6)")
         for problem in secure_contributor_problems(federation.clients_per_round, federation.min_replies,
-                                                   config.colluders):
+                                                   config.colluders, federation.clients_per_node):
             raise ValueError(problem)  # before round 1: otherwise every round is abandoned, silently
     if config.sample_secrecy != federation.sample_secrecy:
         raise ValueError(f"the accountant's sample_secrecy {config.sample_secrecy!r} does not match the federation's "
@@ -130,8 +131,8 @@ def check_grid(grid: Grid, config: AccountantConfig, min_replies: int = 1,
         if grid.min_contributors < min_replies:
             raise ValueError(f"the SecAggGrid's min_contributors {grid.min_contributors} is below min-replies "
                              f"{min_replies}: the budget is checked for sums of at least min-replies clients")
-        grid.expected_dimension, grid.colluders, grid.honest_minimum = (config.sum_dimension, config.colluders,
-                                                                       HONEST_MINIMUM)
+        grid.expected_dimension, grid.honest_minimum = config.sum_dimension, HONEST_MINIMUM
+        grid.colluders = colluding_nodes(config.colluders, config.sum_clients_per_upload)  # nodes (MATH §20.6)
         grid.admit = admit
 
 

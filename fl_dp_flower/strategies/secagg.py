@@ -12,7 +12,10 @@ are ``w_t + sum / m`` (the same for every reply, never one client's upload) and 
 client's echoes. Every other message passes through unchanged.
 
 The clients run ``ClientApp(mods=[secaggplus_mod, secure_upload_mod])`` (apps/secagg_mod.py), which
-upload their integer update with weight 1, so the average is uniform over the contributors.
+upload their integer update with weight 1, so the average is uniform over the contributors. A cohort node
+(``dp.members``, docs/MATH.md §20.6) uploads its members' integer sum as its one masked vector: the sum is
+divided by the clients (the nodes' members), and a node's reply holds M (w_t + sum / clients) for its M
+members, as a cohort reply holds its members' summed models.
 """
 
 from __future__ import annotations
@@ -35,10 +38,10 @@ from flwr.server.workflow.secure_aggregation.secaggplus_workflow import Workflow
 from flwr.serverapp import Grid
 
 from fl_dp_flower.privacy.plan_rules import SECAGG_HONEST_MINIMUM
-from fl_dp_flower.protocol import sum_grid_config
+from fl_dp_flower.protocol import MEMBERS, from_secure_echo, sum_grid_config
 from fl_dp_flower.training.secure_sum import FLOWER_LEVELS, FLOWER_MODULUS, FLOWER_RANGE, SumGrid, decode_sum
 
-__all__ = ["HONEST_MINIMUM", "SecAggGrid", "SecureRound"]
+__all__ = ["HONEST_MINIMUM", "SecAggGrid", "SecureRound", "clients_in", "members_of"]
 
 log = logging.getLogger(__name__)
 #: the fewest contributors outside the coalition a sum is unmasked for (privacy/plan_rules.py, the one rule)
@@ -72,13 +75,24 @@ class _Adapter:
 
     def aggregate_fit(self, server_round: int, results: list[tuple[Any, Any]], failures: list[Any]) -> tuple[None, dict[str, Any]]:
         self.round.contributors = sorted(proxy.node_id for proxy, _ in results)
-        self.round.metrics = {proxy.node_id: dict(res.metrics) for proxy, res in results}
-        if results:
-            m = len(results)
-            total = decode_sum(parameters_to_ndarrays(results[0][1].parameters), m, self._grid)
-            self.round.average = [t / m for t in total]
+        self.round.metrics = {proxy.node_id: from_secure_echo(dict(res.metrics)) for proxy, res in results}
+        if results:  # one upload per node (its members' integer sum); the average is over the clients
+            total = decode_sum(parameters_to_ndarrays(results[0][1].parameters), len(results), self._grid)
+            self.round.average = [t / clients_in(self.round.metrics.values()) for t in total]
         self.round.completed = True
         return None, {}
+
+
+def members_of(metrics: dict[str, Any]) -> int:
+    """The clients one node's upload sums: its echoed ``dp.members`` (a cohort node), else 1. The strategy's
+    admission checks the echo against the slots it asked for before any sum is unmasked."""
+    slots = metrics.get(MEMBERS)
+    return len(slots) if isinstance(slots, list) and slots else 1
+
+
+def clients_in(echoes: Iterable[dict[str, Any]]) -> int:
+    """The clients of a secure sum: its nodes' members (docs/MATH.md §20.6)."""
+    return sum(members_of(m) for m in echoes)
 
 
 class SecAggGrid(Grid):
@@ -105,8 +119,9 @@ class SecAggGrid(Grid):
         self.rounds: list[SecureRound] = []
         self.min_contributors = min_contributors
         # set by the strategy (strategies.sampling.check_grid): the accountant's sum_dimension (checked each
-        # round), its colluders c (SecAgg+'s threshold must exceed c; at least HONEST_MINIMUM others) and the
-        # admission check run on the contributors' echoes before any sum is unmasked
+        # round), its coalition in NODES, ceil(c / clients-per-node) (SecAgg+'s threshold must exceed it; at least
+        # HONEST_MINIMUM other nodes; docs/MATH.md §20.6) and the admission check run on the contributors' echoes
+        # before any sum is unmasked
         self.expected_dimension: int | None = None
         self.colluders = 0
         self.honest_minimum = 1  # HONEST_MINIMUM under threat model secure-aggregation
@@ -179,10 +194,12 @@ class SecAggGrid(Grid):
         # never unmask a sum of fewer than min_contributors (the budget was checked for that many, budget.py), of
         # fewer than honest_minimum clients outside the coalition (Flower's masks: 32-bit seeds, docs/MATH.md §20.3),
         # or one with a contributor the strategy would drop (its upload would be in a sum the ledger misdescribes)
-        n = len(state.active_node_ids)
-        ok = ok and n >= self.min_contributors and n - min(self.colluders, n - 1) >= self.honest_minimum
+        n = len(state.active_node_ids)  # nodes (SecAgg+ participants); min_contributors counts clients (members)
+        echoes = {proxy.node_id: from_secure_echo(dict(res.metrics)) for proxy, res in state.legacy_results}
+        clients = clients_in(echoes.values())
+        ok = ok and clients >= self.min_contributors and n - min(self.colluders, n - 1) >= self.honest_minimum
         if ok and self.admit is not None:
-            rejected = self.admit({proxy.node_id: dict(res.metrics) for proxy, res in state.legacy_results})
+            rejected = self.admit(echoes)
             for nid, why in rejected:
                 log.error("secure round %s: not unmasked: node %d would be dropped (%s)", server_round, nid, why)
             ok = not rejected
@@ -191,12 +208,13 @@ class SecAggGrid(Grid):
         self.rounds.append(secure)
         if not (ok and secure.completed):
             return []  # the protocol halted: no sum was revealed, nothing to aggregate
-        model = ArrayRecord({k: Array(np.asarray(arrays[k].numpy() + secure.average[i], dtype=arrays[k].numpy().dtype))
-                             for i, k in enumerate(keys)})
+        model = [arrays[k].numpy().astype(np.float64) + secure.average[i] for i, k in enumerate(keys)]
         replies = []
-        for nid in secure.contributors:
-            original = by_node[nid]
-            content = RecordDict({"arrays": model, "metrics": MetricRecord(secure.metrics[nid])})
+        for nid in secure.contributors:  # a cohort node's reply stands for its M members: M (w_t + sum / clients)
+            original, m = by_node[nid], members_of(secure.metrics[nid])
+            held = ArrayRecord({k: Array(np.asarray(m * model[i] if m > 1 else model[i], dtype=arrays[k].numpy().dtype))
+                                for i, k in enumerate(keys)})
+            content = RecordDict({"arrays": held, "metrics": MetricRecord(secure.metrics[nid])})
             replies.append(Message(content, reply_to=original))
         return replies
 

@@ -36,8 +36,8 @@ import numpy as np
 from fl_dp_flower.privacy.skellam import CLIENT_HALF_RANGE, grid_plan
 from fl_dp_flower.privacy.validate import int_at_least, positive
 
-__all__ = ["FLOWER_LEVELS", "FLOWER_MODULUS", "FLOWER_RANGE", "SumGrid", "decode_sum", "encode_update", "plan_grid",
-           "skellam_noise", "to_flower_values"]
+__all__ = ["FLOWER_LEVELS", "FLOWER_MODULUS", "FLOWER_RANGE", "SumGrid", "clamp_upload", "decode_sum", "encode_update",
+           "grid_values", "plan_grid", "skellam_noise", "to_flower_values"]
 
 #: SecAgg+'s field (modulus_range): sums are taken modulo 2^32
 FLOWER_MODULUS = 2**32
@@ -65,16 +65,19 @@ class SumGrid:
 
 
 def plan_grid(sigma: float, clip_norm: float, step_sizes: Sequence[float], clients: int, dimension: int, rounds: int,
-              wrap_probability: float = 1e-9) -> SumGrid:
+              wrap_probability: float = 1e-9, members_per_upload: int = 1) -> SumGrid:
     """The finest power-of-two grid for ``clients`` uploads of ``dimension`` values over ``rounds`` rounds whose
     decoded sums wrap with probability at most ``wrap_probability`` (:func:`fl_dp_flower.privacy.skellam.grid_plan`;
     the clean update's coordinates are bounded by B = V sum_k eta_k: every local step moves the model by at
-    most eta_k V, FedAvg and FedProx alike). A wrap costs accuracy, never privacy."""
+    most eta_k V, FedAvg and FedProx alike). A wrap costs accuracy, never privacy. ``members_per_upload``: the
+    most clients one upload sums (a cohort node's clients-per-node); the plan also keeps such a node's sum
+    inside the range one upload carries (docs/MATH.md §20.6)."""
     etas = [positive("step_sizes[k]", e) for e in step_sizes]
     if not etas:
         raise ValueError("step_sizes must hold K >= 1 step sizes")
     bound = positive("clip_norm", clip_norm) * math.fsum(etas)
-    return SumGrid(step=grid_plan(sigma, bound, clients, dimension, rounds, wrap_probability).step)
+    return SumGrid(step=grid_plan(sigma, bound, clients, dimension, rounds, wrap_probability,
+                                  members_per_upload=members_per_upload).step)
 
 
 def skellam_noise(shape: tuple[int, ...], rate: float, rng: np.random.Generator | None = None) -> np.ndarray:
@@ -86,20 +89,36 @@ def skellam_noise(shape: tuple[int, ...], rate: float, rng: np.random.Generator 
     return gen.poisson(lam, size=shape).astype(np.int64) - gen.poisson(lam, size=shape).astype(np.int64)
 
 
-def encode_update(update: Sequence[np.ndarray], grid: SumGrid, sigma: float,
-                  rng: np.random.Generator | None = None) -> tuple[list[np.ndarray], int]:
-    """(k = clamp(round(Delta / s) + Skellam(lam), -H, H - 1) + H per array of the clean update Delta, int64 in
-    [0, 2^30); the number of clamped values): the only noise this client adds under secure aggregation."""
+def grid_values(update: Sequence[np.ndarray], grid: SumGrid, sigma: float,
+                rng: np.random.Generator | None = None) -> list[np.ndarray]:
+    """a = round(Delta / s) + Skellam(lam) per array of the clean update Delta, int64, not clamped: one
+    client's integers (a cohort node sums its members' before clamping, training/cohort_secure.py). The
+    noise is drawn array by array in the update's order, two Poisson draws of the array's shape each."""
     rate = grid.poisson_rate(sigma)
-    out, clamped = [], 0
+    out = []
     for delta in update:
         d = np.asarray(delta, dtype=np.float64)
         if not np.all(np.isfinite(d)):
             raise ValueError("update holds a non-finite value: it cannot be put on the grid")
-        a = np.rint(d / grid.step).astype(np.int64) + skellam_noise(d.shape, rate, rng)
+        out.append(np.rint(d / grid.step).astype(np.int64) + skellam_noise(d.shape, rate, rng))
+    return out
+
+
+def clamp_upload(values: Sequence[np.ndarray]) -> tuple[list[np.ndarray], int]:
+    """(k = clamp(a, -H, H - 1) + H per array, int64 in [0, 2^30); the number of clamped values): the
+    integers one upload carries through Flower's SecAgg+."""
+    out, clamped = [], 0
+    for a in values:
         clamped += int(np.count_nonzero((a < -CLIENT_HALF_RANGE) | (a >= CLIENT_HALF_RANGE)))
         out.append(np.clip(a, -CLIENT_HALF_RANGE, CLIENT_HALF_RANGE - 1) + CLIENT_HALF_RANGE)
     return out, clamped
+
+
+def encode_update(update: Sequence[np.ndarray], grid: SumGrid, sigma: float,
+                  rng: np.random.Generator | None = None) -> tuple[list[np.ndarray], int]:
+    """(k = clamp(round(Delta / s) + Skellam(lam), -H, H - 1) + H per array of the clean update Delta, int64 in
+    [0, 2^30); the number of clamped values): the only noise this client adds under secure aggregation."""
+    return clamp_upload(grid_values(update, grid, sigma, rng))
 
 
 def to_flower_values(encoded: Sequence[np.ndarray]) -> list[np.ndarray]:
