@@ -126,3 +126,15 @@ def test_cli_audits_the_cross_silo_preset_and_refuses_the_kink_canary(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["audit", "--preset", "cross-silo", "--num-server-rounds", "2", "--canary", "kink", "--trials", "200"])
     assert exc.value.code == 2 and "linear canary only" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("overrides", [{"local_steps": 3, "lr": 0.5},
+                                       {"local_steps": 3, "lr": 0.5, "algorithm": "fedprox", "prox_alpha": 1.0},
+                                       {"local_steps": 2, "schedule": "stage"}])
+def test_k_steps_move_every_trial_by_an_inclusion_pattern(overrides):
+    """K >= 2 (and FedProx's pull, and a schedule whose steps change by round): the run asserts that every
+    row moved by one of the 2^K amounts of inclusion_patterns, so the node's real update and the
+    statistic's model agree (a wrong pattern model raises); both worlds' scores separate."""
+    run = run_batch_canary(dataclasses.replace(CONFIG, **overrides), 3, 500, 500, seed=1)
+    (_, _), (e0, e1) = run.split(run.all_rounds)
+    assert e1.mean() > e0.mean()
