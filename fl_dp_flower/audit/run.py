@@ -11,6 +11,10 @@ Adversaries (docs/audit.md §2):
   (docs/audit.md §2). Covered by local DP, and by composition when composition counts only the noise of
   clients outside the adversary (``AccountantConfig.colluders`` >= 1).
 
+A config with a batch rate (Poisson batches on the nodes) runs the batch-sampled canary instead
+(batch_canary.py, docs/audit.md §7: a canary sample in one site, drawn by the node's own sampler), planned
+at the rate its sites draw at; ``batch_sampled`` then covers every view that composition covers.
+
 Verdicts (``Verdict.outcome``), for a bound (mu_B, epsilon_B at delta) and the attack's lower bounds
 (mu_lower, epsilon_lower, both at ``confidence``), "exceeded" meaning mu_lower > mu_B or
 epsilon_lower > epsilon_B:
