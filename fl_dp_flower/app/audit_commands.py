@@ -54,6 +54,9 @@ _VIEW = {"final-model": "the final model", "all-rounds": "every round's global m
          "participant": "every global model and its own upload (a participating client)"}
 
 
+_CANARY = {False: "{} canary", True: "a {} canary sample in one site, its batches Poisson-sampled there (docs/audit.md §7)"}
+
+
 def _print_audit(report: Any, args: argparse.Namespace) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -64,7 +67,8 @@ def _print_audit(report: Any, args: argparse.Namespace) -> None:
     console = Console(width=None if sys.stdout.isatty() else 160)
     conf = f"{a.confidence:.0%}"
     points = Table(title=f"Likelihood-ratio attack by an adversary who sees {_VIEW[report.adversary]}, "
-                         f"{report.canary} canary, {report.trials:,} trials per world ({report.seconds:.1f} s)\n"
+                         f"{_CANARY[report.config.batch_rate is not None].format(report.canary)}, "
+                         f"{report.trials:,} trials per world ({report.seconds:.1f} s)\n"
                          f"{_settings(args)}, sigma {args.sigma:g}")
     for col in ("target FPR", "FPR", f"FPR {conf} CI", "TPR", f"TPR {conf} CI", "mu lower (this point)"):
         points.add_column(col)

@@ -11,6 +11,10 @@ Adversaries (docs/audit.md §2):
   (docs/audit.md §2). Covered by local DP, and by composition when composition counts only the noise of
   clients outside the adversary (``AccountantConfig.colluders`` >= 1).
 
+A config with a batch rate (Poisson batches on the nodes) runs the batch-sampled canary instead
+(batch_canary.py, docs/audit.md §7: a canary sample in one site, drawn by the node's own sampler), planned
+at the rate its sites draw at; ``batch_sampled`` then covers every view that composition covers.
+
 Verdicts (``Verdict.outcome``), for a bound (mu_B, epsilon_B at delta) and the attack's lower bounds
 (mu_lower, epsilon_lower, both at ``confidence``), "exceeded" meaning mu_lower > mu_B or
 epsilon_lower > epsilon_B:
@@ -35,14 +39,15 @@ from fl_dp_flower.privacy.planning import Plan, plan
 from fl_dp_flower.privacy.records import AccountantConfig
 
 from .attack import DEFAULT_FPRS, AttackResult, audit_attack, threshold_attack
+from .batch_canary import realized_rate, run_batch_canary
 from .canary import CANARIES, SMOOTH, run_canary
 
 ADVERSARIES = ("final-model", "all-rounds", "participant")
 #: adversary -> the bounds that claim to cover its view
 COVERS = {
-    "final-model": ("paper", "composition", "final_model", "local_dp"),
-    "all-rounds": ("composition", "local_dp"),
-    "participant": ("composition", "local_dp"),
+    "final-model": ("paper", "composition", "final_model", "local_dp", "batch_sampled"),
+    "all-rounds": ("composition", "local_dp", "batch_sampled"),
+    "participant": ("composition", "local_dp", "batch_sampled"),
 }
 OUTCOMES = ("not applicable", "holds", "VIOLATED", "exceeded: not a guarantee", "assumption violated")
 
@@ -147,9 +152,16 @@ def run_audit(config: AccountantConfig, rounds: int, *, canary: str = "linear", 
         raise ValueError(f"adversary must be one of {ADVERSARIES}, got {adversary!r}")
     if adversary == "participant" and config.clients < 2:
         raise ValueError(f"the participant adversary needs clients >= 2 (one besides the canary), got {config.clients}")
+    if config.batch_rate is not None:  # a canary sample in one site, its batches Poisson-sampled there
+        if canary != "linear":
+            raise ValueError(f"batch sampling is audited with the linear canary only, got canary {canary!r}")
+        config = dataclasses.replace(config, batch_rate=realized_rate(config))  # the rate the site draws at
+        run = run_batch_canary(config, rounds, trials, trials, seed=seed, device=device,
+                               statistics=adversary != "final-model")
+    else:
+        run = run_canary(config, rounds, trials, trials, canary=canary, seed=seed, device=device,
+                         statistics=adversary != "final-model")
     planned = plan(config, rounds)
-    run = run_canary(config, rounds, trials, trials, canary=canary, seed=seed, device=device,
-                     statistics=adversary != "final-model")
     if adversary == "final-model":
         attack = audit_attack(run.shadow, run.evaluation, delta=config.delta, fprs=fprs, confidence=confidence)
     else:

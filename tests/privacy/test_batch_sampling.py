@@ -272,3 +272,24 @@ def test_the_real_one_dimensional_mechanism_never_exceeds_the_bound():
     assert hockey(plus, minus, eps) <= DELTA
     assert hockey(plus, removed, report.add_remove["epsilon"]) <= DELTA
     assert hockey(plus, minus, 0.5 * eps) > DELTA  # the bound is not vacuous: half its epsilon fails
+
+
+def test_the_steps_of_the_antipodal_proof_numerically():
+    """docs/MATH.md §23.1a: for shifts of norm r the 2-D replace-one divergence is non-increasing in the
+    correlation cos(angle) (step 2), and shifts shorter than r are dominated by the antipodal pair (step 1)."""
+    q, r, eps = 0.2, 1.5, 0.5
+
+    def divergence(v, w):
+        def pdf(x, y, m):
+            return (1 - q) * stats.norm.pdf(x) * stats.norm.pdf(y) + q * stats.norm.pdf(x - m[0]) * stats.norm.pdf(y - m[1])
+        return _grid_integral(lambda x, y: np.maximum(pdf(x, y, v) - math.exp(eps) * pdf(x, y, w), 0.0), -10, 10, 801)
+
+    def at(angle_deg, s=r, t=r):
+        a = math.radians(angle_deg)
+        return divergence(np.array([s, 0.0]), np.array([t * math.cos(a), t * math.sin(a)]))
+
+    by_angle = [at(a) for a in (30, 90, 150, 180)]  # correlation 0.87, 0, -0.87, -1
+    assert all(x <= y * (1 + 1e-6) for x, y in zip(by_angle, by_angle[1:]))
+    antipodal = _hockey_stick_1d(_mixture(q, 1, r), _mixture(q, -1, r), eps)
+    assert by_angle[-1] == pytest.approx(antipodal, rel=1e-3)
+    assert max(at(180, 0.7 * r, r), at(180, r, 0.4 * r), at(120, 0.5 * r, 0.9 * r)) <= antipodal
