@@ -174,36 +174,74 @@ def print_throughput(label: str, rates: dict[str, tuple[float, float]], repeats:
         print(f"  {name:<58} {w:8.0f} {c:8.0f}   {c / pc:.2f}x CPU ({w / pw:.2f}x wall)")
 
 
-def _round_split(members: int, **overrides) -> dict[str, float]:
-    from fl_dp_flower.privacy.accountant import PrivacyAccountant
-    from fl_dp_flower.reporting import read_ledger
+def _round_split(members: int, rounds: int = 5, **overrides) -> dict[str, float]:
+    """One round of the real ServerApp on LocalGrid (10 nodes), medians over rounds 2 .. rounds-1 (after
+    the one-time start: imports, data, the first round's tracing; before the run's closing files):
+    the round's wall time, the grid (the ClientApps: training, Flower records on the node side), and
+    the server side split into aggregation (screening, averaging, accounting), closing (central
+    evaluation, the ledger line, metrics), evaluation alone, configuring and the rest (Flower's loop)."""
     from fl_dp_flower.app.testing import run_local, tiny_config
+    from fl_dp_flower.privacy.accountant import PrivacyAccountant
+    from fl_dp_flower.strategies.noisy import NoisyStrategyMixin
+    from fl_dp_flower.testing import LocalGrid
 
-    spent = {"accountant": 0.0}
-    step = PrivacyAccountant.step
+    log: list[tuple[str, float, float]] = []
 
-    def timed(self, record):
-        t0 = time.perf_counter()
-        try:
-            return step(self, record)
-        finally:
-            spent["accountant"] += time.perf_counter() - t0
+    def timing(owner: Any, name: str, label: str) -> Callable[[], None]:
+        original = getattr(owner, name)
 
-    PrivacyAccountant.step = timed
+        def timed(*args, **kw):
+            t0 = time.perf_counter()
+            try:
+                return original(*args, **kw)
+            finally:
+                log.append((label, t0, time.perf_counter()))
+
+        setattr(owner, name, timed)
+        return lambda: setattr(owner, name, original)
+
+    import fl_dp_flower.app.serverapp as serverapp
+
+    make_eval = serverapp.make_evaluate_fn
+
+    def make_timed_eval(config):
+        fn = make_eval(config)
+
+        def evaluate(server_round, arrays):
+            t0 = time.perf_counter()
+            try:
+                return fn(server_round, arrays)
+            finally:
+                log.append(("evaluation", t0, time.perf_counter()))
+        return evaluate
+
+    serverapp.make_evaluate_fn = make_timed_eval
+    restore = [timing(LocalGrid, "send_and_receive", "grid"), timing(PrivacyAccountant, "step", "accountant"),
+               timing(NoisyStrategyMixin, "aggregate_train", "aggregate"),
+               timing(NoisyStrategyMixin, "configure_train", "configure"),
+               timing(NoisyStrategyMixin, "_after_round", "closing"),
+               lambda: setattr(serverapp, "make_evaluate_fn", make_eval)]
     try:
         with tempfile.TemporaryDirectory() as out:
             cfg = tiny_config(Path(out), **{"clients-per-node": members // 10, "clients-per-round": members,
                                             "num-partitions": 10, "local-steps": 10, "batch-size": 4,
-                                            "num-server-rounds": 2, "seed": -1, "schedule": "stage", **overrides})
-            start = time.perf_counter()
-            outcome, _ = run_local(cfg, nodes=10)
-            wall = time.perf_counter() - start
-            rounds = read_ledger(outcome.run_dir / "ledger.jsonl").rounds
-            training = sum(r["metrics"]["train-seconds"] * 10 for r in rounds)  # mean per node x 10 nodes
+                                            "num-server-rounds": rounds, "seed": -1, "schedule": "stage",
+                                            **overrides})
+            run_local(cfg, nodes=10)
     finally:
-        PrivacyAccountant.step = step
-    n = len(rounds)
-    return {"round": wall / n, "training": training / n, "accountant": spent["accountant"] / n}
+        for undo in restore:
+            undo()
+    starts = [t0 for label, t0, _ in log if label == "configure"]
+    parts: dict[str, list[float]] = {}
+    for a, b in zip(starts[1:-1], starts[2:]):  # round r: from its configure_train to the next one's
+        spent = {"round": b - a}
+        for label, t0, t1 in log:
+            if a <= t0 < b:
+                spent[label] = spent.get(label, 0.0) + t1 - t0
+        spent["server"] = spent["round"] - spent.get("grid", 0.0)
+        for key, value in spent.items():
+            parts.setdefault(key, []).append(value)
+    return {key: statistics.median(v) for key, v in parts.items()}
 
 
 def _simulation_round(clients: int, rounds: int = 10) -> dict[str, float]:
@@ -227,6 +265,20 @@ def _simulation_round(clients: int, rounds: int = 10) -> dict[str, float]:
     return {"round": statistics.median(gaps), "training": statistics.median(train)}
 
 
+def _rounds(members_k10: int) -> None:
+    """Part 2: the two settings' rounds on the in-process grid."""
+    settings = [(f"{members_k10} clients x 4 images, K 10", members_k10, {}),
+                ("the main job's round: 4000 clients x 1 image, K 1", 4000,
+                 {"local-steps": 1, "batch-size": 1, "schedule": "constant", "lr": 2.0, "sigma": 0.55})]
+    for label, members, overrides in settings:
+        split = _round_split(members, **overrides)
+        print(f"one round, {label}, 10 in-process nodes (one core; median of rounds 2-4 of 5): "
+              f"{split['round']:.3f} s = grid (ClientApps: training, node-side records) {split['grid']:.3f} s "
+              f"+ server side {split['server']:.3f} s [aggregation {split['aggregate']:.3f} s (accountant "
+              f"{split['accountant'] * 1e3:.1f} ms), closing {split['closing']:.3f} s (evaluation "
+              f"{split['evaluation']:.3f} s), configuring {split['configure']:.3f} s]")
+
+
 def main() -> None:
     # the nodes report their train-seconds only when they share un-noised statistics (apps/client.py)
     __import__("os").environ["FL_DP_SHARE_METRICS"] = "1"
@@ -234,6 +286,7 @@ def main() -> None:
     parser.add_argument("--members", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--throughput-only", action="store_true", help="part 1 only (no rounds)")
+    parser.add_argument("--rounds-only", action="store_true", help="part 2 only (in-process rounds)")
     parser.add_argument("--before", default=None, help="an earlier training/cohort.py to time beside (part 1)")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -244,21 +297,16 @@ def main() -> None:
     FLOWER_LOGGER.setLevel(logging.ERROR)  # the in-process rounds' Flower log
     k = 10
     before = _load_before(args.before) if args.before else None
+    if args.rounds_only:
+        _rounds(args.members)
+        return
     print_throughput(f"{args.members} clients x 4 images, LeNet-5, K = {k}, per-batch clipping",
                      throughput(args.members, k, 4, "lenet5", args.repeats, before), args.repeats)
     print_throughput("the main job's round: 4000 clients x 1 image, tanh CNN, K = 1",
                      throughput(4000, 1, 1, "cnn-tanh", args.repeats, before), args.repeats)
     if args.throughput_only:
         return
-    settings = [(f"{args.members} clients x 4 images, K 10", args.members, {}),
-                ("the main job's round: 4000 clients x 1 image, K 1", 4000,
-                 {"local-steps": 1, "batch-size": 1, "schedule": "constant", "lr": 2.0, "sigma": 0.55})]
-    for label, members, overrides in settings:
-        split = _round_split(members, **overrides)
-        other = split["round"] - split["training"] - split["accountant"]
-        print(f"one round, {label}, 10 in-process nodes (one core): {split['round']:.2f} s = "
-              f"training {split['training']:.2f} s + accountant {split['accountant'] * 1e3:.1f} ms + "
-              f"Flower/aggregation/evaluation/ledger {other:.2f} s")
+    _rounds(args.members)
     for clients in (1000, 4000):
         sim = _simulation_round(clients)
         print(f"simulation engine, main job's settings, {clients} clients per round: {sim['round']:.2f} s per round "
