@@ -44,6 +44,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fl_dp_flower.training import cohort as cohort_module
 from fl_dp_flower.training.cohort import CohortData, CohortStreams, KeyedStreams, MemberStreams, train_cohort
 from fl_dp_flower.training.data import load_partition
 from fl_dp_flower.training.models import build_model
@@ -68,9 +69,16 @@ def _cohort_data(members: int) -> CohortData:
 
 
 def _cohort_seconds(data: CohortData, k: int, batch: int, summed: bool, model_name: str,
-                    reference: bool = False) -> tuple[float, float]:
+                    reference: bool = False, ghost: bool = True) -> tuple[float, float]:
     """One round of every member of ``data``: the ClientApp's path (resident data, chunk-wide keyed
-    streams) or, with ``reference``, per-member generators (MemberStreams: host work per member)."""
+    streams) or, with ``reference``, per-member generators (MemberStreams: host work per member);
+    ``ghost=False``: every member's gradient formed by vmap even where ghost norms apply (K = 1)."""
+    if not ghost:
+        saved, cohort_module.ghost_step = cohort_module.ghost_step, lambda *a: None
+        try:
+            return _cohort_seconds(data, k, batch, summed, model_name, reference)
+        finally:
+            cohort_module.ghost_step = saved
     model, m = build_model("mnist", model_name), len(data)
     streams: CohortStreams
     if reference:
@@ -142,6 +150,9 @@ def throughput(members: int, k: int, batch: int, model_name: str, repeats: int,
         "per-member": lambda: _cohort_seconds(data, k, batch, False, model_name),
         "summed": lambda: _cohort_seconds(data, k, batch, True, model_name),
         "reference": lambda: _cohort_seconds(data, k, batch, False, model_name, reference=True)}
+    if k == 1:  # where ghost norms apply: the vmap path beside them
+        runs["vmap, per-member"] = lambda: _cohort_seconds(data, k, batch, False, model_name, ghost=False)
+        runs["vmap, summed"] = lambda: _cohort_seconds(data, k, batch, True, model_name, ghost=False)
     if before is not None:
         runs["before, per-member"] = lambda: _before_seconds(before, members, k, batch, False, model_name)
         runs["before, summed"] = lambda: _before_seconds(before, members, k, batch, True, model_name)
@@ -164,6 +175,8 @@ def print_throughput(label: str, rates: dict[str, tuple[float, float]], repeats:
     names = {"per-member": "cohort, per-member noise (keyed streams, resident data)",
              "summed": "cohort, summed noise (keyed streams, resident data)",
              "reference": "cohort, per-member generators (host work per member)",
+             "vmap, per-member": "cohort, per-member noise, vmap gradients (no ghost norms)",
+             "vmap, summed": "cohort, summed noise, vmap gradients (no ghost norms)",
              "before, per-member": "--before trainer, per-member noise",
              "before, summed": "--before trainer, summed noise",
              "plain": "plain mini-batch GD, batch 32 (no clipping, no noise)"}
