@@ -11,10 +11,15 @@
    Two settings: 1,000 clients x 4 images, LeNet-5, K = 10 (40,000 sample-gradients), and the main
    job's round: 4,000 clients x 1 image, tanh CNN, K = 1. Ratios in this thread's CPU time (the
    steadier measure when other processes share the cores) and wall time. Target: >= 0.85x.
-2. One round through the real ServerApp on an in-process grid of 10 nodes (no Ray): 1,000 clients
-   x 4 images with K = 10, and the main job's round (4,000 clients x 1 image, K = 1). Wall time
-   split into client training (the nodes' train-seconds), accountant, and the rest (Flower
-   records, aggregation, evaluation, ledger). Flower's simulation engine runs two nodes at a time
+   Then the host-side calls of one round (torch.profiler counts: aten calls, copies, conversions,
+   random draws, scalar reads) at 400 and 4,000 members in 4 chunks: equal counts carry the GPU
+   argument on a CPU (on a GPU each call is a launch, a transfer or a synchronisation).
+2. Rounds through the real ServerApp on an in-process grid of 10 nodes (no Ray): 1,000 clients
+   x 4 images with K = 10, and the main job's round (4,000 clients x 1 image, K = 1); medians of
+   rounds 2-4 of 5 (after the one-time start). A round's wall time split into the grid (the
+   ClientApps: training and their side of Flower's records) and the server side: aggregation
+   (screening, averaging, the accountant), closing (central evaluation, ledger line, checkpoint,
+   metrics) and configuring the next round. Flower's simulation engine runs two nodes at a time
    on two cores: its round time is printed by `scripts/main-job.sh` (README, Results).
 3. End to end in Flower's simulation engine (`fl-dp-flower run`, 10 SuperNodes, 2 cores): the main
    job's settings at 1,000 and at 4,000 clients per round, 10 rounds each. Round time = the median
@@ -187,6 +192,42 @@ def print_throughput(label: str, rates: dict[str, tuple[float, float]], repeats:
         print(f"  {name:<58} {w:8.0f} {c:8.0f}   {c / pc:.2f}x CPU ({w / pw:.2f}x wall)")
 
 
+HOST_OPS = ("aten::copy_", "aten::to", "aten::_to_copy", "aten::randperm", "aten::rand", "aten::randn",
+            "aten::_local_scalar_dense", "aten::item")
+
+
+def host_calls(members: int, chunks: int, k: int, model_name: str, summed: bool) -> dict[str, int]:
+    """One round's host-side torch calls (torch.profiler event counts: every aten call, and the copies,
+    conversions, random draws and scalar reads among them) for ``members`` one-image members in ``chunks``
+    chunks: on a GPU each is a launch or a transfer, so they must not grow with the members."""
+    from collections import Counter
+
+    from torch.profiler import ProfilerActivity, profile
+
+    x = torch.rand(members, 1, 28, 28)
+    data = CohortData.of(x, torch.randint(0, 10, (members,)), [1] * members)
+    model = build_model("mnist", model_name)
+
+    def run() -> None:
+        train_cohort(model, data, np.arange(members), KeyedStreams(None, 0, np.arange(members)),
+                     step_sizes=[0.1] * k, clip_norm=1.0, batch_size=1, sigma=0.1, member_chunk=-(-members // chunks),
+                     summed_noise=torch.Generator().manual_seed(7) if summed else None)
+
+    run()  # warm-up
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        run()
+    counts = Counter({e.key: e.count for e in prof.key_averages() if e.key.startswith("aten::")})
+    return {"aten calls": sum(counts.values()), **{op[6:]: counts[op] for op in HOST_OPS}}
+
+
+def print_host_calls() -> None:
+    for k, model_name in ((1, "cnn-tanh"), (10, "lenet5")):
+        for summed in (True, False):
+            small, large = (host_calls(m, 4, k, model_name, summed) for m in (400, 4000))
+            print(f"host calls of one round, {model_name}, K {k}, {'summed' if summed else 'per-member'} noise, "
+                  f"4 chunks: 400 members {small}; 4,000 members {'the same' if small == large else large}")
+
+
 def _round_split(members: int, rounds: int = 5, **overrides) -> dict[str, float]:
     """One round of the real ServerApp on LocalGrid (10 nodes), medians over rounds 2 .. rounds-1 (after
     the one-time start: imports, data, the first round's tracing; before the run's closing files):
@@ -317,6 +358,7 @@ def main() -> None:
                      throughput(args.members, k, 4, "lenet5", args.repeats, before), args.repeats)
     print_throughput("the main job's round: 4000 clients x 1 image, tanh CNN, K = 1",
                      throughput(4000, 1, 1, "cnn-tanh", args.repeats, before), args.repeats)
+    print_host_calls()
     if args.throughput_only:
         return
     _rounds(args.members)

@@ -10,13 +10,14 @@ gradient go; then (Goodfellow's and Opacus's "ghost" identities)
 - a linear layer's member gradient is G_i = sum_s go_s a_s^T over its B samples, whose squared norm
   is sum_{s,t} (a_s . a_t)(go_s . go_t) (B = 1: ||a||^2 ||go||^2), and sum_i f_i G_i is one matrix
   product (f-scaled go)^T a;
-- a convolution's member gradient is formed from the unfolded input (small: its kernels), then summed
-  with the f_i in one matrix-vector product.
+- a convolution's member gradient is formed (small: its kernels; from the unfolded input, or for one
+  input channel as one grouped convolution), then summed with the f_i in one matrix-vector product.
 
 The values are those of :func:`~.cohort._gradient_functions` up to float rounding (the same
 gradients, summed in another order; tests/training/test_cohort_ghost.py). Used only where it
 applies: every trainable parameter belongs to an ``nn.Linear`` on 2-D inputs or an ``nn.Conv2d``
-(one group, numeric zero padding) called once per forward pass, and the model has no buffers;
+(exactly these types; one group, numeric zero padding), each called once per forward pass and its
+weights used only there (no tied weights), and the model has no buffers;
 otherwise :func:`ghost_step` (or the step it returns) gives None and the caller keeps ``vmap``.
 """
 
@@ -43,23 +44,42 @@ class _Unsupported(Exception):
 
 def _layers(model: nn.Module) -> list[tuple[str, nn.Module]] | None:
     """The model's parameterised layers, or None if a parameter lies outside the supported ones."""
-    layers, covered = [], set()
+    layers: list[tuple[str, nn.Module]] = []
+    covered: set[int] = set()
     for prefix, module in model.named_modules():
         own = list(module.named_parameters(recurse=False))
         if not own:
             continue
-        if isinstance(module, nn.Linear) or (isinstance(module, nn.Conv2d) and module.groups == 1
-                                             and module.padding_mode == "zeros"
-                                             and not isinstance(module.padding, str)):
+        if type(module) is nn.Linear or (type(module) is nn.Conv2d and module.groups == 1  # exact types: a subclass may compute otherwise
+                                         and module.padding_mode == "zeros" and not isinstance(module.padding, str)):
             layers.append((prefix, module))
             covered.update(id(p) for _, p in own)
         else:
             return None
+    owners = [id(p) for _, m in model.named_modules(remove_duplicate=False) for p in m.parameters(recurse=False)]
+    if len(owners) != len(set(owners)):  # a parameter shared by two modules (tied weights)
+        return None
     params = list(model.parameters())
     if not layers or any(not p.requires_grad for p in params) or len(covered) != len(params) \
             or any(True for _ in model.buffers()):
         return None
     return layers
+
+
+def _conv_sample_gradients(module: nn.Conv2d, a: torch.Tensor, go: torch.Tensor) -> torch.Tensor:
+    """Every sample's weight gradient [N, out, in * kh * kw] from the layer's input a [N, in, H, W] and
+    output gradient go [N, out, Lh, Lw]. One input channel (a first layer): one grouped convolution of
+    the input with the samples' output gradients as kernels (3x faster than unfolding there); else the
+    unfolded input times go."""
+    n, out = go.shape[:2]
+    if module.in_channels == 1:  # w_grad[n, o, i, j] = sum_pq a_pad[n, s p + d i, s q + d j] go[n, o, p, q]
+        kh, kw = module.kernel_size
+        full = F.conv2d(a.reshape(1, n, *a.shape[2:]), go.reshape(n * out, 1, *go.shape[2:]), None,
+                        stride=module.dilation, padding=module.padding, dilation=module.stride,  # type: ignore[arg-type]
+                        groups=n)
+        return full[0, :, :kh, :kw].reshape(n, out, kh * kw)
+    u = F.unfold(a, module.kernel_size, module.dilation, module.padding, module.stride)  # type: ignore[arg-type]
+    return torch.einsum("nol,nil->noi", go.reshape(n, out, -1), u)
 
 
 def ghost_step(model: nn.Module, loss_fn: LossFn, per_sample: bool) -> GhostStep | None:
@@ -99,36 +119,41 @@ def ghost_step(model: nn.Module, loss_fn: LossFn, per_sample: bool) -> GhostStep
         try:
             with torch.enable_grad():
                 logits = model(x.reshape(bsz * c, *x.shape[2:]))
+                if len(seen) != len(layers):  # a layer's weights used without calling it
+                    raise _Unsupported("a layer was not called")
                 total = losses(logits.view(bsz, c, -1), y)
                 grads = torch.autograd.grad(total, [seen[prefix][1] for prefix, _ in layers])
         finally:
             for h in handles:
                 h.remove()
         sq = torch.zeros((c, bsz) if per_sample else (c,), dtype=logits.dtype, device=logits.device)
-        parts = []
+        parts: list[tuple[str, nn.Module, str, torch.Tensor, torch.Tensor]] = []
         for (prefix, module), go in zip(layers, grads):
             a = seen[prefix][0]
             bias = module.bias is not None
             if isinstance(module, nn.Linear):
                 a3, g3 = a.view(bsz, c, -1), go.view(bsz, c, -1)
                 if per_sample or bsz == 1:  # ||a go^T||^2 = ||a||^2 ||go||^2 (+ the bias's ||go||^2)
-                    gg = g3.square().sum(-1)
-                    term = a3.square().sum(-1).add_(1.0 if bias else 0.0).mul_(gg)
+                    gg = torch.linalg.vector_norm(g3, dim=-1).square_()
+                    term = torch.linalg.vector_norm(a3, dim=-1).square_().add_(1.0 if bias else 0.0).mul_(gg)
                     sq += term.t() if per_sample else term[0]
                 else:  # sum_{s,t} (a_s . a_t)(go_s . go_t) over a member's samples
                     aa, gg = torch.einsum("sci,tci->cst", a3, a3), torch.einsum("sco,tco->cst", g3, g3)
                     sq += (aa.add_(1.0 if bias else 0.0) * gg).sum((1, 2))
                 parts.append((prefix, module, "linear", a3, g3))
             else:
-                u = F.unfold(a, module.kernel_size, module.dilation, module.padding, module.stride)
-                u4, g4 = u.view(bsz, c, *u.shape[1:]), go.reshape(bsz, c, go.shape[1], -1)
-                grad_w = torch.einsum("scol,scil->csoi" if per_sample else "scol,scil->coi", g4, u4)
+                assert isinstance(module, nn.Conv2d)
+                g4 = go.reshape(bsz, c, go.shape[1], -1)
+                samples = _conv_sample_gradients(module, a, go).view(bsz, c, go.shape[1], -1)
                 grad_b = g4.sum(-1)
-                grad_b = grad_b.transpose(0, 1) if per_sample else grad_b.sum(0)
+                if per_sample:  # [c, B, out, in k k]
+                    grad_w, grad_b = samples.transpose(0, 1), grad_b.transpose(0, 1)
+                else:  # [c, out, in k k]: the member's B samples summed
+                    grad_w, grad_b = (samples[0], grad_b[0]) if bsz == 1 else (samples.sum(0), grad_b.sum(0))
                 lead = 2 if per_sample else 1
-                sq += grad_w.square().sum(tuple(range(lead, grad_w.dim())))
+                sq += torch.linalg.vector_norm(grad_w.flatten(lead), dim=-1).square_()
                 if bias:
-                    sq += grad_b.square().sum(-1)
+                    sq += torch.linalg.vector_norm(grad_b, dim=-1).square_()
                 parts.append((prefix, module, "conv", grad_w, grad_b))
 
         def weighted(factor: torch.Tensor, finite: bool) -> Params:
