@@ -205,4 +205,4 @@ def test_host_calls_per_round_count_chunks_not_members(steps, summed):
         assert small[op] == large[op]
     assert large["aten::randperm"] == 0 and large["aten::rand"] == 4  # one batch draw per chunk
     assert large["aten::_local_scalar_dense"] == 4 * steps  # the CPU's "all finite?" read, once per chunk and step
-    assert ("aten::im2col" in large) == (steps == 1)  # K = 1: the ghost path (unfolded convolution inputs)
+    assert ("aten::stack" in large) == (steps != 1)  # K = 1: the ghost path (squared norms, no stack of norms)
