@@ -10,8 +10,8 @@ gradient go; then (Goodfellow's and Opacus's "ghost" identities)
 - a linear layer's member gradient is G_i = sum_s go_s a_s^T over its B samples, whose squared norm
   is sum_{s,t} (a_s . a_t)(go_s . go_t) (B = 1: ||a||^2 ||go||^2), and sum_i f_i G_i is one matrix
   product (f-scaled go)^T a;
-- a convolution's member gradient is formed (small: its kernels; from the unfolded input, or for one
-  input channel as one grouped convolution), then summed with the f_i in one matrix-vector product.
+- a convolution's member gradient is formed (small: its kernels; from the input's patches), then
+  summed with the f_i in one matrix-vector product.
 
 The values are those of :func:`~.cohort._gradient_functions` up to float rounding (the same
 gradients, summed in another order; tests/training/test_cohort_ghost.py). Used only where it
@@ -68,18 +68,20 @@ def _layers(model: nn.Module) -> list[tuple[str, nn.Module]] | None:
 
 def _conv_sample_gradients(module: nn.Conv2d, a: torch.Tensor, go: torch.Tensor) -> torch.Tensor:
     """Every sample's weight gradient [N, out, in * kh * kw] from the layer's input a [N, in, H, W] and
-    output gradient go [N, out, Lh, Lw]. One input channel (a first layer): one grouped convolution of
-    the input with the samples' output gradients as kernels (3x faster than unfolding there); else the
-    unfolded input times go."""
+    output gradient go [N, out, Lh, Lw]: the input's patches (strided views of the padded input, copied
+    once into [N, Lh * Lw, in * kh * kw]) times go, one batched matrix product. (A grouped convolution
+    with the samples as groups is faster on a CPU for one input channel, but loops over the groups on
+    the host: its calls would grow with the members.)"""
     n, out = go.shape[:2]
-    if module.in_channels == 1:  # w_grad[n, o, i, j] = sum_pq a_pad[n, s p + d i, s q + d j] go[n, o, p, q]
-        kh, kw = module.kernel_size
-        full = F.conv2d(a.reshape(1, n, *a.shape[2:]), go.reshape(n * out, 1, *go.shape[2:]), None,
-                        stride=module.dilation, padding=module.padding, dilation=module.stride,  # type: ignore[arg-type]
-                        groups=n)
-        return full[0, :, :kh, :kw].reshape(n, out, kh * kw)
-    u = F.unfold(a, module.kernel_size, module.dilation, module.padding, module.stride)  # type: ignore[arg-type]
-    return torch.einsum("nol,nil->noi", go.reshape(n, out, -1), u)
+    (kh, kw), (sh, sw), (dh, dw) = module.kernel_size, module.stride, module.dilation
+    ph, pw = (int(v) for v in module.padding)  # numbers (a "same"/"valid" padding is not covered: _layers)
+    padded = F.pad(a, (pw, pw, ph, ph)) if ph or pw else a
+    lh, lw = go.shape[2:]
+    # patch (p, q) of sample n: padded[n, :, sh p + dh i, sw q + dw j] for i < kh, j < kw
+    st = padded.stride()
+    patches = padded.as_strided((n, lh, lw, a.shape[1], kh, kw),
+                                (st[0], sh * st[2], sw * st[3], st[1], dh * st[2], dw * st[3]))
+    return torch.bmm(go.reshape(n, out, lh * lw), patches.reshape(n, lh * lw, -1))
 
 
 def ghost_step(model: nn.Module, loss_fn: LossFn, per_sample: bool) -> GhostStep | None:
