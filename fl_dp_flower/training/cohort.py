@@ -22,7 +22,9 @@ Speed: members are trained in chunks (``member_chunk`` members at a time, all K 
 before the next), so each chunk's stacked parameters, activations and gradients stay small enough
 for the CPU's caches and the allocator's reused memory; clipping and the step are fused into one
 in-place pass per tensor, and with summed noise the last step adds the clipped gradients'
-weighted sum (one matrix-vector product) instead of forming every member's weights. Chunking
+weighted sum (one matrix-vector product) instead of forming every member's weights; with one step
+(K = 1) and only the sum needed, the members' gradients of linear layers are not formed at all
+(ghost norms, :mod:`.ghost`; ``vmap`` where a model is not covered). Chunking
 changes no result with member generators (members are independent); with keyed streams it
 decides the keys.
 
