@@ -285,8 +285,9 @@ class RoundRecord:
             raise ValueError("sampled is given only with population (a Poisson-sampled round)")
         if len(self.weights) < 1 and self.population is None:
             raise ValueError("weights must hold at least one aggregation weight (>= 1 client)")
-        for p in self.weights:
-            nonnegative("weights[i]", p)
+        if not all(math.isfinite(p) and p >= 0.0 for p in self.weights):  # floats by now: one pass, then the culprit
+            for p in self.weights:
+                nonnegative("weights[i]", p)
         total = math.fsum(self.weights)
         if self.weights and abs(total - 1.0) > _WEIGHT_SUM_TOL:
             raise ValueError(f"weights must sum to 1 (tolerance 1e-9), got sum {total!r}")
@@ -349,7 +350,7 @@ class RoundRecord:
         return s_min, s_target
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = {f.name: getattr(self, f.name) for f in fields(self)}  # scalars and tuples: asdict's deep copy is not needed
         d["step_sizes"] = list(self.step_sizes)
         d["weights"] = list(self.weights)
         d["node_ids"] = list(self.node_ids)

@@ -39,6 +39,7 @@ from fl_dp_flower.privacy.records import RoundRecord
 from fl_dp_flower.reporting.ledger.events import PARTITION_CLAIMED_EVENT
 
 from .echo import Applied
+from .ndarrays import array_values
 from .replies import Usable, mismatches
 
 Dropped = list[tuple[int, str, bool]]
@@ -48,7 +49,7 @@ ACCOUNTANT_ERRORS = (ValueError, ArithmeticError)  # OverflowError is an Arithme
 
 def all_finite(arrays: ArrayRecord) -> bool:
     """Whether every value of ``arrays`` is finite."""
-    return all(bool(np.all(np.isfinite(a.numpy()))) for a in arrays.values())
+    return all(bool(np.all(np.isfinite(array_values(a)))) for a in arrays.values())
 
 
 class UnaccountableSum(FlDpError, RuntimeError):

@@ -30,6 +30,7 @@ from fl_dp_flower import protocol
 from fl_dp_flower.vocabulary import Schedule
 
 from .echo import Applied, metric_number, parse_applied
+from .ndarrays import array_values
 from .screening import Rejected, ScreeningRules, check_batch, check_reply, reference_norm
 
 log = logging.getLogger("flwr").getChild(__name__)  # Flower's handlers: shows in `flwr log`
@@ -138,7 +139,7 @@ def screen(
             arrays = content.array_records[arrays_key]
             if _signature(arrays) != ref_sig:
                 raise ValueError("array keys/shapes/dtypes differ from the broadcast model")
-            if not all(np.all(np.isfinite(a.numpy())) for a in arrays.values()):
+            if not all(np.all(np.isfinite(array_values(a))) for a in arrays.values()):
                 raise ValueError("arrays contain non-finite values")
             metrics = next(iter(content.metric_records.values()))
             n = metric_number(metrics, "num-examples", integer=True, minimum=1, strict=False)
@@ -257,8 +258,8 @@ def average_arrays(usable: list[Usable], weights: tuple[float, ...], reference: 
     for key, ref in reference.items():
         acc = np.zeros(ref.shape, dtype=np.float64)
         for u, p in zip(usable, coefficients, strict=True):
-            acc += p * u.arrays[key].numpy().astype(np.float64)
-        dtype = ref.numpy().dtype
+            acc += p * array_values(u.arrays[key]).astype(np.float64)
+        dtype = array_values(ref).dtype
         if np.issubdtype(dtype, np.integer):
             acc = np.rint(acc)
         out[key] = Array(np.ascontiguousarray(acc.astype(dtype)))

@@ -50,6 +50,7 @@ from fl_dp_flower.settings import DPSettings, FederationSettings
 
 from .guard import UnaccountableSum
 from .nodes import warn_until_enough_nodes
+from .ndarrays import array_values
 from .replies import Usable, average_arrays, capped_examples, screen, weights_for
 
 log = logging.getLogger("flwr").getChild(__name__)
@@ -141,12 +142,12 @@ def fixed_denominator_sum(usable: list[Usable], reference: ArrayRecord, denomina
     broadcast dtypes; each reply is the sum of its M members' uploads (docs/MATH.md §19)."""
     out: dict[str, Array] = {}
     for key, ref in reference.items():
-        w = ref.numpy().astype(np.float64)
+        w = array_values(ref).astype(np.float64)
         acc = np.zeros(ref.shape, dtype=np.float64)
         for u in usable:
-            acc += u.arrays[key].numpy().astype(np.float64) - len(u.members) * w
+            acc += array_values(u.arrays[key]).astype(np.float64) - len(u.members) * w
         total = w + acc / denominator
-        dtype = ref.numpy().dtype
+        dtype = array_values(ref).dtype
         if np.issubdtype(dtype, np.integer):
             total = np.rint(total)
         out[key] = Array(np.ascontiguousarray(total.astype(dtype)))

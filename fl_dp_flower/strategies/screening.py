@@ -52,6 +52,8 @@ from fl_dp_flower.privacy.schedules import step_sizes
 from fl_dp_flower.reply_checks import ReplyChecks
 from fl_dp_flower.vocabulary import Schedule
 
+from .ndarrays import array_values
+
 if TYPE_CHECKING:
     from fl_dp_flower.privacy.records import AccountantConfig
     from fl_dp_flower.settings import DPSettings
@@ -164,18 +166,19 @@ def worst_step_sizes(echoed: Applied, rules: ScreeningRules) -> tuple[float, ...
 
 
 def residual_sq(arrays: ArrayRecord, reference: ArrayRecord, members: int) -> tuple[float, int]:
-    """(||reply - M w_t||^2, d) in float64 over every value of the reply."""
+    """(||reply - M w_t||^2, d) in float64 over every value of the reply (numpy's own sum of products:
+    a BLAS dot spreads 26,010 values over its threads, 20 ms a reply on a loaded 2-core machine)."""
     total, count = 0.0, 0
     for key, ref in reference.items():
-        diff = arrays[key].numpy().astype(np.float64) - members * ref.numpy().astype(np.float64)
-        total += float(np.dot(diff.ravel(), diff.ravel()))
+        diff = (array_values(arrays[key]).astype(np.float64) - members * array_values(ref).astype(np.float64)).ravel()
+        total += float(np.einsum("i,i->", diff, diff))
         count += diff.size
     return total, count
 
 
 def reference_norm(reference: ArrayRecord) -> float:
     """||w_t|| in float64."""
-    return math.sqrt(sum(float(np.sum(np.square(a.numpy().astype(np.float64)))) for a in reference.values()))
+    return math.sqrt(sum(float(np.sum(np.square(array_values(a).astype(np.float64)))) for a in reference.values()))
 
 
 @lru_cache(maxsize=64)

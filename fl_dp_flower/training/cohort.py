@@ -22,7 +22,9 @@ Speed: members are trained in chunks (``member_chunk`` members at a time, all K 
 before the next), so each chunk's stacked parameters, activations and gradients stay small enough
 for the CPU's caches and the allocator's reused memory; clipping and the step are fused into one
 in-place pass per tensor, and with summed noise the last step adds the clipped gradients'
-weighted sum (one matrix-vector product) instead of forming every member's weights. Chunking
+weighted sum (one matrix-vector product) instead of forming every member's weights; with one step
+(K = 1) and only the sum needed, the members' gradients of linear layers are not formed at all
+(ghost norms, :mod:`.ghost`; ``vmap`` where a model is not covered). Chunking
 changes no result with member generators (members are independent); with keyed streams it
 decides the keys.
 
@@ -44,6 +46,7 @@ from torch.func import functional_call, grad, vmap
 from fl_dp_flower.vocabulary import CLIPPING_MODES
 
 from .cohort_data import CohortData, CohortStreams, KeyedStreams, MemberStreams
+from .ghost import GhostStep, ghost_step
 from .local_update import LossFn
 from .noise import SecureGaussian, gaussian_noised
 
@@ -98,6 +101,7 @@ class _Step:
     clip_norm: float
     prox_alpha: float
     per_sample: bool
+    ghost: GhostStep | None = None  # one step, summed: the clipped sum without each member's gradient (ghost.py)
 
 
 GradientFn = Callable[[Params, torch.Tensor, torch.Tensor], Params]
@@ -149,6 +153,10 @@ def _train_chunk(step: _Step, data: CohortData, index: torch.Tensor, counts: tor
     for k, eta in enumerate(step.etas):
         rows = index[:, k].t()  # [B, c]
         xb, yb = data.x[rows], data.y[rows]
+        if summed and last == 0 and step.ghost is not None:
+            ghosted = _ghost_chunk(step, xb, yb, counts, c, bsz, eta)
+            if ghosted is not None:
+                return ghosted
         grads = step.first_gradients(step.start, xb, yb) if k == 0 else step.gradients(params, xb, yb)
         g = [grads[n] for n in step.start]
         norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t.flatten(lead), dim=lead) for t in g]),
@@ -182,6 +190,27 @@ def _train_chunk(step: _Step, data: CohortData, index: torch.Tensor, counts: tor
                 if pull is not None:  # FedProx: the pull to w_t, added after clipping (zero at step 0)
                     params[n].add_(pull, alpha=-eta * step.prox_alpha)
     return params
+
+
+def _ghost_chunk(step: _Step, xb: torch.Tensor, yb: torch.Tensor, counts: torch.Tensor, c: int, bsz: int,
+                 eta: float) -> Params | None:
+    """K = 1, summed: c w_t - eta sum_i clip(g_i) (per-sample: eta/B sum_ij clip(g_ij)) from ghost norms
+    (ghost.py), counting as :func:`_train_chunk` does; None where the model does not allow it."""
+    assert step.ghost is not None
+    ghosted = step.ghost(xb, yb)
+    if ghosted is None:
+        return None
+    sq, weighted = ghosted
+    norm = sq.sqrt()
+    bad = ~torch.isfinite(norm)
+    factor = torch.where(bad, 0.0, (step.clip_norm / norm.clamp_min(1e-30)).clamp(max=1.0))
+    counts[0] += (norm > step.clip_norm).sum()
+    counts[1] += bad.sum()
+    finite = not SYNC_FREE and xb.device.type == "cpu" and not bool(bad.any())
+    with torch.no_grad():
+        sums = weighted(factor, finite)
+        scale = -eta / (bsz if step.per_sample else 1)
+        return {n: (c * step.start[n]).add_(sums[n], alpha=scale) for n in step.start}
 
 
 def _check(etas: Sequence[float], step_sizes: Sequence[float], clip_norm: float, sigma: float, prox_alpha: float,
@@ -256,8 +285,9 @@ def train_cohort(
     device = next(iter(start.values())).device
     if data.device != device:
         raise ValueError(f"the cohort's data is on {data.device}, the model on {device}: put both on one device")
+    ghost = ghost_step(model, loss_fn, per_sample) if len(etas) == 1 and not keep_members else None
     step = _Step(*_gradient_functions(model, loss_fn, per_sample), start, etas, float(clip_norm),
-                 float(prox_alpha), per_sample)
+                 float(prox_alpha), per_sample, ghost)
     values = sum(t.numel() for t in start.values())
     noise_order = [n for n, _ in model.named_parameters()]  # the order add_gaussian_noise_ draws in
     order = np.argsort(sizes, kind="stable")  # groups of equal B, members in their order within a group

@@ -161,8 +161,8 @@ class _Tiny(nn.Module):
         return self.fc(torch.tanh(self.conv(x)).flatten(1))
 
 
-def _profiled(members: int, reference: bool, summed: bool) -> Counter:
-    """aten calls of one round of ``members`` three-image members (K = 2, B = 2) in one chunk."""
+def _profiled(members: int, reference: bool, summed: bool, steps: int = 2, chunks: int = 1) -> Counter:
+    """aten calls of one round of ``members`` three-image members (K = ``steps``, B = 2) in ``chunks`` chunks."""
     gen = torch.Generator().manual_seed(0)
     data = CohortData.of(torch.randn(3 * members, 1, 8, 8, generator=gen), torch.randint(0, 3, (3 * members,)),
                          [3] * members)
@@ -171,7 +171,7 @@ def _profiled(members: int, reference: bool, summed: bool) -> Counter:
                                 [torch.Generator().manual_seed(-~i) for i in range(members)])
     else:
         streams = KeyedStreams(None, 0, np.arange(members))
-    kw = dict(step_sizes=(0.1, 0.1), clip_norm=1.0, batch_size=2, sigma=0.1, member_chunk=members,
+    kw = dict(step_sizes=(0.1,) * steps, clip_norm=1.0, batch_size=2, sigma=0.1, member_chunk=-(-members // chunks),
               summed_noise=torch.Generator().manual_seed(1) if summed else None)
     model = _Tiny()
     train_cohort(model, data, np.arange(members), streams, **kw)  # warm-up (vmap's first call)
@@ -192,3 +192,17 @@ def test_host_work_per_round_does_not_grow_with_members(summed, monkeypatch):
     if not summed:  # the count can tell: with per-member generators (the reference streams) it grows
         ref_small, ref_large = _profiled(20, True, summed), _profiled(200, True, summed)
         assert sum(ref_large.values()) > 5 * sum(ref_small.values())
+
+
+@pytest.mark.parametrize("steps", [1, 2])
+@pytest.mark.parametrize("summed", [True, False])
+def test_host_calls_per_round_count_chunks_not_members(steps, summed):
+    """100 and 1,000 members, both in 4 chunks: the same host calls (copies, conversions, random draws,
+    scalar reads), with K = 1 (ghost norms: one batched pass) and K = 2 (vmap)."""
+    small, large = _profiled(100, False, summed, steps, chunks=4), _profiled(1000, False, summed, steps, chunks=4)
+    assert small == large
+    for op in ("aten::copy_", "aten::to", "aten::_to_copy", "aten::randperm", "aten::_local_scalar_dense"):
+        assert small[op] == large[op]
+    assert large["aten::randperm"] == 0 and large["aten::rand"] == 4  # one batch draw per chunk
+    assert large["aten::_local_scalar_dense"] == 4 * steps  # the CPU's "all finite?" read, once per chunk and step
+    assert ("aten::stack" in large) == (steps != 1)  # K = 1: the ghost path (squared norms, no stack of norms)
