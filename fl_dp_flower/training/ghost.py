@@ -19,6 +19,15 @@ applies: every trainable parameter belongs to an ``nn.Linear`` on 2-D inputs or 
 (exactly these types; one group, numeric zero padding), each called once per forward pass and its
 weights used only there (no tied weights), and the model has no buffers;
 otherwise :func:`ghost_step` (or the step it returns) gives None and the caller keeps ``vmap``.
+
+One pass over the whole chunk is the members' own passes only if the model's forward treats every
+sample on its own: an operation across the batch (a mean over dim 0, a normalisation by batch
+statistics) would let one member's data move another member's "gradient" past the clip, a privacy
+leak that no numerical check of one chunk can rule out. So the ghost path is taken only for models
+whose forward is known: the package's own (:class:`~.models.LeNet5`, :class:`~.models.TanhCNN`) and
+an ``nn.Sequential`` of sample-wise layers (:data:`SAMPLEWISE`); a user's own module class keeps
+``vmap``, which runs each member's forward pass separately (its cross-batch operations then act
+within one member's batch, as in the single-client update).
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ from torch import nn
 from torch.func import vmap
 
 from .local_update import LossFn
+from .models import LeNet5, TanhCNN
 
 Params = dict[str, torch.Tensor]
 #: (squared gradient norms [c] (per-batch) or [c, B] (per-sample), factors -> name -> sum of f-weighted gradients)
@@ -40,6 +50,22 @@ GhostStep = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, Weighted]
 
 class _Unsupported(Exception):
     pass
+
+
+#: layers whose forward acts on each sample alone (the ghost path's nn.Sequential models)
+SAMPLEWISE: tuple[type[nn.Module], ...] = (
+    nn.Linear, nn.Conv2d, nn.Tanh, nn.ReLU, nn.Sigmoid, nn.ELU, nn.GELU, nn.LeakyReLU, nn.SiLU,
+    nn.MaxPool2d, nn.AvgPool2d, nn.Identity)
+
+
+def _forward_is_samplewise(model: nn.Module) -> bool:
+    """True where the model's forward is known to treat each sample on its own (module docstring)."""
+    if type(model) in (LeNet5, TanhCNN):  # the package's own models: forwards read in models.py
+        return True
+    if type(model) is not nn.Sequential:
+        return False
+    return all(type(m) in SAMPLEWISE or (type(m) is nn.Flatten and m.start_dim == 1)
+               for m in model.children())
 
 
 def _layers(model: nn.Module) -> list[tuple[str, nn.Module]] | None:
@@ -87,7 +113,7 @@ def _conv_sample_gradients(module: nn.Conv2d, a: torch.Tensor, go: torch.Tensor)
 def ghost_step(model: nn.Module, loss_fn: LossFn, per_sample: bool) -> GhostStep | None:
     """The gradient step at the model's own (shared) weights for x [B, c, ...], y [B, c] (sample-major),
     or None where it does not apply (above)."""
-    layers = _layers(model)
+    layers = _layers(model) if _forward_is_samplewise(model) else None
     if layers is None:
         return None
 

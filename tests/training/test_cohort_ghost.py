@@ -79,15 +79,17 @@ def test_nonfinite_gradients_are_zeroed_and_counted_as_in_the_vmap_path(monkeypa
         torch.testing.assert_close(fast.total[name], t, rtol=1e-5, atol=1e-6)
 
 
-class _Twice(nn.Module):
+class _BatchCentred(nn.Module):
+    """A user's model whose forward subtracts the batch mean: one pass over a whole chunk would mix the
+    members (one member's image moves another's logits)."""
+
     def __init__(self) -> None:
         super().__init__()
-        self.fc = nn.Linear(28 * 28, 28 * 28)
-        self.out = nn.Linear(28 * 28, 10)
+        self.fc = nn.Linear(28 * 28, 10)
 
     def forward(self, x):
         h = x.flatten(1)
-        return self.out(torch.tanh(self.fc(torch.tanh(self.fc(h)))))  # one layer used twice
+        return self.fc(h - h.mean(0, keepdim=True))
 
 
 def test_models_it_does_not_cover_keep_the_vmap_path(monkeypatch):
@@ -96,9 +98,29 @@ def test_models_it_does_not_cover_keep_the_vmap_path(monkeypatch):
     frozen = TanhCNN()
     frozen.features[0].weight.requires_grad_(False)
     assert ghost.ghost_step(frozen, torch.nn.functional.cross_entropy, False) is None
-    twice, data = _Twice(), _data()
-    step = ghost.ghost_step(twice, torch.nn.functional.cross_entropy, False)
-    assert step is not None and step(data.x[:3].unsqueeze(1), data.y[:3].unsqueeze(1)) is None
+    shared = nn.Linear(28 * 28, 28 * 28)
+    twice, data = nn.Sequential(nn.Flatten(), shared, nn.Tanh(), shared, nn.Linear(28 * 28, 10)), _data()
+    assert ghost.ghost_step(twice, torch.nn.functional.cross_entropy, False) is None  # one layer used twice
     fast, slow = (_run(twice, data, monkeypatch, g, batch_size=2) for g in (True, False))
     for name, t in slow.total.items():  # the fallback: the same result
         torch.testing.assert_close(fast.total[name], t, rtol=1e-5, atol=1e-6)
+
+
+def test_a_users_own_module_class_keeps_the_per_member_vmap_path(monkeypatch):
+    """The ghost path runs one forward pass over the whole chunk: sound only for a forward that treats
+    every sample alone. A user's module class is not read, so it keeps vmap, whose per-member passes give
+    each member exactly its single-client gradient even when the forward mixes the batch."""
+    model, data = _BatchCentred(), _data()
+    assert ghost.ghost_step(model, torch.nn.functional.cross_entropy, False) is None
+    assert ghost.ghost_step(nn.Sequential(nn.Flatten(), nn.Linear(784, 10)), torch.nn.functional.cross_entropy,
+                            False) is not None  # a Sequential of sample-wise layers is covered
+    # what a pass over the whole chunk would do: one member's image moves another member's logits
+    x = data.x[:4].clone()
+    before = model(x)[0]
+    x[1] += 1.0
+    assert not torch.allclose(model(x)[0], before)
+    result = _run(model, data, monkeypatch, True, batch_size=3)  # ghost allowed, but not taken
+    fast_path_off = _run(model, data, monkeypatch, False, batch_size=3)
+    for name, t in fast_path_off.total.items():
+        torch.testing.assert_close(result.total[name], t)
+
