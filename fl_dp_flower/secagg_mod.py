@@ -20,6 +20,8 @@ passes through unchanged.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from flwr.app import Context, Error, Message
 from flwr.app.message_type import MessageType
@@ -53,9 +55,9 @@ def secure_upload_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable)
     ints = reply.content.array_records[SECURE_SUM_RECORD]
     values = to_flower_values([np.asarray(ints[k].numpy()) for k in ints.keys()])
     metrics = dict(reply.content.metric_records["metrics"]) if "metrics" in reply.content.metric_records else {}
-    metrics = secure_echo(metrics)  # a cohort's dp.members as a string: SecAgg+'s FitRes metrics hold scalars only
+    scalars: dict[str, Any] = secure_echo(metrics)  # a cohort's dp.members as a string: FitRes metrics hold scalars only
     fitres = FitRes(status=Status(code=Code.OK, message="OK"), parameters=ndarrays_to_parameters(values),
-                    num_examples=1, metrics=metrics)
+                    num_examples=1, metrics=scalars)
     return Message(fitres_to_recorddict(fitres, keep_input=False), reply_to=msg)
 
 

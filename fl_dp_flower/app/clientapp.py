@@ -96,7 +96,7 @@ def _partition(context: Context, config: AppConfig) -> Partition:
 
 def _global_model(msg: Message, config: AppConfig, device: torch.device) -> torch.nn.Module:
     model = build_model(config.dataset, config.model)
-    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    model.load_state_dict(msg.content.array_records["arrays"].to_torch_state_dict())
     return model.to(device)
 
 

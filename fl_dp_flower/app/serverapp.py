@@ -130,9 +130,9 @@ def make_evaluate_fn(config: AppConfig):
     def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         model.load_state_dict(arrays.to_torch_state_dict())
         loss, acc = evaluate_model(model, x, y)
-        metrics = {"accuracy": float(acc), "loss": float(loss)}  # test (held-out) accuracy
+        metrics: dict[str, Any] = {"accuracy": float(acc), "loss": float(loss)}  # test (held-out) accuracy
         if val is not None:  # the split to tune on (validation-fraction)
-            val_loss, val_acc = evaluate_model(model, *val)
+            val_loss, val_acc = evaluate_model(model, val[0], val[1])
             metrics.update({"val-accuracy": float(val_acc), "val-loss": float(val_loss)})
         return MetricRecord(metrics)
 

@@ -232,7 +232,8 @@ class NoisyStrategyMixin(NodeSampling):
                 "with the %d clients that replied, as not applied (it stays out of the final-model bound)",
                 server_round, arrived, self.federation.min_replies, arrived,
             )
-        metrics = {**(average_metrics(usable, weights) if usable else {}), **dp_metrics(report), "dp-aggregated": int(aggregated),
+        metrics: dict[str, Any] = {
+                   **(average_metrics(usable, weights) if usable else {}), **dp_metrics(report), "dp-aggregated": int(aggregated),
                    "dp-dropped": len(dropped), "dp-capped": self._last_capped, "dp-echo-mismatch": self._last_mismatch,
                    "dp-epsilon-increase": report.certified.epsilon - before,
                    "dp-expected-epsilon-increase": expected - before}
@@ -292,7 +293,7 @@ class NoisyStrategyMixin(NodeSampling):
         pending, self._round = self._round, None
         if server_round == 0 or pending is None or pending.record is None:
             return result  # the initial evaluation, or a round that accounted nothing
-        merged = {**pending.metrics, **(dict(result) if result is not None else {})}
+        merged = {**(pending.metrics or {}), **(dict(result) if result is not None else {})}
         self.global_arrays = arrays
         outcome = RoundOutcome(pending.record.round, pending.record, pending.report, merged, arrays)
         for sink in self.sinks:
@@ -348,7 +349,8 @@ class NoisyStrategyMixin(NodeSampling):
     def partial_result(self) -> Result:
         """The :class:`Result` so far (last global model, metrics of the rounds that ran)."""
         return Result(
-            arrays=self.global_arrays, train_metrics_clientapp=dict(self._train_metrics),
+            arrays=self.global_arrays if self.global_arrays is not None else ArrayRecord(),
+            train_metrics_clientapp=dict(self._train_metrics),
             evaluate_metrics_serverapp=dict(self._eval_metrics),
         )
 

@@ -218,7 +218,7 @@ def local_update(
         with torch.no_grad():
             if anchor is not None:  # proximal term added after clipping (Eq. 4)
                 grads = [g + prox_alpha * (p - a) for g, p, a in zip(grads, params, anchor)]
-            torch._foreach_add_(params, grads, alpha=-eta)
+            torch._foreach_add_(list[torch.Tensor](params), grads, alpha=-eta)
     return LocalUpdateStats(
         loss=sum(losses) / len(losses),
         clipped_fraction=clipped / max(counted, 1),

@@ -114,9 +114,10 @@ def _generator_for(generator: torch.Generator | Mapping[str, torch.Generator], d
     if isinstance(generator, torch.Generator):
         gen = generator
     else:
-        gen = generator.get(str(device)) or generator.get(device.type)
-        if gen is None:
+        found = generator.get(str(device)) or generator.get(device.type)
+        if found is None:
             raise ValueError(f"no noise generator for device {device} (have {list(generator)})")
+        gen = found
     if gen.device.type != device.type or (
         device.type != "cpu" and gen.device.index not in (None, device.index)
     ):
