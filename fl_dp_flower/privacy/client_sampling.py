@@ -43,7 +43,7 @@ from typing import Any, Sequence
 import numpy as np
 from scipy import special
 
-from .pld_rounds import RoundByRoundPLD, compose_runs, epsilon_at
+from .pld_rounds import RoundByRoundPLD, compose_runs, epsilon_at, too_wide
 from .records import RoundRecord
 from .terms import _fedprox_parts
 from .validate import int_at_least, nonnegative
@@ -138,7 +138,7 @@ class ConditionedComposition:
 
     rounds: list[tuple[float, float]] = field(default_factory=list)
     _plds: RoundByRoundPLD[tuple[float, float]] = field(
-        default_factory=lambda: RoundByRoundPLD(_round_pld), init=False, repr=False, compare=False)
+        default_factory=lambda: RoundByRoundPLD(_round_pld, too_wide=too_wide), init=False, repr=False, compare=False)
 
     def peek(self, p: float, mu: float) -> Any:
         """The composed PLD after one more round (p, mu), nothing changed."""

@@ -32,7 +32,7 @@ from typing import Any
 
 from .bounds import BoundValue
 from .client_sampling import inclusion_probability
-from .pld_rounds import RoundByRoundPLD, compose_runs, epsilon_at
+from .pld_rounds import RoundByRoundPLD, compose_runs, epsilon_at, too_wide
 from .records import RoundRecord
 from .terms import RoundTerms
 from .validate import int_at_least, positive
@@ -92,7 +92,7 @@ class SampledComposition:
     mus: list[float] = field(default_factory=list)
     rates: list[float] = field(default_factory=list)
     _plds: RoundByRoundPLD[tuple[float, float]] = field(
-        default_factory=lambda: RoundByRoundPLD(_pair_pld), init=False, repr=False, compare=False)
+        default_factory=lambda: RoundByRoundPLD(_pair_pld, too_wide=too_wide), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         q = positive("sampling_rate", self.sampling_rate)

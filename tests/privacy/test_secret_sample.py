@@ -303,3 +303,23 @@ def test_the_audit_attack_stays_below_a_secret_sample_and_beats_it_when_members_
     certified_public = composed_epsilon(p, [mu] * rounds, delta)
     assert 0.7 * certified_secret < secret.epsilon_lower <= certified_secret
     assert certified_secret + 0.5 < public.epsilon_lower <= certified_public
+
+
+@pytest.mark.parametrize("secrecy", ["public", "secret"])
+def test_a_round_too_wide_for_the_pld_gives_the_amplified_bound_up_never_an_undercount(secrecy):
+    """A round whose mu_t exceeds MU_PLD_LIMIT (here the coalition leaves the target's own noise only, mu_t 4)
+    would take seconds to minutes a round to compose: the amplified bound is given up (epsilon inf) from that
+    round on, and the run is certified by its other sound bounds, which are never below the amplified value."""
+    name = CONDITIONED_BOUND if secrecy == "secret" else "sampled"
+    wide = _config(sampling_rate=0.25, sample_secrecy=secrecy, colluders=899, sigma=1.0)  # mu_t = 4 / 1.0
+    accountant = PrivacyAccountant(wide)
+    narrow = _poisson_records(2, 900, 3600, 900, sigma=4.0)  # mu_t = 4 / 4 = 1: composed
+    accountant.extend(narrow)
+    before = accountant.report()
+    assert math.isfinite(before.bounds[name].epsilon) and before.certified_bound == name
+    accountant.extend(_poisson_records(3, 900, 3600, 900, sigma=1.0)[2:])  # round 3 at mu_t 4: too wide
+    after = accountant.report()
+    assert after.bounds[name].epsilon == math.inf and after.certified_bound != name
+    assert math.isfinite(after.certified.epsilon) and after.certified.epsilon >= before.certified.epsilon
+    others = [b.epsilon for n, b in after.bounds.items() if b.sound and n != name]
+    assert after.certified.epsilon == pytest.approx(min(others))  # the smallest of the other sound bounds
