@@ -295,7 +295,7 @@ class AppConfig(ServerUpdateConfig, SecureAggregationConfig, ReplyChecksConfig, 
             if self.weighting != "uniform":
                 problems.append(f"'weighting' = {self.weighting!r}: 'client-sampling' = 'poisson' needs 'uniform' "
                                 "(the aggregate divides the summed updates by q N)")
-        problems += batch_sampling_problems(self.threat_model, self.clipping, self.batch_rate if self.batch_sampling == "poisson" else None, self.sampling_rate if self.client_sampling == "poisson" else None, self.clients_per_node)  # noqa: E501 (docs/MATH.md §23.4)
+        problems += batch_sampling_problems(self.threat_model, self.clipping, self.batch_rate if self.batch_sampling == "poisson" else None, self.clients_per_node)  # noqa: E501 (docs/MATH.md §23.4)
         for problem in colluder_problems(self.threat_model, self.colluding_clients):
             problems.append(problem.replace("threat_model", "'threat-model'").replace("colluders", "'colluding-clients'"))
         if self.min_replies > self.clients_per_round:
