@@ -87,7 +87,7 @@ class AppConfig(ServerUpdateConfig, SecureAggregationConfig, ReplyChecksConfig, 
     clipping: Clipping = "per-batch"
     """"per-batch" (paper, Eq. 2: the mean batch gradient is clipped) or "per-sample" (DP-SGD style)."""
     batch_sampling: BatchSampling = "fixed"
-    """"fixed" ('batch-size' distinct samples) or "poisson": each node includes each of its n samples with probability B/n (per-sample clipping; all-rounds and curious-server certify the amplified 'batch_sampled' bound, assuming honest nodes whose draws stay secret; docs/MATH.md §23)."""
+    """"fixed" ('batch-size' distinct samples) or "poisson": each node includes each of its n samples with probability B/n (per-sample clipping; all-rounds and curious-server certify the amplified 'batch_sampled' bound, assuming honest nodes whose draws stay secret; with client-sampling "poisson" each round is charged at its own contributor count, no credit claimed for the client sampling; docs/MATH.md §23)."""
     batch_rate: float = Field(1.0, gt=0, le=1)
     """With batch-sampling "poisson": the rate B/n planning assumes (1: no amplification); each round is certified with the largest rate its nodes echoed."""
     clip_norm: float = Field(2.0, gt=0)
@@ -295,7 +295,7 @@ class AppConfig(ServerUpdateConfig, SecureAggregationConfig, ReplyChecksConfig, 
             if self.weighting != "uniform":
                 problems.append(f"'weighting' = {self.weighting!r}: 'client-sampling' = 'poisson' needs 'uniform' "
                                 "(the aggregate divides the summed updates by q N)")
-        problems += batch_sampling_problems(self.threat_model, self.clipping, self.batch_rate if self.batch_sampling == "poisson" else None, self.sampling_rate if self.client_sampling == "poisson" else None, self.clients_per_node)  # noqa: E501 (docs/MATH.md §23.4)
+        problems += batch_sampling_problems(self.threat_model, self.clipping, self.batch_rate if self.batch_sampling == "poisson" else None, self.clients_per_node)  # noqa: E501 (docs/MATH.md §23.4)
         for problem in colluder_problems(self.threat_model, self.colluding_clients):
             problems.append(problem.replace("threat_model", "'threat-model'").replace("colluders", "'colluding-clients'"))
         if self.min_replies > self.clients_per_round:

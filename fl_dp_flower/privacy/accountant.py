@@ -81,7 +81,7 @@ class PrivacyAccountant:
         self._secure = None if grid is None else SecureSumAccount(grid, config.sum_dimension or 0, config.colluders,
                                                                  config.sum_clients_per_upload)
         self._batch = None if config.batch_rate is None else BatchSampledAccount(  # docs/MATH.md §23
-            config.threat_model, config.smoothness, config.colluders)
+            config.threat_model, config.smoothness, config.colluders, client_sampled=q is not None)
 
     # ------------------------------------------------------------ protocol shape
     @property

@@ -116,14 +116,14 @@ def secrecy_problems(threat_model: str, sample_secrecy: str, population: int | N
 
 
 def batch_sampling_problems(threat_model: str, clipping: str, batch_rate: float | None,
-                            sampling_rate: float | None, clients_per_node: int = 1) -> list[str]:
+                            clients_per_node: int = 1) -> list[str]:
     """What Poisson batch sampling on the nodes asks of the run (docs/MATH.md §23.4).
 
     The amplified ``batch_sampled`` bound needs per-sample clipping (the sum of clipped per-sample
-    gradients over the expected batch size), is analysed for the all-rounds and curious-server threat
-    models only, and is not composed with Poisson client sampling (its fixed-denominator aggregate
-    and per-client noise change the pair): every selected site trains every round it is asked. The
-    app's cohort mode (``clients_per_node`` > 1) trains members with fixed batches: refused.
+    gradients over the expected batch size) and is analysed for the all-rounds and curious-server threat
+    models only. With Poisson client sampling it is charged per round at the round's own contributor
+    count, claiming nothing for the client sampling (docs/MATH.md §23.4). The app's cohort mode
+    (``clients_per_node`` > 1) trains members with fixed batches: refused.
     """
     if batch_rate is None:
         return []
@@ -132,10 +132,6 @@ def batch_sampling_problems(threat_model: str, clipping: str, batch_rate: float 
     if clipping != "per-sample":
         return ["batch_rate (Poisson batch sampling) needs clipping 'per-sample': a per-batch clipped step "
                 "moves by 2V whichever samples it holds"]
-    if sampling_rate is not None:
-        return ["batch_rate (Poisson batch sampling) cannot be combined with sampling_rate (Poisson client "
-                "sampling): the two amplifications are not analysed together; use fixed-size client selection "
-                "(every site every round in a cross-silo run)"]
     if threat_model not in ("all-rounds", "curious-server"):
         return [f"batch_rate (Poisson batch sampling) is amplified only under threat_model 'all-rounds' or "
                 f"'curious-server', not {threat_model!r}; use fixed-size batches with it"]

@@ -306,6 +306,8 @@ def calibrate_sigma(config: AccountantConfig, rounds: int, target_epsilon: float
             sigma = min(sigma, _sampled_sigma(config, rounds, target_epsilon))
         if config.sample_secrecy == "secret":
             sigma = min(sigma, _secret_sigma(config, rounds, target_epsilon))
+        if config.batch_rate is not None:  # and Poisson batches: batch_sampled may be the smallest (§23.4)
+            sigma = min(sigma, batch_sampled_sigma(config, rounds, target_epsilon))
     elif config.batch_rate is not None:  # certified = the smaller of the unamplified bound and batch_sampled (§23)
         sigma = min(plan(dataclasses.replace(config, sigma=1.0), rounds).bounds[
             "composition" if config.threat_model == "all-rounds" else "local_dp"].mu / mu_star,

@@ -154,8 +154,7 @@ class AccountantConfig:
             raise ValueError(problem)
         if self.batch_rate is not None and not (positive("batch_rate", self.batch_rate) <= 1.0):
             raise ValueError(f"batch_rate must be in (0, 1], got {self.batch_rate!r}")
-        for problem in batch_sampling_problems(self.threat_model, self.clipping, self.batch_rate,
-                                               self.sampling_rate) + colluder_problems(self.threat_model, self.colluders) + sampling_problems(
+        for problem in batch_sampling_problems(self.threat_model, self.clipping, self.batch_rate) + colluder_problems(self.threat_model, self.colluders) + sampling_problems(
                 self.threat_model, self.sampling_rate) + secure_sum_problems(self.threat_model, self.sum_grid_step,
                                                                              self.sum_dimension, self.sum_clients_per_upload):
             raise ValueError(problem)

@@ -23,8 +23,10 @@ common one. This is the textbook Poisson-subsampled Gaussian mechanism, per roun
 
 Rounds compose by dp-accounting's PLD accountant (pessimistic discretisation of :data:`DISCRETIZATION`
 nats, so the epsilon it returns is an upper bound). The bound is certified for ``all-rounds`` and
-``curious-server`` only, needs per-sample clipping, fixed-size client selection (no Poisson client
-sampling) and rests on :func:`batch_assumption`, stated wherever it is printed.
+``curious-server`` only, needs per-sample clipping and rests on :func:`batch_assumption`, stated wherever
+it is printed. With Poisson client sampling (docs/MATH.md §23.4) every round is charged this pair at the
+round's own contributor count k_t (its record's uniform weights 1/k_t: r_t = eta V/B / (sigma
+sqrt(max(k_t - c, 1))), the fixed denominator q N cancels); nothing is claimed for the client sampling.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from .terms import RoundTerms, round_terms
 from .validate import int_at_least, positive
 
 __all__ = ["AMPLIFIED_THREAT_MODELS", "BATCH_SAMPLED_BOUND", "BatchSampledAccount", "BatchSampledComposition",
-           "DISCRETIZATION", "batch_assumption", "batch_sampled_sigma", "composed_epsilon", "inclusion_rate",
+           "DISCRETIZATION", "NO_CLIENT_CREDIT", "batch_assumption", "batch_sampled_sigma", "composed_epsilon", "inclusion_rate",
            "round_pair"]
 
 #: the name of the amplified bound in a report's ``bounds``
@@ -53,11 +55,18 @@ AMPLIFIED_THREAT_MODELS: dict[str, str] = {"all-rounds": "composition", "curious
 _RELATIONS = ("replace-one", "add/remove-one")
 
 
-def batch_assumption(rate: float) -> str:
-    """The trust assumption of the ``batch_sampled`` bound, printed next to it (``BoundValue.assumes``)."""
-    return (f"honest node: each local step's batch Poisson-sampled on the node (each sample independently, "
+#: what the ``batch_sampled`` bound says it does not claim when clients are Poisson-sampled too (docs/MATH.md §23.4)
+NO_CLIENT_CREDIT = ("no credit for client sampling: every round is charged as if the target's client took part, "
+                    "at the round's own contributor count")
+
+
+def batch_assumption(rate: float, client_sampled: bool = False) -> str:
+    """The trust assumption of the ``batch_sampled`` bound, printed next to it (``BoundValue.assumes``);
+    ``client_sampled``: clients are Poisson-sampled too, and the bound says it claims nothing for that."""
+    text = (f"honest node: each local step's batch Poisson-sampled on the node (each sample independently, "
             f"rate q = B/n <= {rate:g}), from randomness that never leaves the node and is unknown to the "
             "adversary (a fixed seed makes it predictable: experiments only)")
+    return f"{text}; {NO_CLIENT_CREDIT}" if client_sampled else text
 
 
 def inclusion_rate(rate: float, local_steps: int) -> float:
@@ -75,7 +84,10 @@ def round_pair(record: RoundRecord, terms: RoundTerms, threat_model: str) -> tup
     ``terms`` must be the record's clip-only terms (``assume_smooth_losses=False``). A round that is not
     Poisson-sampled with per-sample clipping (``record.batch_rate`` None, per-batch clipping) gets
     p_t = 1 and the replace-one / add/remove distances of the unamplified bound, so it never costs less
-    than without sampling. A round nothing was uploaded in costs nothing (r_t = 0)."""
+    than without sampling. A round nothing was uploaded in costs nothing (r_t = 0): its release does not
+    depend on the data. With Poisson client sampling the record's weights are 1/k_t over the k_t
+    contributions that entered the fixed-denominator sum, so the all-rounds r_t is the shift over the
+    noise at the round's own k_t (the denominator q N cancels; k_t <= c: the target's own noise)."""
     if threat_model not in AMPLIFIED_THREAT_MODELS:
         raise ValueError(f"threat_model must be one of {tuple(AMPLIFIED_THREAT_MODELS)}, got {threat_model!r}")
     if not record.weights:
@@ -145,6 +157,7 @@ class BatchSampledAccount:
     threat_model: str
     smoothness: float
     colluders: int
+    client_sampled: bool = False  # Poisson client sampling too: no credit claimed for it (docs/MATH.md §23.4)
     replace_one: BatchSampledComposition = field(init=False)
     add_remove: BatchSampledComposition = field(init=False)
     max_rate: float = field(init=False, default=0.0)
@@ -179,16 +192,18 @@ class BatchSampledAccount:
         pld, pld_ar, rate = (None, None, self.max_rate) if trial is None else trial
         base_name = AMPLIFIED_THREAT_MODELS[self.threat_model]
         base = bounds[base_name]
-        assumes = (*base.assumes, batch_assumption(rate))
+        assumption = batch_assumption(rate, self.client_sampled)
+        assumes = (*base.assumes, assumption)
         bounds[BATCH_SAMPLED_BOUND] = BoundValue(mu=base.mu, epsilon=self.replace_one.epsilon(delta, pld),
                                                  sound=True, assumes=assumes)
-        if add_remove.get("bound") == base_name:
-            eps_ar = self.add_remove.epsilon(delta, pld_ar)
-            if eps_ar < add_remove["epsilon"]:
-                add_remove.update(bound=BATCH_SAMPLED_BOUND, epsilon=eps_ar)
+        # the add/remove guarantee so far is a sound bound of this threat model (the unamplified one, or with
+        # client sampling the sampled / sampled_secret one): the smaller of it and this one holds
+        eps_ar = self.add_remove.epsilon(delta, pld_ar)
+        if eps_ar < add_remove["epsilon"]:
+            add_remove.update(bound=BATCH_SAMPLED_BOUND, epsilon=eps_ar)
         return {"sampling": "poisson", "max_rate": rate, "bound": BATCH_SAMPLED_BOUND,
                 "certified_for": self.threat_model, "epsilon_without_amplification": base.epsilon,
-                "assumes": batch_assumption(rate)}
+                "assumes": assumption}
 
 
 def composed_epsilon(relation: str, pairs: list[tuple[float, float]], delta: float,

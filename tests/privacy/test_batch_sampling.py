@@ -179,11 +179,14 @@ def test_a_round_that_is_not_poisson_sampled_is_never_charged_less_than_composit
     assert sampled.certified.epsilon < report.certified.epsilon
 
 
-def test_per_batch_clipping_or_client_sampling_or_final_model_is_refused_with_batch_rate():
+def test_per_batch_clipping_or_final_model_is_refused_with_batch_rate_and_client_sampling_is_not():
     with pytest.raises(ValueError, match="per-sample"):
         _cfg(clipping="per-batch")
-    with pytest.raises(ValueError, match="client"):
-        _cfg(sampling_rate=0.5)
+    with pytest.raises(ValueError, match="per-sample"):
+        _cfg(clipping="per-batch", sampling_rate=0.5)
+    # Poisson client sampling composes (docs/MATH.md §23.4, tests/privacy/test_batch_with_client_sampling.py)
+    both = _cfg(sampling_rate=0.5, population=20)
+    assert PrivacyAccountant(both).step(both.planned_round(1)).certified_bound == BATCH_SAMPLED_BOUND
     with pytest.raises(ValueError, match="all-rounds"):
         _cfg(threat_model="final-model", colluders=0)
     with pytest.raises(ValueError, match="batch_rate"):

@@ -154,7 +154,7 @@ def test_run_certifies_the_amplified_bound_and_reveals_no_draw(tmp_path):
 @pytest.mark.parametrize("overrides, text", [
     ({"clipping": "per-batch"}, "per-sample"),
     ({"clients-per-node": 2, "clients-per-round": 6}, "clients_per_node = 1"),
-    ({"client-sampling": "poisson", "sampling-rate": 0.5}, "client"),
+    ({"client-sampling": "poisson", "sampling-rate": 0.5, "clipping": "per-batch"}, "per-sample"),
     ({"threat-model": "final-model", "colluding-clients": 0, "assume-smooth-losses": True}, "all-rounds"),
 ])
 def test_run_config_refuses_what_the_amplification_is_not_analysed_for(tmp_path, overrides, text):
@@ -162,3 +162,43 @@ def test_run_config_refuses_what_the_amplification_is_not_analysed_for(tmp_path,
 
     with pytest.raises((ConfigError, ValueError), match=text):
         tiny_config(tmp_path, **{"clipping": "per-sample", "batch-sampling": "poisson", "batch-rate": 0.2, **overrides})
+
+
+def test_run_with_poisson_client_sampling_certifies_the_batch_sampled_bound_at_each_rounds_count(tmp_path):
+    """Client sampling and batch sampling together (docs/MATH.md §23.4): every round's ledger report certifies the
+    batch-sampled bound, equal to dp-accounting's PLD accountant on each round's PoissonSampledDpEvent(q_t,
+    GaussianDpEvent(z_t)) with z_t = sigma sqrt(max(k_t - c, 1)) B / (eta V) from the round's own count k_t."""
+    import math
+
+    import dp_accounting
+    from dp_accounting.pld import pld_privacy_accountant
+
+    from fl_dp_flower.privacy.accountant import PrivacyAccountant
+    from fl_dp_flower.privacy.sample_sampling import NO_CLIENT_CREDIT
+
+    cfg = tiny_config(tmp_path, **{"clipping": "per-sample", "batch-sampling": "poisson", "batch-rate": 0.2,
+                                   "local-steps": 1, "batch-size": 256, "colluding-clients": 1,
+                                   "client-sampling": "poisson", "sampling-rate": 0.7, "num-server-rounds": 2,
+                                   "sigma": 6e-4})
+    out, _ = run_local(cfg)
+    ledger = read_ledger(out.run_dir / "ledger.jsonl")
+    records = out.accountant.records
+    assert len(records) == 2 and all(r.population == 3 for r in records)
+    assert [r.clients for r in records] == [3, 2]  # seed 0: the counts differ, and each round is charged at its own
+    acc = pld_privacy_accountant.PLDAccountant(dp_accounting.NeighboringRelation.REPLACE_ONE,
+                                               value_discretization_interval=1e-4)
+    for r in records:
+        if r.clients:
+            z = r.sigma * math.sqrt(max(r.clients - 1, 1)) * 256 / (r.step_sizes[0] * r.clip_norm)
+            acc.compose(dp_accounting.PoissonSampledDpEvent(r.batch_rate, dp_accounting.GaussianDpEvent(z)))
+    last = ledger.rounds[-1]["report"]
+    assert last["certified"]["bound"] == BATCH_SAMPLED_BOUND
+    assert math.isfinite(last["certified"]["epsilon"]) and last["certified"]["epsilon"] > 0
+    assert NO_CLIENT_CREDIT in last["certified"]["assumes"][-1]
+    assert last["certified"]["epsilon"] == pytest.approx(acc.get_epsilon(cfg.delta), rel=2e-3)
+    replay = PrivacyAccountant.from_records(out.accountant.config, records).report()
+    assert last["certified"]["epsilon"] == replay.certified.epsilon
+    assert last["certified"]["epsilon"] < last["bounds"]["sampled"]["epsilon"]
+    from fl_dp_flower.reporting.verify import verify_ledger
+
+    assert verify_ledger(out.run_dir / "ledger.jsonl").ok
