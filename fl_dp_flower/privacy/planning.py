@@ -36,7 +36,7 @@ from .bounds import (
 from .planned_bounds import planned_bounds
 from .records import BOUND_CHOICES, BOUND_NAMES, AccountantConfig, BoundChoice
 from .client_sampling import CONDITIONED_BOUND, SecretSampleAccount, conditioned_epsilon
-from .sampled import SAMPLED_BOUND, composed_epsilon, round_mu
+from .sampled import SAMPLED_BOUND, SampledAccount, composed_pairs_epsilon, round_mu
 from .sample_sampling import BATCH_SAMPLED_BOUND, batch_sampled_sigma
 from .secure_aggregation import amend_secure_aggregation
 from .terms import drift_bound_allowed, round_terms
@@ -98,15 +98,16 @@ def _sampled_sigma(config: AccountantConfig, rounds: int, target_epsilon: float)
     """The smallest sigma (to 1e-6 relative, rounded up) at which the ``sampled`` bound of ``rounds``
     planned rounds is <= ``target_epsilon``: mu_t is proportional to 1/sigma, epsilon decreases in sigma."""
     unit = dataclasses.replace(config, sigma=1.0)
-    mus = []
+    account = SampledAccount(float(config.sampling_rate or 1.0), unit.colluders)  # the accountant's own rate p_t
+    pairs = []
     for t in range(1, rounds + 1):
         record = unit.planned_round(t)
         terms = round_terms(record, unit.smoothness, unit.colluders, unit.assume_smooth_losses)
-        mus.append(round_mu(terms.client_sensitivity, 1.0, record.clients, unit.colluders))
-    q = float(config.sampling_rate or 1.0)
+        pairs.append((account.rate(record), round_mu(terms.client_sensitivity, 1.0, record.clients, unit.colluders)))
+    mus = [m for _, m in pairs]
 
     def fits(sigma: float) -> bool:
-        return composed_epsilon(q, [m / sigma for m in mus], config.delta) <= target_epsilon
+        return composed_pairs_epsilon([(p, m / sigma) for p, m in pairs], config.delta) <= target_epsilon
 
     return _search_sigma(fits, math.sqrt(math.fsum(m * m for m in mus)) / gdp.mu_for(target_epsilon, config.delta))
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 from .bounds import BoundValue
 from .client_sampling import inclusion_probability
@@ -37,8 +37,8 @@ from .records import RoundRecord
 from .terms import RoundTerms
 from .validate import int_at_least, positive
 
-__all__ = ["DISCRETIZATION", "SAMPLED_BOUND", "SampledAccount", "SampledComposition", "composed_epsilon", "round_mu",
-           "sampler_assumption"]
+__all__ = ["DISCRETIZATION", "SAMPLED_BOUND", "SampledAccount", "SampledComposition", "composed_epsilon",
+           "composed_pairs_epsilon", "round_mu", "sampler_assumption"]
 
 #: the name of the amplified bound in a report's ``bounds``
 SAMPLED_BOUND = "sampled"
@@ -195,3 +195,9 @@ def composed_epsilon(sampling_rate: float, mus: list[float], delta: float) -> fl
     """epsilon at ``delta`` of the pairs (q, mu_t) composed (runs of equal mu self-composed: fast for
     planned schedules; equal to round-by-round composition up to the discretisation)."""
     return epsilon_at(compose_runs(mus, lambda mu: _round_pld(sampling_rate, mu)), delta)
+
+
+def composed_pairs_epsilon(pairs: Sequence[tuple[float, float]], delta: float) -> float:
+    """epsilon (nats) at ``delta`` of the pairs (p_t, mu_t) composed (the target's chance p_t of being in round
+    t, as :meth:`SampledAccount.rate` gives it); runs of equal pairs self-composed."""
+    return epsilon_at(compose_runs(list(pairs), _pair_pld), delta)

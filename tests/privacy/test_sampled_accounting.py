@@ -148,3 +148,19 @@ def test_the_real_mechanism_with_per_client_noise_never_exceeds_the_bound(q, oth
                     * gdp.delta(round_mu(gamma, sigma, k + 1, 0), eps) for k in range(others + 1))
         assert hs <= bound + 1e-9
         assert bound <= q * gdp.delta(round_mu(gamma, sigma, 0, 0), eps) + 1e-15
+
+
+@pytest.mark.parametrize("clients", [10, 20])
+def test_calibration_plans_at_the_accountants_own_rate_for_a_small_population(clients):
+    """With N 20 and one colluder the accountant weighs a round by k/(N - c) = 10/19, not q = 0.5: a
+    calibration at q found a sigma the planned run then exceeded, and refused the target as unmeetable."""
+    import dataclasses
+
+    from fl_dp_flower.privacy.planning import calibrate_sigma, plan
+    from fl_dp_flower.privacy.records import AccountantConfig
+
+    config = AccountantConfig(lr=0.5, local_steps=1, clip_norm=1.0, clients=clients, sigma=1.0, clipping="per-sample",
+                              batch_size=1, colluders=1, sampling_rate=0.5, population=20)
+    sigma = calibrate_sigma(config, 30, 1.0).sigma
+    planned = plan(dataclasses.replace(config, sigma=sigma), 30)
+    assert 0.99 < planned.certified.epsilon <= 1.0
