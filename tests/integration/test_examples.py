@@ -30,7 +30,7 @@ DOCUMENTED = {"fl_dp_flower", "fl_dp_flower.vocabulary", "fl_dp_flower.privacy",
               "fl_dp_flower.settings", "fl_dp_flower.protocol", "fl_dp_flower.node", "fl_dp_flower.client",
               "fl_dp_flower.reporting", "fl_dp_flower.strategies", "fl_dp_flower.audit", "fl_dp_flower.interop",
               "fl_dp_flower.testing", "fl_dp_flower.errors", "fl_dp_flower.secagg_mod", "fl_dp_flower.run_marker",
-              "fl_dp_flower.app"}
+              "fl_dp_flower.reply_checks", "fl_dp_flower.app"}
 
 
 def _imports(path: Path) -> list[tuple[str, str]]:
