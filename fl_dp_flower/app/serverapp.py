@@ -64,7 +64,7 @@ from fl_dp_flower.app.threat import (final_model_assumptions, node_assumptions, 
                                       run_grid, start_warnings)
 from fl_dp_flower.app.config import AppConfig, ConfigError
 from fl_dp_flower.app.preflight import chance_level_warning, log_preflight
-from fl_dp_flower.checkpoint import ModelCheckpoint
+from fl_dp_flower import ModelCheckpoint
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.reporting import PrivacyLedger, PrivacyMetricsExporter, plot_privacy_curve, render_summary
 from fl_dp_flower.reporting.console import conditional_note, delta_text
