@@ -8,9 +8,9 @@ choose nothing. Both sides are held to the same certified epsilon at delta = 1e-
 **replace-one** (the package's), with add/remove-one printed beside it.
 
 - **fl-dp-flower**: the main job's recipe (every training image is one client, all of them in
-  every round, K = 1, B = 1, V = 1, constant schedule, ``--rounds`` rounds, the released
-  model the EMA of the iterates with decay 0.8, chosen on validation: docs/results.md), with its lr
-  chosen per epsilon from ``--package-lrs`` by validation accuracy (first seed), through the real
+  every round, K = 1, B = 1, V = 1, constant schedule, the released model the EMA of the iterates
+  with decay 0.8, chosen on validation: docs/results.md), with its number of rounds (``--rounds``)
+  and lr (``--package-lrs``) chosen per epsilon by validation accuracy (first seed), through the real
   ServerApp and ClientApp on the in-process grid of 10 nodes (``fl_dp_flower.testing``). sigma is
   calibrated (``fl_dp_flower.calibrate``) so that the run certifies the target (all-rounds,
   composition). Its add/remove epsilon is the run's own report.
@@ -34,7 +34,7 @@ common DP-SGD recipe for MNIST (C 1, batch 256, no momentum). Each (method, epsi
 point is the mean and standard deviation over the seeds.
 
 Run (needs Opacus: ``pip install -e '.[baselines]'``):
-    .venv/bin/python scripts/side_by_side.py [--epsilons 0.5 1 2 4 8] [--seeds 3] [--rounds 60] [--model cnn-tanh]
+    .venv/bin/python scripts/side_by_side.py [--epsilons 0.5 1 2 4 8] [--seeds 3] [--rounds 20 40 60] [--model cnn-tanh]
 About 1 minute per package run (cnn-tanh; 2.5 with lenet5) and 10-60 s per Opacus run on an idle 2-core machine.
 """
 
