@@ -8,9 +8,9 @@ choose nothing. Both sides are held to the same certified epsilon at delta = 1e-
 **replace-one** (the package's), with add/remove-one printed beside it.
 
 - **fl-dp-flower**: the main job's recipe (every training image is one client, all of them in
-  every round, K = 1, B = 1, V = 1, constant schedule, ``--rounds`` rounds, the released
-  model the EMA of the iterates with decay 0.8, chosen on validation: docs/results.md), with its lr
-  chosen per epsilon from ``--package-lrs`` by validation accuracy (first seed), through the real
+  every round, K = 1, B = 1, V = 1, constant schedule, the released model the EMA of the iterates
+  with decay 0.8, chosen on validation: docs/results.md), with its number of rounds (``--rounds``)
+  and lr (``--package-lrs``) chosen per epsilon by validation accuracy (first seed), through the real
   ServerApp and ClientApp on the in-process grid of 10 nodes (``fl_dp_flower.testing``). sigma is
   calibrated (``fl_dp_flower.calibrate``) so that the run certifies the target (all-rounds,
   composition). Its add/remove epsilon is the run's own report.
@@ -34,7 +34,7 @@ common DP-SGD recipe for MNIST (C 1, batch 256, no momentum). Each (method, epsi
 point is the mean and standard deviation over the seeds.
 
 Run (needs Opacus: ``pip install -e '.[baselines]'``):
-    .venv/bin/python scripts/side_by_side.py [--epsilons 0.5 1 2 4 8] [--seeds 3] [--rounds 60] [--model cnn-tanh]
+    .venv/bin/python scripts/side_by_side.py [--epsilons 0.5 1 2 4 8] [--seeds 3] [--rounds 20 40 60] [--model cnn-tanh]
 About 1 minute per package run (cnn-tanh; 2.5 with lenet5) and 10-60 s per Opacus run on an idle 2-core machine.
 """
 
@@ -82,7 +82,7 @@ def package_point(epsilon: float, rounds: int, seed: int, lr: float, model: str,
         outcome, _ = run_local(cfg, nodes=10)
     report = outcome.summary["final_report"]
     return {"accuracy": outcome.summary["final_accuracy"], "val_accuracy": outcome.summary["final_val_accuracy"],
-            "lr": lr, "epsilon": report["certified"]["epsilon"],
+            "lr": lr, "rounds": rounds, "epsilon": report["certified"]["epsilon"],
             "epsilon_add_remove": report["add_remove"]["epsilon"], "noise": sigma}
 
 
@@ -183,7 +183,10 @@ def silo_runs(epsilon: float, seeds: int, rounds: int, lrs: list[float], model: 
 def chosen_on_validation(run: Callable[..., dict], settings: list[dict[str, Any]], seeds: int) -> list[dict]:
     """Every setting on the first seed, then the one with the best validation accuracy on the other
     seeds (the test images choose nothing): ``run(seed=..., **setting)`` is one run."""
-    first = [(setting, run(seed=1, **setting)) for setting in settings]
+    first = []
+    for setting in settings:
+        first.append((setting, run(seed=1, **setting)))
+        print(f"  searched {setting}: validation {first[-1][1]['val_accuracy']:.4f}", flush=True)
     best, point = max(first, key=lambda pair: pair[1]["val_accuracy"])
     return [point] + [run(seed=seed, **best) for seed in range(2, seeds + 1)]
 
@@ -194,10 +197,13 @@ def opacus_runs(epsilon: float, seeds: int, batch: int, epochs: list[int], lrs: 
                                 [{"lr": lr, "epochs": e} for lr in lrs for e in epochs], seeds)
 
 
-def package_runs(epsilon: float, seeds: int, rounds: int, lrs: list[float], model: str) -> list[dict]:
-    """This package's runs of one epsilon, its lr chosen on validation."""
-    return chosen_on_validation(lambda seed, **s: package_point(epsilon, rounds, seed, model=model, **s),
-                                [{"lr": lr} for lr in lrs], seeds)
+def package_runs(epsilon: float, seeds: int, rounds: list[int], lrs: list[float], model: str, q: float = 1.0,
+                 secrecy: str = "public") -> list[dict]:
+    """This package's runs of one epsilon (client-sampling rate ``q``), its (rounds, lr) chosen on validation,
+    as Opacus's (epochs, lr): sigma is calibrated per number of rounds, so fewer rounds mean less noise."""
+    return chosen_on_validation(lambda seed, **s: package_point(epsilon, seed=seed, model=model, q=q, secrecy=secrecy,
+                                                                **s),
+                                [{"lr": lr, "rounds": r} for r in rounds for lr in lrs], seeds)
 
 
 RESULT = "RESULT "  # one JSON line per (epsilon, method): what --from-log reads back
@@ -205,7 +211,7 @@ RESULT = "RESULT "  # one JSON line per (epsilon, method): what --from-log reads
 
 def result(epsilon: float, method: str, points: list[dict]) -> dict:
     """One (epsilon, method) row: the figures of every seed's run (printed as a RESULT line)."""
-    keep = ("accuracy", "val_accuracy", "epsilon", "epsilon_add_remove", "noise", "lr", "epochs")
+    keep = ("accuracy", "val_accuracy", "epsilon", "epsilon_add_remove", "noise", "lr", "epochs", "rounds")
     return {"epsilon": epsilon, "method": method, "points": [{k: p[k] for k in keep if k in p} for p in points]}
 
 
@@ -219,16 +225,23 @@ METHODS = {"package": "fl-dp-flower", "sampled": "fl-dp-flower, Poisson-sampled"
            "silo": "fl-dp-flower cross-silo, Poisson batches"}
 
 
+def _rounds(point: dict, default: int) -> str:
+    """'lr 2, 40 rounds' (logs of the script before the rounds search: the one --rounds of the run)."""
+    return f"lr {point['lr']:g}, {point.get('rounds', default)} rounds"
+
+
 def table(results: list[dict], rounds: int, sampled_rounds: int, q: float) -> str:
     by = {(r["epsilon"], r["method"]): r["points"] for r in results}
-    lines = [f"| replace-one ε (δ 1e-5) | fl-dp-flower, {rounds} rounds (lr; add/remove ε) | "
-             f"sampled q {q:g}, {sampled_rounds} rounds (add/remove ε) | Opacus DP-SGD (lr, epochs; add/remove ε) |"
+    lines = ["| replace-one ε (δ 1e-5) | fl-dp-flower, every client every round (lr, rounds; add/remove ε) | "
+             f"sampled q {q:g}, secret sample (lr, rounds; add/remove ε) | Opacus DP-SGD (lr, epochs; add/remove ε) |"
              " cross-silo, Poisson batches (lr; add/remove ε) |",
              "|---|---|---|---|---|"]
     for epsilon in sorted({e for e, _ in by}):
         ours, sampled, theirs, silo = (by.get((epsilon, m), []) for m in METHODS)
-        cells = [f"{summary(ours)} (lr {ours[0]['lr']:g}; {ours[0]['epsilon_add_remove']:.3g})" if ours else "not run",
-                 f"{summary(sampled)} ({sampled[0]['epsilon_add_remove']:.3g})" if sampled else "not run",
+        cells = [f"{summary(ours)} ({_rounds(ours[0], rounds)}; {ours[0]['epsilon_add_remove']:.3g})" if ours
+                 else "not run",
+                 f"{summary(sampled)} ({_rounds(sampled[0], sampled_rounds)}; {sampled[0]['epsilon_add_remove']:.3g})"
+                 if sampled else "not run",
                  f"{summary(theirs)} (lr {theirs[0]['lr']:g}, {theirs[0]['epochs']}; "
                  f"{theirs[0]['epsilon_add_remove']:.3g})" if theirs else "not run",
                  f"{summary(silo)} (lr {silo[0]['lr']:g}; {silo[0]['epsilon_add_remove']:.3g})" if silo else "not run"]
@@ -262,7 +275,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--epsilons", type=float, nargs="+", default=[0.5, 1.0, 2.0, 4.0, 8.0])
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=60, help="this package's rounds")
+    parser.add_argument("--rounds", type=int, nargs="+", default=[20, 40, 60],
+                        help="this package's candidate rounds (chosen per epsilon with its lr on validation)")
     parser.add_argument("--batch", type=int, default=256, help="Opacus's expected batch size")
     parser.add_argument("--epochs", type=int, nargs="+", default=[2, 5, 15],
                         help="Opacus's candidate epochs (chosen per epsilon on validation)")
@@ -271,10 +285,15 @@ def main() -> None:
     parser.add_argument("--package-lrs", type=float, nargs="+", default=[1.0, 2.0, 4.0],
                         help="this package's candidate lr (chosen per epsilon on validation)")
     parser.add_argument("--model", default="cnn-tanh", help="both sides' model (the run-config key 'model')")
-    parser.add_argument("--sampling-rate", type=float, default=0.25,
+    parser.add_argument("--sampling-rate", type=float, default=0.1,
                         help="also run this package with Poisson client sampling at this rate (1: not)")
-    parser.add_argument("--sampled-rounds", type=int, default=120, help="rounds of the sampled runs")
-    parser.add_argument("--sample-secrecy", choices=("public", "secret"), default="public",
+    parser.add_argument("--sampled-rounds", type=int, nargs="+", default=[150, 250],
+                        help="candidate rounds of the sampled runs (chosen per epsilon with the lr on validation)")
+    parser.add_argument("--sampled-lrs", type=float, nargs="+", default=[0.5, 1.0],
+                        help="candidate lr of the sampled runs (chosen per epsilon on validation)")
+    parser.add_argument("--skip", nargs="*", default=[], choices=("package", "opacus", "sampled"),
+                        help="columns not to run (e.g. to split one table over processes; merge with --from-log)")
+    parser.add_argument("--sample-secrecy", choices=("public", "secret"), default="secret",
                         help="the sampled runs' sample-secrecy (secret: counts-only ledger, docs/MATH.md §22)")
     parser.add_argument("--silo-rounds", type=int, default=0, help="rounds of the cross-silo column (0: not run)")
     parser.add_argument("--silo-lrs", type=float, nargs="+", default=[0.5, 1.0, 2.0])
@@ -285,7 +304,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.from_log:
         saved = read_results(args.from_log)
-        print(table(saved, args.rounds, args.sampled_rounds, args.sampling_rate))
+        print(table(saved, args.rounds[0], args.sampled_rounds[0], args.sampling_rate))
         plot(saved, args.plot, args.model)
         return
     import logging
@@ -300,25 +319,28 @@ def main() -> None:
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
     results: list[dict] = []
     for epsilon in args.epsilons:
-        start = time.perf_counter()
-        theirs = opacus_runs(epsilon, args.seeds, args.batch, args.epochs, args.lrs, args.model)
-        print(f"eps {epsilon:g} opacus (lr {theirs[0]['lr']:g}, {theirs[0]['epochs']} epochs, chosen on validation): test accuracy "
-              f"{[round(p['accuracy'], 3) for p in theirs]}, add/remove eps {theirs[0]['epsilon_add_remove']:.4g}, "
-              f"noise multiplier {theirs[0]['noise']:.4g} ({time.perf_counter() - start:.0f} s)", flush=True)
-        start = time.perf_counter()
-        ours = package_runs(epsilon, args.seeds, args.rounds, args.package_lrs, args.model)
-        print(f"eps {epsilon:g} fl-dp-flower (lr {ours[0]['lr']:g}, chosen on validation): test accuracy "
-              f"{[round(p['accuracy'], 3) for p in ours]}, add/remove eps {ours[0]['epsilon_add_remove']:.4g}, "
-              f"sigma {ours[0]['noise']:.4g} ({time.perf_counter() - start:.0f} s)", flush=True)
-        sampled: list[dict] = []
-        if args.sampling_rate < 1:
+        theirs = ours = sampled = silo = []
+        if "opacus" not in args.skip:
             start = time.perf_counter()
-            sampled = [package_point(epsilon, args.sampled_rounds, seed, ours[0]["lr"], args.model, args.sampling_rate,
-                                     args.sample_secrecy) for seed in range(1, args.seeds + 1)]
-            print(f"eps {epsilon:g} fl-dp-flower sampled q {args.sampling_rate:g}: test accuracy "
-                  f"{[round(p['accuracy'], 3) for p in sampled]}, add/remove eps {sampled[0]['epsilon_add_remove']:.4g}, "
-                  f"sigma {sampled[0]['noise']:.4g} ({time.perf_counter() - start:.0f} s)", flush=True)
-        silo: list[dict] = []
+            theirs = opacus_runs(epsilon, args.seeds, args.batch, args.epochs, args.lrs, args.model)
+            print(f"eps {epsilon:g} opacus (lr {theirs[0]['lr']:g}, {theirs[0]['epochs']} epochs, chosen on validation): "
+                  f"test accuracy {[round(p['accuracy'], 3) for p in theirs]}, add/remove eps "
+                  f"{theirs[0]['epsilon_add_remove']:.4g}, noise multiplier {theirs[0]['noise']:.4g} "
+                  f"({time.perf_counter() - start:.0f} s)", flush=True)
+        if "package" not in args.skip:
+            start = time.perf_counter()
+            ours = package_runs(epsilon, args.seeds, args.rounds, args.package_lrs, args.model)
+            print(f"eps {epsilon:g} fl-dp-flower ({_rounds(ours[0], 0)}, chosen on validation): test accuracy "
+                  f"{[round(p['accuracy'], 3) for p in ours]}, add/remove eps {ours[0]['epsilon_add_remove']:.4g}, "
+                  f"sigma {ours[0]['noise']:.4g} ({time.perf_counter() - start:.0f} s)", flush=True)
+        if args.sampling_rate < 1 and "sampled" not in args.skip:
+            start = time.perf_counter()
+            sampled = package_runs(epsilon, args.seeds, args.sampled_rounds, args.sampled_lrs, args.model,
+                                   args.sampling_rate, args.sample_secrecy)
+            print(f"eps {epsilon:g} fl-dp-flower sampled q {args.sampling_rate:g} ({_rounds(sampled[0], 0)}, chosen on "
+                  f"validation): test accuracy {[round(p['accuracy'], 3) for p in sampled]}, add/remove eps "
+                  f"{sampled[0]['epsilon_add_remove']:.4g}, sigma {sampled[0]['noise']:.4g} "
+                  f"({time.perf_counter() - start:.0f} s)", flush=True)
         if args.silo_rounds > 0:
             start = time.perf_counter()
             silo = silo_runs(epsilon, args.seeds, args.silo_rounds, args.silo_lrs, args.model, args.silo_batch)
@@ -329,7 +351,7 @@ def main() -> None:
             if points:
                 results.append(result(epsilon, method, points))
                 print(RESULT + json.dumps(results[-1]), flush=True)
-    print("\n" + table(results, args.rounds, args.sampled_rounds, args.sampling_rate))
+    print("\n" + table(results, args.rounds[0], args.sampled_rounds[0], args.sampling_rate))
     plot(results, args.plot, args.model)
     print(f"\nmean ± standard deviation over {args.seeds} seeds; test accuracy on the 1,000 held-out images")
 

@@ -103,16 +103,25 @@ def test_opacus_lr_and_length_are_chosen_on_validation_never_on_test(script, mon
                      (2, 1.0, 5, "cnn-tanh"), (3, 1.0, 5, "cnn-tanh")]
 
 
-def test_package_lr_is_chosen_on_validation_never_on_test(script, monkeypatch):
+def test_package_rounds_and_lr_are_chosen_on_validation_never_on_test(script, monkeypatch):
+    """As Opacus its epochs, the package searches its rounds with its lr (sigma calibrated per length)."""
     calls = []
+    val = {(1.0, 20): 0.2, (2.0, 20): 0.8, (1.0, 40): 0.3, (2.0, 40): 0.1}
+    test = {(1.0, 20): 0.9, (2.0, 20): 0.1, (1.0, 40): 0.95, (2.0, 40): 0.2}
 
-    def fake_point(epsilon, rounds, seed, lr, model, q=1.0):
-        calls.append((seed, lr))
-        return {"accuracy": {1.0: 0.9, 2.0: 0.1}[lr], "val_accuracy": {1.0: 0.2, 2.0: 0.8}[lr], "lr": lr}
+    def fake_point(epsilon, seed, lr, rounds, model, q=1.0, secrecy="public"):
+        calls.append((seed, lr, rounds, q, secrecy))
+        return {"accuracy": test[lr, rounds], "val_accuracy": val[lr, rounds], "lr": lr, "rounds": rounds}
 
     monkeypatch.setattr(script, "package_point", fake_point)
-    runs = script.package_runs(1.0, 3, 60, [1.0, 2.0], "cnn-tanh")
-    assert [r["lr"] for r in runs] == [2.0] * 3 and calls == [(1, 1.0), (1, 2.0), (2, 2.0), (3, 2.0)]
+    runs = script.package_runs(1.0, 3, [20, 40], [1.0, 2.0], "cnn-tanh")
+    assert [(r["lr"], r["rounds"]) for r in runs] == [(2.0, 20)] * 3
+    assert calls == [(1, 1.0, 20, 1.0, "public"), (1, 2.0, 20, 1.0, "public"), (1, 1.0, 40, 1.0, "public"),
+                     (1, 2.0, 40, 1.0, "public"), (2, 2.0, 20, 1.0, "public"), (3, 2.0, 20, 1.0, "public")]
+    calls.clear()  # the sampled column: the same search, at its rate and secrecy
+    sampled = script.package_runs(1.0, 2, [40], [1.0, 2.0], "cnn-tanh", 0.1, "secret")
+    assert [(r["lr"], r["rounds"]) for r in sampled] == [(1.0, 40)] * 2
+    assert calls == [(1, 1.0, 40, 0.1, "secret"), (1, 2.0, 40, 0.1, "secret"), (2, 1.0, 40, 0.1, "secret")]
 
 
 def test_table_and_plot_from_the_result_lines_of_split_logs(script, tmp_path):
@@ -123,13 +132,14 @@ def test_table_and_plot_from_the_result_lines_of_split_logs(script, tmp_path):
         points = [{"accuracy": a, "epsilon": epsilon, "epsilon_add_remove": epsilon / 2, "lr": 2.0, **extra} for a in accs]
         return script.RESULT + json.dumps({"epsilon": epsilon, "method": method, "points": points})
 
-    (tmp_path / "a.log").write_text("noise\n" + line(1.0, "package", [0.6, 0.7, 0.8]) + "\n"
+    (tmp_path / "a.log").write_text("noise\n" + line(1.0, "package", [0.6, 0.7, 0.8], rounds=20) + "\n"
                                     + line(1.0, "opacus", [0.5, 0.5, 0.5], epochs=5) + "\n")
     (tmp_path / "b.log").write_text(line(4.0, "sampled", [0.9, 0.8]) + "\n" + line(4.0, "silo", [0.88, 0.86]) + "\n")
     results = script.read_results([tmp_path / "a.log", tmp_path / "b.log"])
     assert [r["method"] for r in results] == ["package", "opacus", "sampled", "silo"]
     rows = script.table(results, 60, 120, 0.25).splitlines()
-    assert rows[2] == "| 1 | 0.700 ± 0.100 (lr 2; 0.5) | not run | 0.500 ± 0.000 (lr 2, 5; 0.5) | not run |"
-    assert rows[3] == "| 4 | not run | 0.850 ± 0.071 (2) | not run | 0.870 ± 0.014 (lr 2; 2) |"
+    assert rows[2] == "| 1 | 0.700 ± 0.100 (lr 2, 20 rounds; 0.5) | not run | 0.500 ± 0.000 (lr 2, 5; 0.5) | not run |"
+    # a log without the rounds (before the rounds search) shows the run's one --rounds / --sampled-rounds
+    assert rows[3] == "| 4 | not run | 0.850 ± 0.071 (lr 2, 120 rounds; 2) | not run | 0.870 ± 0.014 (lr 2; 2) |"
     script.plot(results, tmp_path / "p.png", "cnn-tanh")
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"

@@ -1,0 +1,164 @@
+"""Choose the cross-device preset's settings on the validation split, then run the preset on seeds.
+
+``search``: the preset ``cross-device`` (4,000 one-image clients, Poisson client sampling, secret sample,
+cohort mode) with ``--validation-fraction`` (0.1) of the training images set aside: N = 3,600 one-image
+clients (10 nodes x 360). ``--set`` overrides run-config keys (``lr=1 num-server-rounds=200
+sampling-rate=0.05``); sigma is calibrated so that the run certifies ``--epsilon`` (replace-one, all-rounds,
+the ``sampled_secret`` bound, delta 1e-5). Each run's iterates are captured and every release average of
+``--releases`` is replayed from them by the package's own ``ServerUpdate`` (the trajectory does not depend
+on the release: tests/strategies/test_server_opt.py) and evaluated at the last round on the validation
+images, which choose; the test accuracy is stored but chooses nothing.
+
+``final``: the preset itself (N = 4,000, no validation split, its own sigma and release) on ``--seeds``,
+test accuracy of the released model at the last round, the certified epsilon of each run (and, replayed
+from its iterates, the test accuracy of every release of ``--releases``, to report the one validation chose).
+The summary's cohort-collusion note (two more replayed plans of the run, minutes each) is skipped.
+
+Results go to ``--out`` (one JSON per run, reused when present) and a table on stdout.
+Run: .venv/bin/python scripts/cross_device_sweep.py search --set lr=1 [--releases ema:0.9 tail:0.33]
+     .venv/bin/python scripts/cross_device_sweep.py final --seeds 1 2 3
+(one 250-round run: about 4 to 6 minutes on the shared 2-core machine; one thread)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from main_sweep import IMAGES, _release_settings, _value, calibrated_sigma  # scripts/ is on sys.path
+
+PRESET = "cross-device"
+
+
+def search_config(overrides: dict[str, Any], seed: int, validation: float, epsilon: float) -> dict[str, Any]:
+    """The preset at N = the training images left by the validation split, sigma calibrated to ``epsilon``."""
+    from fl_dp_flower.app.presets import PRESETS
+
+    n = IMAGES - int(round(IMAGES * validation))
+    rc = {**PRESETS[PRESET], "clients-per-round": n, "clients-per-node": n // 10, "validation-fraction": validation,
+          "seed": seed, **overrides}
+    if "sigma" not in overrides:
+        rc["sigma"] = calibrated_sigma({k: v for k, v in rc.items() if k != "seed"}, epsilon)
+    return rc
+
+
+def run(rc: dict[str, Any], capture: bool) -> tuple[dict[str, Any], list[Any], Any]:
+    """One run of ``rc`` on the in-process grid (10 nodes): its summary, captured iterates, seconds."""
+    import torch
+
+    from fl_dp_flower.app.testing import run_local, tiny_config
+    from fl_dp_flower.strategies.server_opt import ServerUpdate
+
+    import fl_dp_flower.app.threat as threat
+
+    torch.set_num_threads(1)
+    # The summary's cohort-collusion note plans the run twice more (against one client and one node operator);
+    # with 250 sampled rounds each replayed plan takes minutes on this machine. It changes no number of the run.
+    threat.cohort_collusion_warning = lambda config: None  # type: ignore[assignment]
+    iterates: list[Any] = []
+    original = ServerUpdate.apply
+
+    def keep(self: ServerUpdate, current: Any, aggregate: Any, round_: int) -> Any:
+        released = original(self, current, aggregate, round_)
+        iterates.append((round_, self.iterate))
+        return released
+
+    if capture:
+        ServerUpdate.apply = keep  # type: ignore[method-assign]
+    try:
+        with tempfile.TemporaryDirectory() as out:
+            start = time.perf_counter()
+            outcome, _ = run_local(tiny_config(Path(out), **rc), nodes=10)
+            seconds = time.perf_counter() - start
+    finally:
+        ServerUpdate.apply = original  # type: ignore[method-assign]
+    return outcome.summary, iterates, seconds
+
+
+def final_releases(rc: dict[str, Any], iterates: list[Any], releases: list[str]) -> dict[str, dict[str, float]]:
+    """Validation and test accuracy of each release average at the last round."""
+    from fl_dp_flower.app.serverapp import make_evaluate_fn
+    from fl_dp_flower.app.testing import tiny_config
+    from fl_dp_flower.strategies.server_opt import ServerUpdate
+
+    evaluate = make_evaluate_fn(tiny_config(Path("unused"), **rc))
+    finals = {}
+    for spec in releases:
+        rcfg = tiny_config(Path("unused"), **{**rc, **_release_settings(spec)})
+        update = ServerUpdate(rcfg.federation_settings(), rcfg.threat_model)
+        released = None
+        for round_, iterate in iterates:
+            released = update.apply(iterate, iterate, round_) if update.active else iterate
+        metrics = evaluate(iterates[-1][0], released)
+        finals[spec] = {"val": float(metrics.get("val-accuracy", "nan")), "test": float(metrics["accuracy"])}
+    return finals
+
+
+def search(args: argparse.Namespace, overrides: dict[str, Any]) -> None:
+    tag = "_".join(f"{k}={v}" for k, v in sorted(overrides.items())) or "preset"
+    path = args.out / f"search_{tag}_eps{args.epsilon}_seed{args.seed}.json"
+    if path.exists():
+        found = json.loads(path.read_text())
+    else:
+        rc = search_config(overrides, args.seed, args.validation_fraction, args.epsilon)
+        summary, iterates, seconds = run(rc, capture=True)
+        finals = final_releases(rc, iterates, args.releases)
+        release = f"{rc['release-average']}:{rc.get('release-ema-decay', rc.get('release-tail-fraction'))}"
+        if release in finals and abs(finals[release]["test"] - summary["final_accuracy"]) > 1e-9:
+            raise SystemExit(f"replayed {release} {finals[release]} differs from the run's {summary['final_accuracy']}")
+        found = {"overrides": overrides, "seed": args.seed, "sigma": rc["sigma"], "lr": rc["lr"],
+                 "rounds": rc["num-server-rounds"], "q": rc["sampling-rate"],
+                 "epsilon": summary["final_report"]["certified"]["epsilon"], "seconds": seconds, "finals": finals}
+        path.write_text(json.dumps(found))
+    print(f"{tag}: sigma {found['sigma']:.4f}, certified eps {found['epsilon']:.4f}, {found['seconds']:.0f} s; "
+          "final val " + ", ".join(f"{s} {v['val']:.4f}" for s, v in found["finals"].items()), flush=True)
+
+
+def final(args: argparse.Namespace, overrides: dict[str, Any]) -> None:
+    from fl_dp_flower.app.presets import PRESETS
+
+    accs = []
+    for seed in args.seeds:
+        path = args.out / f"final_seed{seed}.json"
+        if path.exists():
+            found = json.loads(path.read_text())
+        else:
+            rc = {**PRESETS[PRESET], "seed": seed, **overrides}
+            summary, iterates, seconds = run(rc, capture=True)
+            found = {"seed": seed, "accuracy": summary["final_accuracy"], "seconds": seconds,
+                     "releases": {s: v["test"] for s, v in final_releases(rc, iterates, args.releases).items()},
+                     "epsilon": summary["final_report"]["certified"]["epsilon"],
+                     "epsilon_add_remove": summary["final_report"]["add_remove"]["epsilon"]}
+            path.write_text(json.dumps(found))
+        accs.append(found["accuracy"])
+        print(f"seed {seed}: test accuracy {found['accuracy']:.4f}, certified eps {found['epsilon']:.4f} "
+              f"(add/remove {found['epsilon_add_remove']:.4f}), {found['seconds']:.0f} s; other releases (test) "
+              + ", ".join(f"{s} {v:.4f}" for s, v in found["releases"].items()), flush=True)
+    spread = statistics.stdev(accs) if len(accs) > 1 else 0.0
+    print(f"mean test accuracy {statistics.fmean(accs):.4f} ± {spread:.4f} over {len(accs)} seeds")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("mode", choices=("search", "final"))
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--seed", type=int, default=1, help="the search's seed")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3], help="final: the seeds")
+    parser.add_argument("--epsilon", type=float, default=3.99, help="search: the certified epsilon sigma is calibrated to")
+    parser.add_argument("--validation-fraction", type=float, default=0.1)
+    parser.add_argument("--releases", nargs="+",
+                        default=["none", "ema:0.8", "ema:0.9", "ema:0.95", "tail:0.2", "tail:0.33", "tail:0.5"])
+    parser.add_argument("--out", type=Path, default=Path("outputs/cross-device-sweep"))
+    args = parser.parse_args()
+    overrides = {k: _value(v) for k, _, v in (item.partition("=") for item in args.set)}
+    args.out.mkdir(parents=True, exist_ok=True)
+    search(args, overrides) if args.mode == "search" else final(args, overrides)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""The cross-device preset: a valid config that plans epsilon <= 4 on a quarter of the main job's client-steps (issue 31)."""
+
+from __future__ import annotations
+
+from doc_commands import pyproject_defaults
+
+from fl_dp_flower.app.config import AppConfig
+from fl_dp_flower.app.presets import PRESETS
+from fl_dp_flower.privacy.client_sampling import SecretSampleAccount, conditioned_epsilon
+from fl_dp_flower.privacy.sampled import composed_epsilon
+from fl_dp_flower.privacy.terms import round_terms
+
+
+def _config(name: str) -> AppConfig:
+    return AppConfig.from_run_config({**pyproject_defaults(), **PRESETS[name]})
+
+
+def _client_steps(config: AppConfig) -> float:
+    """Expected client-steps of a run: sampled clients per round x local steps x rounds."""
+    population = config.num_partitions * config.clients_per_node
+    rate = config.sampling_rate if config.client_sampling == "poisson" else 1.0
+    return population * rate * config.local_steps * config.num_server_rounds
+
+
+def test_the_cross_device_preset_samples_a_secret_tenth_of_the_main_jobs_clients_in_cohorts():
+    config, main = _config("cross-device"), _config("main")
+    assert config.client_sampling == "poisson" and config.sampling_rate <= 0.1
+    assert config.sample_secrecy == "secret"
+    assert (config.num_partitions, config.clients_per_node, config.clients_per_round) == (10, 400, 4000)
+    assert (main.num_partitions * main.clients_per_node, config.model, config.dataset) == (4000, main.model, main.dataset)
+    assert _client_steps(main) == 400_000
+    assert _client_steps(config) <= _client_steps(main) / 4
+
+
+def test_the_cross_device_preset_plans_epsilon_at_most_4_by_the_secret_sample_bound():
+    """The planned rounds (floor(q N) contributors each, as the planner and calibrate assume) through the
+    accountant's own ``sampled_secret`` composition; with the sample public the amplification is much weaker."""
+    config = _config("cross-device").accountant_config()
+    assert (config.sample_secrecy, config.population, config.delta) == ("secret", 4000, 1e-5)
+    account = SecretSampleAccount(config.colluders)
+    rounds = [config.planned_round(t) for t in range(1, PRESETS["cross-device"]["num-server-rounds"] + 1)]
+    pairs = [account.round(r, round_terms(r, config.smoothness, config.colluders, config.assume_smooth_losses))
+             for r in rounds]
+    assert {p for p, _ in pairs} == {400 / (4000 - config.colluders)}  # p_t = k_t / (N - c), docs/MATH.md §22
+    secret = conditioned_epsilon(pairs, config.delta)
+    assert 3.8 < secret <= 4.0
+    public = composed_epsilon(0.1, [mu for _, mu in pairs], config.delta)  # the pair (1 - q) bottom + q N(mu, 1)
+    assert public > 2 * secret
