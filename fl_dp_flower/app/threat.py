@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 from fl_dp_flower.app.config import AppConfig
 from fl_dp_flower.privacy.bounds import smoothness_assumption
+from fl_dp_flower.privacy.records import AccountantConfig
 from fl_dp_flower.privacy.planning import plan
 from flwr.serverapp import Grid
 
@@ -82,8 +84,15 @@ def fixed_seed_note(config: AppConfig) -> str | None:
 
 
 def coalition_epsilon(config: AppConfig, colluders: int) -> float:
-    """The planned run's certified epsilon against ``colluders`` colluding virtual clients (the package's planner)."""
-    return plan(replace(config.accountant_config(), colluders=colluders), config.num_server_rounds).certified.epsilon
+    """The planned run's certified epsilon against ``colluders`` colluding virtual clients (the package's planner;
+    computed once per plan: a sampled run's plan replays its rounds, a minute or more for hundreds of rounds,
+    and the note is given before round 1 and again in the summary)."""
+    return _planned_epsilon(config.accountant_config(), colluders, config.num_server_rounds)
+
+
+@functools.lru_cache(maxsize=16)
+def _planned_epsilon(accountant_config: AccountantConfig, colluders: int, rounds: int) -> float:
+    return plan(replace(accountant_config, colluders=colluders), rounds).certified.epsilon
 
 
 def cohort_collusion_warning(config: AppConfig) -> str | None:
