@@ -217,9 +217,13 @@ class Federation:
             "FLWR_DEPLOY_TEST_MARKER": self.marker,
         })
         self.env.pop("FLWR_HOME", None)
-        self.link_port = free_port()
         self.cli_home = self.workdir / "home-cli"
         self.cli_home.mkdir(exist_ok=True)
+        self._new_link_port()
+
+    def _new_link_port(self) -> None:
+        """A free port for the SuperLink, and the flwr CLI's config pointing at it."""
+        self.link_port = free_port()
         (self.cli_home / "config.toml").write_text(
             f'[superlink]\ndefault = "{self.conn}"\n\n'
             f'[superlink.{self.conn}]\naddress = "127.0.0.1:{self.link_port}"\n'
@@ -239,6 +243,20 @@ class Federation:
         return proc
 
     def start_superlink(self, quiet: float = QUIET, *, database: Path | None = None) -> None:
+        """Start the SuperLink and wait for /health. The port was free when chosen, but another test's process
+        (parallel workers) may bind it first: then a new port is chosen, up to three times."""
+        for attempt in range(3):
+            try:
+                return self._start_superlink(quiet, database)
+            except RuntimeError as err:
+                if "address already in use" not in str(err) or attempt == 2:
+                    raise
+                self.procs.remove(self.superlink)
+                if hasattr(self.superlink.fh, "close"):
+                    self.superlink.fh.close()
+                self._new_link_port()
+
+    def _start_superlink(self, quiet: float, database: Path | None) -> None:
         link = self.certs / "superlink"
         self.superlink = self.spawn("superlink", [
             str(self.bin_dir / "flower-superlink"),
