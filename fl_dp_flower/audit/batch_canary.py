@@ -37,17 +37,14 @@ from fractions import Fraction
 
 import numpy as np
 import torch
-from flwr.common import Array, ArrayRecord, MetricRecord
 from torch import nn
 
 from fl_dp_flower.privacy.records import AccountantConfig
 from fl_dp_flower.privacy.schedules import step_sizes
-from fl_dp_flower.strategies.echo import Applied
-from fl_dp_flower.strategies.replies import Usable, average_arrays, weights_for
 from fl_dp_flower.training.local_update import local_update
-from fl_dp_flower.training.noise import add_gaussian_noise_
 
 from .canary import WORLDS, CanaryRun, canary_loss
+from .trial import start_trial
 
 #: rows (trials) per call of the node's update: one Poisson draw over this many sample indices
 GROUP = 1000
@@ -137,17 +134,9 @@ def run_batch_canary(config: AccountantConfig, rounds: int, trials: int, shadow_
     index = torch.arange(n, dtype=torch.float64, device=device)
     data = [torch.stack([index, sign[g * n:(g + 1) * n] * v_scaled], dim=1) for g in range(groups)]
     targets = torch.zeros(n, dtype=torch.long, device=device)
-    alpha = float(config.prox_alpha) if config.algorithm == "fedprox" and config.prox_alpha is not None else 0.0
     step = float(config.clip_norm) / float(config.batch_size or 1)
-    batch_gen = torch.Generator(device=device).manual_seed(seed)
-    noise_gen = torch.Generator(device=device).manual_seed(seed + 1)
-    w = torch.zeros(padded, 1, dtype=torch.float64, device=device)
-    all_rounds = torch.zeros(padded, dtype=torch.float64, device=device)
-    participant = torch.zeros(padded, dtype=torch.float64, device=device)
-    applied = Applied(sigma=config.sigma, clip_norm=config.clip_norm, local_steps=config.local_steps,
-                      lr=config.lr, round_index=0, batch_size=config.batch_size, prox_alpha=config.prox_alpha,
-                      batch_rate=batch / n)
-    reference = ArrayRecord({"w": Array(np.zeros((padded, 1)))})
+    trial = start_trial(config, padded, seed, device, batch_rate=batch / n)
+    alpha, w, all_rounds, participant = trial.prox_alpha, trial.w, trial.all_rounds, trial.participant
     for t in range(rounds):
         etas = [float(e) for e in step_sizes(config.schedule, config.lr, t, config.local_steps)]
         logs, moves = (torch.from_numpy(a).to(device) for a in inclusion_patterns(etas, batch / n, step, alpha))
@@ -156,7 +145,7 @@ def run_batch_canary(config: AccountantConfig, rounds: int, trials: int, shadow_
             rows_g = slice(g * n, (g + 1) * n)
             model = IndexedCanaryModel(w[rows_g].clone())
             stats = local_update(model, data[g], targets, step_sizes=etas, clip_norm=v_scaled * (1.0 + 1e-12),
-                                 clipping="per-sample", batch_size=batch, prox_alpha=alpha, generator=batch_gen,
+                                 clipping="per-sample", batch_size=batch, prox_alpha=alpha, generator=trial.batch_gen,
                                  loss_fn=canary_loss, per_sample_chunk=n, batch_sampling="poisson")
             if stats.clipped_fraction != 0.0:
                 raise AssertionError(f"round {t}: a per-sample gradient was clipped ({stats.clipped_fraction})")
@@ -165,17 +154,8 @@ def run_batch_canary(config: AccountantConfig, rounds: int, trials: int, shadow_
         off = (movement[:, None] - moves).abs().min(dim=1).values
         if float(off.max()) > 1e-9 * (float(moves.max()) + 1e-300):
             raise AssertionError(f"round {t}: a row moved by no inclusion pattern's amount (off by {float(off.max())})")
-        usable, own_noise = [], None
-        for client in range(m):
-            clean = canary if client == 0 else w  # every other site's samples have loss 0: its update is w_t
-            upload = clean.clone()
-            add_gaussian_noise_([upload], config.sigma, noise_gen)
-            if client == 1:
-                own_noise = upload - clean
-            usable.append(Usable(node_id=client + 1, arrays=ArrayRecord({"w": Array(upload.cpu().numpy())}),
-                                 metrics=MetricRecord({}), applied=applied, num_examples=n, members=(client + 1,)))
-        averaged = torch.from_numpy(average_arrays(usable, weights_for(usable, "uniform"), reference)["w"].numpy())
-        averaged = averaged.to(device)
+        # every other site's samples have loss 0: its update is w_t
+        averaged, own_noise = trial.noisy_average(canary, w, n)
         if statistics:
             increment = (averaged - w)[:, 0]
             all_rounds += _mixture_llr(increment, logs, moves / m, config.sigma / math.sqrt(m))

@@ -55,15 +55,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from flwr.common import Array, ArrayRecord, MetricRecord
 from torch import nn
 
 from fl_dp_flower.privacy.records import AccountantConfig
 from fl_dp_flower.privacy.schedules import step_sizes
-from fl_dp_flower.strategies.echo import Applied
-from fl_dp_flower.strategies.replies import Usable, average_arrays, weights_for
 from fl_dp_flower.training.local_update import local_update
-from fl_dp_flower.training.noise import add_gaussian_noise_
+
+from .trial import start_trial
 
 WORLDS = 2
 CANARIES = ("linear", "kink")
@@ -169,41 +167,22 @@ def run_canary(config: AccountantConfig, rounds: int, trials: int, shadow_trials
     batch_size = config.batch_size or 1
     # every row's gradient has norm exactly V (or 0): the joint norm is at most V sqrt(rows)
     joint_clip = float(config.clip_norm) * math.sqrt(rows) * (1.0 + 1e-12)
-    alpha = float(config.prox_alpha) if config.algorithm == "fedprox" and config.prox_alpha is not None else 0.0
-    batch_gen = torch.Generator(device=device).manual_seed(seed)
-    noise_gen = torch.Generator(device=device).manual_seed(seed + 1)
-    w = torch.zeros(rows, 1, dtype=torch.float64, device=device)
-    all_rounds = torch.zeros(rows, dtype=torch.float64, device=device)
-    participant = torch.zeros(rows, dtype=torch.float64, device=device)
-    applied = Applied(sigma=config.sigma, clip_norm=config.clip_norm, local_steps=config.local_steps,
-                      lr=config.lr, round_index=0, batch_size=config.batch_size,
-                      prox_alpha=config.prox_alpha)
-    reference = ArrayRecord({"w": Array(np.zeros((rows, 1)))})
+    trial = start_trial(config, rows, seed, device)
+    w, all_rounds, participant = trial.w, trial.all_rounds, trial.participant
     for t in range(rounds):
         etas = step_sizes(config.schedule, config.lr, t, config.local_steps)
         trained = {}
         for name, x in data.items():
             model = CanaryModel(w.clone())
             stats = local_update(model, x, targets, step_sizes=etas, clip_norm=joint_clip,
-                                 clipping=config.clipping, batch_size=batch_size, prox_alpha=alpha,
-                                 generator=batch_gen, loss_fn=canary_loss)
+                                 clipping=config.clipping, batch_size=batch_size, prox_alpha=trial.prox_alpha,
+                                 generator=trial.batch_gen, loss_fn=canary_loss)
             if stats.clipped_fraction != 0.0:
                 raise AssertionError(f"round {t}: the canary's gradients were clipped ({stats.clipped_fraction})")
             trained[name] = model.w.detach()
         canary_update = (torch.where(world1, trained["minus"], trained["plus"]) if statistics
                          else trained["actual"])
-        usable, own_noise = [], None
-        for client in range(m):
-            clean = canary_update if client == 0 else trained["other"]
-            upload = clean.clone()
-            add_gaussian_noise_([upload], config.sigma, noise_gen)
-            if client == 1:
-                own_noise = upload - clean  # what the participating client knows of its own upload
-            usable.append(Usable(node_id=client + 1, arrays=ArrayRecord({"w": Array(upload.cpu().numpy())}),
-                                 metrics=MetricRecord({}), applied=applied, num_examples=batch_size,
-                                 members=(client + 1,)))
-        averaged = average_arrays(usable, weights_for(usable, "uniform"), reference)
-        w = torch.from_numpy(averaged["w"].numpy()).to(device)
+        w, own_noise = trial.noisy_average(canary_update, trained["other"], batch_size)
         if not statistics:
             continue
         # the adversaries' log likelihood ratios (times s^2), world 1 against world 0
