@@ -53,7 +53,8 @@ import torch
 import torch.nn.functional as F
 
 from fl_dp_flower.training import cohort as cohort_module
-from fl_dp_flower.training.cohort import CohortData, CohortStreams, KeyedStreams, MemberStreams, train_cohort
+from fl_dp_flower.training.cohort import (CohortData, CohortSettings, CohortStreams, KeyedStreams, MemberStreams,
+                                         train_cohort)
 from fl_dp_flower.training.data import load_partition
 from fl_dp_flower.training.models import build_model
 
@@ -95,8 +96,9 @@ def _cohort_seconds(data: CohortData, k: int, batch: int, summed: bool, model_na
     else:
         streams = KeyedStreams(None, 0, np.arange(m))
     start = _clock()
-    train_cohort(model, data, np.arange(m), streams, step_sizes=[0.1] * k, clip_norm=1.0, batch_size=batch,
-                 sigma=0.1, summed_noise=torch.Generator().manual_seed(7) if summed else None)
+    train_cohort(model, data, np.arange(m), streams,
+                 CohortSettings(step_sizes=(0.1,) * k, clip_norm=1.0, batch_size=batch, sigma=0.1),
+                 summed_noise=torch.Generator().manual_seed(7) if summed else None)
     return _since(start)
 
 
@@ -123,7 +125,8 @@ def _plain_seconds(samples: int, model_name: str) -> tuple[tuple[float, float], 
 
 def _load_before(path: str) -> Any:
     """An earlier training/cohort.py (e.g. ``git show 9a35b40:fl_dp_flower/training/cohort.py``), imported
-    beside the current one: its ``cohort_update(model, [Member], ...)`` is timed as "before"."""
+    beside the current one: its ``cohort_update(model, [Member], ...)`` is timed as "before" (with its
+    ``CohortSettings`` where it has one, else with the keywords the trainer took before it)."""
     name = "fl_dp_flower.training._cohort_before"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
@@ -141,9 +144,13 @@ def _before_seconds(before: Any, members: int, k: int, batch: int, summed: bool,
     crowd = [before.Member(p.x_train, p.y_train, torch.Generator().manual_seed(i),
                            torch.Generator().manual_seed(10**6 + i)) for i, p in enumerate(parts)]
     model = build_model("mnist", model_name)
+    kw: dict[str, Any] = dict(step_sizes=(0.1,) * k, clip_norm=1.0, batch_size=batch, sigma=0.1)
+    settings = (before.CohortSettings(**kw),) if hasattr(before, "CohortSettings") else ()  # else: its keywords
+    if settings:
+        kw = {}
     start = _clock()
-    before.cohort_update(model, crowd, step_sizes=[0.1] * k, clip_norm=1.0, batch_size=batch, sigma=0.1,
-                         summed_noise=torch.Generator().manual_seed(7) if summed else None)
+    before.cohort_update(model, crowd, *settings, summed_noise=torch.Generator().manual_seed(7) if summed else None,
+                         **kw)
     return _since(start)
 
 
@@ -213,7 +220,8 @@ def host_calls(members: int, chunks: int, k: int, model_name: str, summed: bool)
 
     def run() -> None:
         train_cohort(model, data, np.arange(members), KeyedStreams(None, 0, np.arange(members)),
-                     step_sizes=[0.1] * k, clip_norm=1.0, batch_size=1, sigma=0.1, member_chunk=-(-members // chunks),
+                     CohortSettings(step_sizes=(0.1,) * k, clip_norm=1.0, batch_size=1, sigma=0.1,
+                                    member_chunk=-(-members // chunks)),
                      summed_noise=torch.Generator().manual_seed(7) if summed else None)
 
     run()  # warm-up

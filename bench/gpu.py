@@ -35,7 +35,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fl_dp_flower.training.cohort import CohortData, KeyedStreams, train_cohort
+from fl_dp_flower.training.cohort import CohortData, CohortSettings, KeyedStreams, train_cohort
 from fl_dp_flower.training.data import load_partition
 from fl_dp_flower.training.models import build_model
 
@@ -98,8 +98,9 @@ def cohort_round(model: torch.nn.Module, data: CohortData, summed: bool, chunk: 
     noise = torch.Generator(device=device).manual_seed(1) if summed else None
     _sync(device)
     start = time.perf_counter()
-    train_cohort(model, data, np.arange(len(data)), streams, step_sizes=(2.0,), clip_norm=1.0, batch_size=1,
-                 sigma=0.7, summed_noise=noise, member_chunk=chunk)
+    train_cohort(model, data, np.arange(len(data)), streams,
+                 CohortSettings(step_sizes=(2.0,), clip_norm=1.0, batch_size=1, sigma=0.7, member_chunk=chunk),
+                 summed_noise=noise)
     _sync(device)
     return time.perf_counter() - start
 

@@ -50,7 +50,7 @@ from fl_dp_flower.node import (ALLOW_FIXED_SEED, ALLOW_FIXED_SEED_ENV, NODE_LIMI
                                metrics_shared, node_flag)
 from fl_dp_flower.privacy.schedules import step_sizes
 from fl_dp_flower.protocol import REFUSAL_CODE, Refused, TrainInstruction, refusal
-from fl_dp_flower.training.cohort import CohortResult, KeyedStreams, train_cohort
+from fl_dp_flower.training.cohort import CohortResult, CohortSettings, KeyedStreams, train_cohort
 from fl_dp_flower.training.cohort_data import CohortData, resident_partitions
 from fl_dp_flower.training.cohort_secure import SecureCohortUpload, secure_cohort_upload
 from fl_dp_flower.training.data import DEFAULT_DATA_SEED, Partition, load_partition
@@ -140,14 +140,15 @@ def _train_cohort(msg: Message, context: Context, s: TrainSettings, config: AppC
     smallest = int(np.argmin(pool.sizes[rows]))
     check_batch_fits(s, int(pool.sizes[rows[smallest]]), f" of virtual client {pid * cpn + slots[smallest]}")
     alpha = s.prox_alpha if s.algorithm == "fedprox" else 0.0
+    settings = CohortSettings(step_sizes=etas, clip_norm=s.clip_norm, batch_size=s.batch_size, sigma=s.sigma,
+                              prox_alpha=alpha, clipping=s.clipping)
     clients = pid * cpn + rows
     if grid is not None:  # secure aggregation: each member as one client would, the node uploads the integer sum
         if s.seed >= 0 and config.noise_mode == "standard":
             log.warning(FIXED_SEED_WARNING)
         batch, noise = member_streams(s.seed, clients.tolist(), s.round_index, config.noise_mode)
         started = time.perf_counter()
-        up = secure_cohort_upload(model, pool, rows, batch, noise, grid, step_sizes=etas, clip_norm=s.clip_norm,
-                                  batch_size=s.batch_size, sigma=s.sigma, prox_alpha=alpha, clipping=s.clipping)
+        up = secure_cohort_upload(model, pool, rows, batch, noise, grid, settings)
         if up.clamped:  # the grid plan makes this astronomically unlikely; the accountant charges its probability
             log.warning("secure aggregation: %d value(s) of this node's sum were clamped to the range Flower passes",
                         up.clamped)
@@ -163,8 +164,7 @@ def _train_cohort(msg: Message, context: Context, s: TrainSettings, config: AppC
         summed = make_noise_source(config.noise_mode, device,
                                    -1 if s.seed == -1 else _derived_seed(s.seed, pid, s.round_index, 2))
     started = time.perf_counter()
-    result = train_cohort(model, pool, rows, streams, step_sizes=etas, clip_norm=s.clip_norm, batch_size=s.batch_size,
-                          sigma=s.sigma, prox_alpha=alpha, clipping=s.clipping, summed_noise=summed)
+    result = train_cohort(model, pool, rows, streams, settings, summed_noise=summed)
     metrics = _cohort_metrics(pool, rows, slots, pid, s, etas, result, share, started)
     arrays = ArrayRecord({k: v.detach().cpu() for k, v in result.total.items()})
     return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)

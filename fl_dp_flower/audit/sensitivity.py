@@ -40,7 +40,7 @@ from fl_dp_flower.privacy.records import RoundRecord, check_prox
 from fl_dp_flower.privacy.schedules import step_sizes
 from fl_dp_flower.privacy.terms import round_terms
 from fl_dp_flower.privacy.validate import choice, int_at_least, nonnegative, positive
-from fl_dp_flower.training.cohort import Member, cohort_update
+from fl_dp_flower.training.cohort import CohortSettings, Member, cohort_update
 from fl_dp_flower.training.data import load_partition
 from fl_dp_flower.training.local_update import evaluate_model
 from fl_dp_flower.training.models import build_model
@@ -166,11 +166,12 @@ def run_sensitivity(setup: SensitivitySetup, device: str | torch.device = "cpu")
     smooth_ok = True
     for t in range(setup.rounds):
         etas = step_sizes(setup.schedule, setup.lr, t, setup.local_steps)
+        settings = CohortSettings(step_sizes=etas, clip_norm=setup.clip_norm, batch_size=setup.batch_size,
+                                  sigma=setup.sigma, prox_alpha=alpha)
         for w, model in enumerate(models):
             members = [Member(x, y, _generator(setup.seed, t, i, 0), _generator(setup.seed, t, i, 1))
                        for i, (x, y) in enumerate(data[w])]
-            result = cohort_update(model, members, step_sizes=etas, clip_norm=setup.clip_norm,
-                                   batch_size=setup.batch_size, sigma=setup.sigma, prox_alpha=alpha)
+            result = cohort_update(model, members, settings)
             clipped += result.clipped_fraction / (setup.rounds * len(models))
             with torch.no_grad():
                 for name, p in model.named_parameters():

@@ -39,13 +39,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from fl_dp_flower.vocabulary import CLIPPING_MODES
 
 from .cohort_data import CohortData, CohortStreams, KeyedStreams, MemberStreams
+from .cohort_settings import CohortSettings
 from .ghost import GhostStep, ghost_step
 from .local_update import LossFn
 from .noise import SecureGaussian, gaussian_noised
@@ -59,8 +58,8 @@ SYNC_FREE = False
 
 Params = dict[str, torch.Tensor]
 
-__all__ = ["CPU_CHUNK_SAMPLES", "CohortData", "CohortResult", "CohortStreams", "KeyedStreams", "Member", "MemberStreams",
-           "cohort_update", "default_member_chunk", "train_cohort"]
+__all__ = ["CPU_CHUNK_SAMPLES", "CohortData", "CohortResult", "CohortSettings", "CohortStreams", "KeyedStreams", "Member",
+           "MemberStreams", "cohort_update", "default_member_chunk", "train_cohort"]
 
 
 @dataclass(frozen=True)
@@ -213,46 +212,21 @@ def _ghost_chunk(step: _Step, xb: torch.Tensor, yb: torch.Tensor, counts: torch.
         return {n: (c * step.start[n]).add_(sums[n], alpha=scale) for n in step.start}
 
 
-def _check(etas: Sequence[float], step_sizes: Sequence[float], clip_norm: float, sigma: float, prox_alpha: float,
-           clipping: str, keep_members: bool, summed: bool, member_chunk: int | None) -> None:
-    if not etas or not all(math.isfinite(e) and e > 0 for e in etas):
-        raise ValueError(f"step_sizes must be a non-empty sequence of finite numbers > 0, got {step_sizes!r}")
-    if not (math.isfinite(clip_norm) and clip_norm > 0):
-        raise ValueError(f"clip_norm must be finite and > 0, got {clip_norm!r}")
-    if not (math.isfinite(sigma) and sigma > 0):
-        raise ValueError(f"sigma must be finite and > 0, got {sigma!r}")
-    if not (math.isfinite(prox_alpha) and prox_alpha >= 0):
-        raise ValueError(f"prox_alpha must be finite and >= 0, got {prox_alpha!r}")
-    if clipping not in CLIPPING_MODES:
-        raise ValueError(f"clipping must be one of {CLIPPING_MODES}, got {clipping!r}")
-    if member_chunk is not None and (isinstance(member_chunk, bool) or not isinstance(member_chunk, int)
-                                     or member_chunk < 1):
-        raise ValueError(f"member_chunk must be None or an integer >= 1, got {member_chunk!r}")
-    if summed and keep_members:
-        raise ValueError("keep_members needs per-member noise (summed_noise=None)")
-
-
 def train_cohort(
     model: nn.Module,
     data: CohortData,
     rows: Sequence[int] | np.ndarray,
     streams: CohortStreams,
+    settings: CohortSettings,
     *,
-    step_sizes: Sequence[float],
-    clip_norm: float,
-    batch_size: int,
-    sigma: float,
-    prox_alpha: float = 0.0,
-    clipping: str = "per-batch",
-    loss_fn: LossFn = F.cross_entropy,
     keep_members: bool = False,
     summed_noise: torch.Generator | SecureGaussian | None = None,
-    member_chunk: int | None = None,
 ) -> CohortResult:
     """K clipped GD steps and Gaussian noise for the members ``rows`` of ``data`` (resident on the
-    model's device), starting from ``model``'s weights; member j of the round (``rows[j]``) draws
-    from ``streams`` at position j. The host's work per round is a few calls per chunk, none per
-    member; the only synchronisations are the two counts read at the end.
+    model's device), starting from ``model``'s weights, with ``settings`` (:class:`CohortSettings`:
+    step sizes, V, B, sigma, FedProx alpha, clipping, loss, member chunk); member j of the round
+    (``rows[j]``) draws from ``streams`` at position j. The host's work per round is a few calls per
+    chunk, none per member; the only synchronisations are the two counts read at the end.
 
     ``model`` is not changed. Members whose data sizes give different batch sizes
     (B = min(batch_size, n_i)) are trained in groups of equal batch size. ``clipping``:
@@ -269,25 +243,28 @@ def train_cohort(
     (docs/MATH.md §14.2). Members' individual uploads are then never formed (``keep_members`` must
     be False).
     """
-    etas = tuple(float(e) for e in step_sizes)
+    if not isinstance(settings, CohortSettings):
+        raise TypeError(f"settings must be a CohortSettings, got {type(settings).__name__}")
+    etas, sigma, loss_fn = settings.step_sizes, settings.sigma, settings.loss_fn
     summed = summed_noise is not None
-    _check(etas, step_sizes, clip_norm, sigma, prox_alpha, clipping, keep_members, summed, member_chunk)
+    if summed and keep_members:
+        raise ValueError("keep_members needs per-member noise (summed_noise=None)")
     rows = np.asarray(rows, dtype=np.int64).reshape(-1)
     if len(rows) == 0:
         raise ValueError("a cohort needs at least one member")
     if rows.min() < 0 or rows.max() >= len(data):
         raise ValueError(f"rows must index the {len(data)} members of the data, got {rows.min()}..{rows.max()}")
-    sizes = np.minimum(int(batch_size), data.sizes[rows])
+    sizes = np.minimum(settings.batch_size, data.sizes[rows])
     if sizes.min() < 1:
         raise ValueError("every member needs data and batch_size >= 1")
-    per_sample = clipping == "per-sample"
+    per_sample = settings.clipping == "per-sample"
     start = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
     device = next(iter(start.values())).device
     if data.device != device:
         raise ValueError(f"the cohort's data is on {data.device}, the model on {device}: put both on one device")
     ghost = ghost_step(model, loss_fn, per_sample) if len(etas) == 1 and not keep_members else None
-    step = _Step(*_gradient_functions(model, loss_fn, per_sample), start, etas, float(clip_norm),
-                 float(prox_alpha), per_sample, ghost)
+    step = _Step(*_gradient_functions(model, loss_fn, per_sample), start, etas, settings.clip_norm,
+                 settings.prox_alpha, per_sample, ghost)
     values = sum(t.numel() for t in start.values())
     noise_order = [n for n, _ in model.named_parameters()]  # the order add_gaussian_noise_ draws in
     order = np.argsort(sizes, kind="stable")  # groups of equal B, members in their order within a group
@@ -302,7 +279,7 @@ def train_cohort(
     bounds = np.flatnonzero(np.diff(sizes[order])) + 1
     for lo_group, hi_group in zip([0, *bounds], [*bounds, len(rows)]):
         bsz = int(sizes[order[lo_group]])
-        chunk = member_chunk or default_member_chunk(bsz, values, per_sample, device)
+        chunk = settings.member_chunk or default_member_chunk(bsz, values, per_sample, device)
         for lo in range(lo_group, hi_group, chunk):
             hi = min(lo + chunk, hi_group)
             pos = order[lo:hi]  # the chunk's positions in the round's member list
@@ -311,16 +288,16 @@ def train_cohort(
             trained = _train_chunk(step, data, local + offsets[lo:hi].view(-1, 1, 1), counts, reduce)
             counted += (hi - lo) * len(etas) * (bsz if per_sample else 1)
             if not summed and kept is not None:  # each member's own noise, on its upload
-                streams.add_noise_(pos, trained, noise_order, float(sigma))
+                streams.add_noise_(pos, trained, noise_order, sigma)
             elif not summed:  # each member's own noise (the same draws), summed
-                for n, t in streams.noise_sum(pos, start, noise_order, float(sigma)).items():
+                for n, t in streams.noise_sum(pos, start, noise_order, sigma).items():
                     trained[n] += t
             for n, t in trained.items():
                 total[n] += t if reduce else t.sum(0)
                 if kept is not None and positions is not None:
                     kept[n].index_copy_(0, positions[lo:hi], t)
     if summed_noise is not None:
-        scale = float(sigma) * math.sqrt(len(rows))
+        scale = sigma * math.sqrt(len(rows))
         total = {n: gaussian_noised(total[n], scale, summed_noise) for n in noise_order}
     clipped, nonfinite = counts.tolist()  # the round's one synchronisation
     return CohortResult(
@@ -335,17 +312,10 @@ def train_cohort(
 def cohort_update(
     model: nn.Module,
     members: Sequence[Member],
+    settings: CohortSettings,
     *,
-    step_sizes: Sequence[float],
-    clip_norm: float,
-    batch_size: int,
-    sigma: float,
-    prox_alpha: float = 0.0,
-    clipping: str = "per-batch",
-    loss_fn: LossFn = F.cross_entropy,
     keep_members: bool = False,
     summed_noise: torch.Generator | SecureGaussian | None = None,
-    member_chunk: int | None = None,
 ) -> CohortResult:
     """:func:`train_cohort` for members that bring their own data and generators
     (:class:`~.cohort_data.MemberStreams`): stream for stream, each member's upload equals
@@ -358,7 +328,5 @@ def cohort_update(
     device = next(p for p in model.parameters()).device
     data = CohortData.stack([m.x for m in members], [m.y for m in members], device)
     streams = MemberStreams([m.batch_generator for m in members], [m.noise_generator for m in members])
-    return train_cohort(model, data, np.arange(len(members)), streams, step_sizes=step_sizes, clip_norm=clip_norm,
-                        batch_size=batch_size, sigma=sigma, prox_alpha=prox_alpha, clipping=clipping,
-                        loss_fn=loss_fn, keep_members=keep_members, summed_noise=summed_noise,
-                        member_chunk=member_chunk)
+    return train_cohort(model, data, np.arange(len(members)), streams, settings, keep_members=keep_members,
+                        summed_noise=summed_noise)

@@ -26,12 +26,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .cohort import train_cohort
 from .cohort_data import CohortData, MemberStreams
-from .local_update import LossFn
+from .cohort_settings import CohortSettings
 from .secure_sum import SumGrid, clamp_upload, grid_values
 
 __all__ = ["CleanMembers", "SecureCohortUpload", "clean_members", "node_upload", "secure_cohort_upload"]
@@ -86,21 +85,18 @@ class SecureCohortUpload:
 
 
 def clean_members(model: nn.Module, data: CohortData, rows: Sequence[int] | np.ndarray,
-                  batch_generators: Sequence[torch.Generator], *, step_sizes: Sequence[float], clip_norm: float,
-                  batch_size: int, prox_alpha: float = 0.0, clipping: str = "per-batch",
-                  loss_fn: LossFn = F.cross_entropy, member_chunk: int | None = None) -> CleanMembers:
-    """Step 1: the clean local models of members ``rows`` of ``data`` (the cohort trainer, no Gaussian noise),
-    ``batch_generators[j]`` drawing member j's batches as the single client's generator does. The model must hold
-    parameters only (every value goes on the grid); ``model`` is not changed."""
+                  batch_generators: Sequence[torch.Generator], settings: CohortSettings) -> CleanMembers:
+    """Step 1: the clean local models of members ``rows`` of ``data`` (the cohort trainer with ``settings``, no
+    Gaussian noise: ``settings.sigma`` is not read), ``batch_generators[j]`` drawing member j's batches as the
+    single client's generator does. The model must hold parameters only (every value goes on the grid); ``model``
+    is not changed."""
     rows = np.asarray(rows, dtype=np.int64).reshape(-1)
     if len(batch_generators) != len(rows):
         raise ValueError(f"need one batch generator per member ({len(rows)}), got {len(batch_generators)}")
     keys = list(model.state_dict().keys())
     if keys != [n for n, _ in model.named_parameters()]:
         raise ValueError("a secure cohort upload needs a model whose state dict is its parameters (no buffers)")
-    result = train_cohort(model, data, rows, _CleanStreams(batch_generators), step_sizes=step_sizes,
-                          clip_norm=clip_norm, batch_size=batch_size, sigma=1.0, prox_alpha=prox_alpha,
-                          clipping=clipping, loss_fn=loss_fn, keep_members=True, member_chunk=member_chunk)
+    result = train_cohort(model, data, rows, _CleanStreams(batch_generators), settings, keep_members=True)
     assert result.members is not None  # keep_members
     return CleanMembers([result.members[k].detach().cpu().numpy() for k in keys],
                         [v.detach().to("cpu", torch.float64).numpy() for v in model.state_dict().values()],
@@ -130,24 +126,16 @@ def secure_cohort_upload(
     batch_generators: Sequence[torch.Generator],
     noise_rngs: Sequence[np.random.Generator | None],
     grid: SumGrid,
-    *,
-    step_sizes: Sequence[float],
-    clip_norm: float,
-    batch_size: int,
-    sigma: float,
-    prox_alpha: float = 0.0,
-    clipping: str = "per-batch",
-    loss_fn: LossFn = F.cross_entropy,
-    member_chunk: int | None = None,
+    settings: CohortSettings,
 ) -> SecureCohortUpload:
     """The node's integer upload for members ``rows`` of ``data`` (module docstring): :func:`clean_members` then
-    :func:`node_upload`. ``batch_generators[j]`` and ``noise_rngs[j]`` are member j's (``rows[j]``) streams."""
+    :func:`node_upload`, with ``settings`` (:class:`~.cohort_settings.CohortSettings`; ``settings.sigma``: each
+    member's Skellam noise, variance sigma^2 per value). ``batch_generators[j]`` and ``noise_rngs[j]`` are member
+    j's (``rows[j]``) streams."""
     if not len(batch_generators) == len(noise_rngs) == len(np.asarray(rows).reshape(-1)):
         raise ValueError(f"need one batch generator and one noise generator per member ({len(rows)}), got "
                          f"{len(batch_generators)} and {len(noise_rngs)}")
-    members = clean_members(model, data, rows, batch_generators, step_sizes=step_sizes, clip_norm=clip_norm,
-                            batch_size=batch_size, prox_alpha=prox_alpha, clipping=clipping, loss_fn=loss_fn,
-                            member_chunk=member_chunk)
-    upload, clamped = node_upload(members, noise_rngs, grid, sigma)
+    members = clean_members(model, data, rows, batch_generators, settings)
+    upload, clamped = node_upload(members, noise_rngs, grid, settings.sigma)
     return SecureCohortUpload(upload, clamped, members.clipped_fraction, members.batch_sizes,
                               members.nonfinite_gradients)

@@ -18,7 +18,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, R
 from fl_dp_flower.app.clientapp import app as client_app
 from fl_dp_flower.privacy.schedules import step_sizes
 from fl_dp_flower.reporting import read_ledger
-from fl_dp_flower.training.cohort import Member, cohort_update
+from fl_dp_flower.training.cohort import CohortSettings, Member, cohort_update
 from fl_dp_flower.training.data import load_partition
 from fl_dp_flower.training.local_update import local_update
 from fl_dp_flower.training.models import LeNet5
@@ -45,8 +45,8 @@ def test_cohort_equals_one_local_update_per_member(prox_alpha, schedule, batch):
     before = copy.deepcopy(model.state_dict())
     etas = step_sizes(schedule, 0.1, 3, 4)
     result = cohort_update(model, [Member(p.x_train, p.y_train, *_gens(i)) for i, p in enumerate(parts)],
-                           step_sizes=etas, clip_norm=0.5, batch_size=batch, sigma=0.02, prox_alpha=prox_alpha,
-                           keep_members=True)
+                           CohortSettings(step_sizes=etas, clip_norm=0.5, batch_size=batch, sigma=0.02,
+                                          prox_alpha=prox_alpha), keep_members=True)
     assert len(set(result.batch_sizes)) == (1 if batch == 4 else 2)
     for name, t in model.state_dict().items():  # the global model is not changed
         assert torch.equal(t, before[name])
@@ -130,20 +130,24 @@ def test_summed_noise_has_the_distribution_of_the_members_noise():
     torch.manual_seed(2)
     model = LeNet5()
     kw = dict(step_sizes=(0.1, 0.1), clip_norm=0.5, batch_size=4)
-    tiny = [cohort_update(model, _members(9), sigma=1e-12, **kw),
-            cohort_update(model, _members(9), sigma=1e-12, summed_noise=torch.Generator().manual_seed(3), **kw)]
+    tiny = [cohort_update(model, _members(9), CohortSettings(sigma=1e-12, **kw)),
+            cohort_update(model, _members(9), CohortSettings(sigma=1e-12, **kw),
+                          summed_noise=torch.Generator().manual_seed(3))]
     for name in tiny[0].total:
         torch.testing.assert_close(tiny[1].total[name], tiny[0].total[name], rtol=1e-5, atol=1e-6)
     sigma = 0.3
-    noisy = cohort_update(model, _members(9), sigma=sigma, summed_noise=torch.Generator().manual_seed(4), **kw)
+    noisy = cohort_update(model, _members(9), CohortSettings(sigma=sigma, **kw),
+                          summed_noise=torch.Generator().manual_seed(4))
     residual = torch.cat([(noisy.total[n] - tiny[0].total[n]).flatten() for n in noisy.total]).double()
     expected_sd = sigma * 9 ** 0.5
     assert residual.mean().abs() < 4 * expected_sd / residual.numel() ** 0.5
     assert residual.std().item() == pytest.approx(expected_sd, rel=0.01)  # 61,706 values
     with pytest.raises(ValueError, match="keep_members"):
-        cohort_update(model, _members(2), sigma=sigma, summed_noise=torch.Generator(), keep_members=True, **kw)
+        cohort_update(model, _members(2), CohortSettings(sigma=sigma, **kw), summed_noise=torch.Generator(),
+                      keep_members=True)
     with pytest.raises(ValueError, match="noise_generator"):
-        cohort_update(model, [Member(m.x, m.y, m.batch_generator) for m in _members(2)], sigma=sigma, **kw)
+        cohort_update(model, [Member(m.x, m.y, m.batch_generator) for m in _members(2)],
+                      CohortSettings(sigma=sigma, **kw))
 
 
 def test_the_app_draws_summed_noise_by_default():

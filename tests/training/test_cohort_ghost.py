@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from fl_dp_flower.training import cohort, ghost
-from fl_dp_flower.training.cohort import CohortData, KeyedStreams, train_cohort
+from fl_dp_flower.training.cohort import CohortData, CohortSettings, KeyedStreams, train_cohort
 from fl_dp_flower.training.data import load_partition
 from fl_dp_flower.training.models import LeNet5, TanhCNN
 
@@ -31,8 +31,8 @@ def _run(model, data, monkeypatch, use_ghost: bool, clip_norm: float = 1.0, **kw
         monkeypatch.setattr(cohort, "ghost_step", lambda *a: None)
     try:
         return train_cohort(model, data, np.arange(len(data)), KeyedStreams(4, 1, np.arange(len(data))),
-                            step_sizes=(0.3,), clip_norm=clip_norm, sigma=0.01, member_chunk=4,
-                            summed_noise=torch.Generator(data.device).manual_seed(2), **kw)
+                            CohortSettings(step_sizes=(0.3,), clip_norm=clip_norm, sigma=0.01, member_chunk=4, **kw),
+                            summed_noise=torch.Generator(data.device).manual_seed(2))
     finally:
         monkeypatch.setattr(cohort, "ghost_step", ghost.ghost_step)
 
@@ -56,8 +56,9 @@ def test_the_ghost_sum_is_the_vmap_sum(model_cls, clipping, batch, device, monke
     calls = []
     real = ghost.ghost_step
     monkeypatch.setattr(cohort, "ghost_step", lambda *a: calls.append(1) or real(*a))
-    fast = train_cohort(model, data, np.arange(9), KeyedStreams(4, 1, np.arange(9)), step_sizes=(0.3,),
-                        clip_norm=clip_norm, sigma=0.01, member_chunk=4, batch_size=batch, clipping=clipping,
+    fast = train_cohort(model, data, np.arange(9), KeyedStreams(4, 1, np.arange(9)),
+                        CohortSettings(step_sizes=(0.3,), clip_norm=clip_norm, sigma=0.01, member_chunk=4,
+                                       batch_size=batch, clipping=clipping),
                         summed_noise=torch.Generator(device).manual_seed(2))
     monkeypatch.setattr(cohort, "ghost_step", real)
     assert calls  # the ghost path ran

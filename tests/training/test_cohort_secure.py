@@ -20,6 +20,7 @@ from fl_dp_flower.privacy.skellam import CLIENT_HALF_RANGE
 from fl_dp_flower.protocol import TrainInstruction
 from fl_dp_flower.training.cohort_data import CohortData
 from fl_dp_flower.training.cohort_secure import clean_members, secure_cohort_upload
+from fl_dp_flower.training.cohort_settings import CohortSettings
 from fl_dp_flower.training.data import load_partition
 from fl_dp_flower.training.models import build_model
 from fl_dp_flower.training.secure_sum import SumGrid, clamp_upload, encode_update, grid_values
@@ -51,8 +52,8 @@ def _node(clients, grid=GRID, sigma=0.5):
     batch, noise = member_streams(SEED, clients, ROUND)
     s = _instruction()
     return secure_cohort_upload(_model(), data, np.arange(len(clients)), batch, noise, grid,
-                                step_sizes=[s.lr] * s.local_steps, clip_norm=s.clip_norm, batch_size=s.batch_size,
-                                sigma=sigma)
+                                CohortSettings(step_sizes=[s.lr] * s.local_steps, clip_norm=s.clip_norm,
+                                               batch_size=s.batch_size, sigma=sigma))
 
 
 def _single(client):
@@ -84,7 +85,7 @@ def test_m_members_upload_the_sum_of_their_single_client_integers_exactly():
     parts = _parts(clients)
     data = CohortData.stack([p.x_train for p in parts], [p.y_train for p in parts])
     members = clean_members(_model(), data, np.arange(4), member_streams(SEED, clients, ROUND)[0],
-                            step_sizes=[0.1, 0.1], clip_norm=1.0, batch_size=4)
+                            CohortSettings(step_sizes=[0.1, 0.1], clip_norm=1.0, batch_size=4, sigma=0.5))
     _, noise = member_streams(SEED, clients, ROUND)
     encoded = [encode_update(members.delta(j), GRID, 0.5, noise[j]) for j in range(4)]
     assert node.clamped == 0 and all(c == 0 for _, c in encoded)
@@ -119,8 +120,8 @@ def test_streams_must_match_the_members():
     data = CohortData.stack([p.x_train for p in parts], [p.y_train for p in parts])
     batch, noise = member_streams(SEED, [1], ROUND)
     with pytest.raises(ValueError, match="one batch generator and one noise generator per member"):
-        secure_cohort_upload(_model(), data, [0, 1], batch, noise, GRID, step_sizes=[0.1], clip_norm=1.0,
-                             batch_size=4, sigma=0.5)
+        secure_cohort_upload(_model(), data, [0, 1], batch, noise, GRID,
+                             CohortSettings(step_sizes=[0.1], clip_norm=1.0, batch_size=4, sigma=0.5))
 
 
 def test_member_streams_are_the_single_client_streams_and_os_entropy_without_a_seed():

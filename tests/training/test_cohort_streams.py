@@ -22,7 +22,7 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 from fl_dp_flower.training import cohort
-from fl_dp_flower.training.cohort import CohortData, KeyedStreams, MemberStreams, train_cohort
+from fl_dp_flower.training.cohort import CohortData, CohortSettings, KeyedStreams, MemberStreams, train_cohort
 from fl_dp_flower.training.cohort_data import NOISE_STREAM, stream_seed
 from fl_dp_flower.training.data import load_partition
 from fl_dp_flower.training.local_update import local_update
@@ -65,8 +65,9 @@ def test_a_member_is_local_update_with_the_drawn_batches_and_noise(clipping, pro
     before = copy.deepcopy(model.state_dict())
     etas, sigma, seed, rnd = (0.2, 0.1, 0.05), 0.02, 5, 3
     streams = Recording(seed, rnd, clients)
-    result = train_cohort(model, data, np.arange(7), streams, step_sizes=etas, clip_norm=0.5, batch_size=batch,
-                          sigma=sigma, prox_alpha=prox_alpha, clipping=clipping, keep_members=True, member_chunk=3)
+    settings = CohortSettings(step_sizes=etas, clip_norm=0.5, batch_size=batch, sigma=sigma, prox_alpha=prox_alpha,
+                              clipping=clipping, member_chunk=3)
+    result = train_cohort(model, data, np.arange(7), streams, settings, keep_members=True)
     for name, t in model.state_dict().items():  # the global model is not changed
         assert torch.equal(t, before[name])
     assert len(streams.drawn) == 3  # chunks of <= 3 members within each batch-size group (3 x 4 and 4 x 5 images)
@@ -89,13 +90,11 @@ def test_a_member_is_local_update_with_the_drawn_batches_and_noise(clipping, pro
     for name, t in total.items():
         torch.testing.assert_close(result.total[name], t, rtol=1e-5, atol=1e-5)
     # without keep_members only sums are formed: the same draws, the same total
-    unkept = train_cohort(model, data, np.arange(7), KeyedStreams(seed, rnd, clients), step_sizes=etas, clip_norm=0.5,
-                          batch_size=batch, sigma=sigma, prox_alpha=prox_alpha, clipping=clipping, member_chunk=3)
+    unkept = train_cohort(model, data, np.arange(7), KeyedStreams(seed, rnd, clients), settings)
     for name, t in total.items():
         torch.testing.assert_close(unkept.total[name], t, rtol=1e-5, atol=1e-5)
     # summed noise: the same batches (their stream is apart from the noise's), the sum formed at the last step
-    summed = train_cohort(model, data, np.arange(7), KeyedStreams(seed, rnd, clients), step_sizes=etas, clip_norm=0.5,
-                          batch_size=batch, sigma=sigma, prox_alpha=prox_alpha, clipping=clipping, member_chunk=3,
+    summed = train_cohort(model, data, np.arange(7), KeyedStreams(seed, rnd, clients), settings,
                           summed_noise=torch.Generator(device).manual_seed(9))
     gen = torch.Generator(device).manual_seed(9)
     for name, p in model.named_parameters():
@@ -105,10 +104,10 @@ def test_a_member_is_local_update_with_the_drawn_batches_and_noise(clipping, pro
 
 def test_keyed_streams_are_reproducible_and_keyed_by_seed_and_round():
     model, data = LeNet5(), _data()
-    kw = dict(step_sizes=(0.1, 0.1), clip_norm=0.5, batch_size=3, sigma=0.05, member_chunk=4)
+    settings = CohortSettings(step_sizes=(0.1, 0.1), clip_norm=0.5, batch_size=3, sigma=0.05, member_chunk=4)
 
     def run(seed, rnd):
-        return train_cohort(model, data, np.arange(7), KeyedStreams(seed, rnd, np.arange(7)), **kw).total
+        return train_cohort(model, data, np.arange(7), KeyedStreams(seed, rnd, np.arange(7)), settings).total
 
     first, again, other_round, fresh = run(1, 2), run(1, 2), run(1, 3), run(None, 2)
     for name in first:
@@ -167,12 +166,13 @@ def _profiled(members: int, reference: bool, summed: bool, steps: int = 2, chunk
                                 [torch.Generator().manual_seed(-~i) for i in range(members)])
     else:
         streams = KeyedStreams(None, 0, np.arange(members))
-    kw = dict(step_sizes=(0.1,) * steps, clip_norm=1.0, batch_size=2, sigma=0.1, member_chunk=-(-members // chunks),
-              summed_noise=torch.Generator().manual_seed(1) if summed else None)
+    settings = CohortSettings(step_sizes=(0.1,) * steps, clip_norm=1.0, batch_size=2, sigma=0.1,
+                              member_chunk=-(-members // chunks))
+    noise = torch.Generator().manual_seed(1) if summed else None
     model = _tiny()
-    train_cohort(model, data, np.arange(members), streams, **kw)  # warm-up (vmap's first call)
+    train_cohort(model, data, np.arange(members), streams, settings, summed_noise=noise)  # warm-up (vmap's first call)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        train_cohort(model, data, np.arange(members), streams, **kw)
+        train_cohort(model, data, np.arange(members), streams, settings, summed_noise=noise)
     return Counter({e.key: e.count for e in prof.key_averages() if e.key.startswith("aten::")})
 
 

@@ -11,8 +11,10 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -20,7 +22,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from fl_dp_flower.privacy.schedules import SCHEDULES, step_sizes
-from fl_dp_flower.training.cohort import Member, cohort_update, default_member_chunk
+from fl_dp_flower.training.cohort import CohortSettings, Member, cohort_update, default_member_chunk
 from fl_dp_flower.training.data import load_partition
 from fl_dp_flower.training.local_update import local_update, zero_nonfinite
 from fl_dp_flower.training.models import LeNet5
@@ -95,7 +97,8 @@ def test_per_batch_equals_the_previous_implementation(schedule, prox_alpha):
     kw = dict(step_sizes=etas, clip_norm=0.5, sigma=0.02, prox_alpha=prox_alpha)
     for batch in (4, 5):  # one group of B = 4; two groups (B = 4 and 5)
         ref_total, ref_members = _reference_cohort(model, _members(), batch_size=batch, **kw)
-        new = cohort_update(model, _members(), batch_size=batch, keep_members=True, member_chunk=3, **kw)
+        new = cohort_update(model, _members(), CohortSettings(batch_size=batch, member_chunk=3, **kw),
+                            keep_members=True)
         assert len(set(new.batch_sizes)) == (1 if batch == 4 else 2)
         for name, t in ref_total.items():
             torch.testing.assert_close(new.total[name], t, rtol=1e-5, atol=1e-5)
@@ -103,7 +106,8 @@ def test_per_batch_equals_the_previous_implementation(schedule, prox_alpha):
                 torch.testing.assert_close(new.members[name][i], upload[name], **TOL)
         ref_summed, _ = _reference_cohort(model, _members(), batch_size=batch,
                                           summed_noise=torch.Generator().manual_seed(5), **kw)
-        summed = cohort_update(model, _members(), batch_size=batch, summed_noise=torch.Generator().manual_seed(5), **kw)
+        summed = cohort_update(model, _members(), CohortSettings(batch_size=batch, **kw),
+                               summed_noise=torch.Generator().manual_seed(5))
         for name, t in ref_summed.items():
             torch.testing.assert_close(summed.total[name], t, rtol=1e-5, atol=1e-5)
 
@@ -113,8 +117,9 @@ def test_per_batch_equals_the_previous_implementation(schedule, prox_alpha):
 def test_per_sample_equals_one_local_update_per_member(schedule, prox_alpha):
     model, etas = _model(), step_sizes(schedule, 0.2, 2, 3)
     before = copy.deepcopy(model.state_dict())
-    result = cohort_update(model, _members(), step_sizes=etas, clip_norm=2.0, batch_size=4, sigma=0.02,
-                           prox_alpha=prox_alpha, clipping="per-sample", keep_members=True, member_chunk=2)
+    settings = CohortSettings(step_sizes=etas, clip_norm=2.0, batch_size=4, sigma=0.02, prox_alpha=prox_alpha,
+                              clipping="per-sample", member_chunk=2)
+    result = cohort_update(model, _members(), settings, keep_members=True)
     for name, t in model.state_dict().items():  # the global model is not changed
         assert torch.equal(t, before[name])
     total, clipped = {n: torch.zeros_like(t) for n, t in model.named_parameters()}, 0.0
@@ -136,8 +141,8 @@ def test_per_sample_equals_one_local_update_per_member(schedule, prox_alpha):
 @pytest.mark.parametrize("clipping", ["per-batch", "per-sample"])
 def test_the_chunk_size_changes_nothing(clipping):
     model = _model()
-    kw = dict(step_sizes=(0.1, 0.05), clip_norm=0.5, batch_size=5, sigma=0.01, clipping=clipping, keep_members=True)
-    runs = [cohort_update(model, _members(), member_chunk=c, **kw) for c in (1, 4, None)]
+    kw = dict(step_sizes=(0.1, 0.05), clip_norm=0.5, batch_size=5, sigma=0.01, clipping=clipping)
+    runs = [cohort_update(model, _members(), CohortSettings(member_chunk=c, **kw), keep_members=True) for c in (1, 4, None)]
     for run in runs[1:]:
         assert run.clipped_fraction == runs[0].clipped_fraction
         for name, t in runs[0].members.items():
@@ -153,8 +158,8 @@ def test_per_sample_counts_nonfinite_gradients_per_sample():
     bad[2, 0, 3, 3] = float("nan")
     members = [Member(d, y, torch.Generator().manual_seed(j), torch.Generator().manual_seed(9 + j))
                for j, d in enumerate((x, bad))]
-    result = cohort_update(_model(), members, step_sizes=(0.1, 0.1, 0.1), clip_norm=1.0, batch_size=5, sigma=1e-3,
-                           clipping="per-sample", keep_members=True)
+    settings = CohortSettings(step_sizes=(0.1, 0.1, 0.1), clip_norm=1.0, batch_size=5, sigma=1e-3, clipping="per-sample")
+    result = cohort_update(_model(), members, settings, keep_members=True)
     assert result.nonfinite_gradients == 3
     assert all(torch.isfinite(t).all() for t in result.members.values())
     assert not torch.equal(result.members["classifier.5.bias"][1], _model().classifier[5].bias.detach())
@@ -168,9 +173,33 @@ def test_default_chunk_and_refusals():
     assert default_member_chunk(4, 61_706, per_sample=False, device="cuda") == 4096
     kw = dict(step_sizes=(0.1,), clip_norm=1.0, batch_size=4, sigma=0.1)
     with pytest.raises(ValueError, match="clipping"):
-        cohort_update(_model(), _members(), clipping="per-layer", **kw)
+        CohortSettings(**{**kw, "clipping": "per-layer"})
     for chunk in (0, 2.5, True):
         with pytest.raises(ValueError, match="member_chunk"):
-            cohort_update(_model(), _members(), member_chunk=chunk, **kw)
+            CohortSettings(**kw, member_chunk=chunk)
     with pytest.raises(ValueError, match="prox_alpha"):
-        cohort_update(_model(), _members(), prox_alpha=-1.0, **kw)
+        CohortSettings(**kw, prox_alpha=-1.0)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("step_sizes", ()), ("step_sizes", (0.1, 0.0)), ("step_sizes", (float("nan"),)), ("step_sizes", "0.1"),
+    ("clip_norm", 0.0), ("clip_norm", float("inf")), ("batch_size", 0), ("batch_size", 2.0), ("batch_size", True),
+    ("sigma", -0.1), ("sigma", float("nan")), ("prox_alpha", float("inf")), ("loss_fn", "cross_entropy")])
+def test_settings_refuse_a_bad_field_by_name(field, value):
+    """Every range is checked once, where the settings are made (before any member trains), and the error
+    names the field."""
+    kw = dict(step_sizes=(0.1,), clip_norm=1.0, batch_size=4, sigma=0.1)
+    with pytest.raises(ValueError, match=f"CohortSettings.{field}"):
+        CohortSettings(**{**kw, field: value})
+
+
+def test_settings_are_frozen_normalised_and_required():
+    settings = CohortSettings(step_sizes=[np.float64(0.1), 1], clip_norm=np.float32(2.0), batch_size=np.int64(4),
+                              sigma=1, member_chunk=np.int32(3))
+    assert settings.step_sizes == (0.1, 1.0) and all(type(e) is float for e in settings.step_sizes)
+    assert type(settings.clip_norm) is float and type(settings.batch_size) is int and type(settings.sigma) is float
+    assert type(settings.member_chunk) is int
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.sigma = 0.2  # type: ignore[misc]
+    with pytest.raises(TypeError, match="CohortSettings"):
+        cohort_update(_model(), _members(), dict(step_sizes=(0.1,), clip_norm=1.0, batch_size=4, sigma=0.1))

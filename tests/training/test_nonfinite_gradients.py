@@ -12,7 +12,7 @@ from torch import nn
 
 from fl_dp_flower.app import clientapp as client_module
 from fl_dp_flower.training import local_update
-from fl_dp_flower.training.cohort import Member, cohort_update
+from fl_dp_flower.training.cohort import CohortSettings, Member, cohort_update
 
 from fl_dp_flower.app.testing import run_local, tiny_config
 
@@ -69,8 +69,8 @@ def test_cohort_member_with_a_nan_gradient_stays_finite():
     xs = [_data(bad=None), _data(bad=2)]
     members = [Member(x, y, torch.Generator().manual_seed(i), torch.Generator().manual_seed(10 + i))
                for i, (x, y) in enumerate(xs)]
-    result = cohort_update(model, members, step_sizes=[0.2, 0.2], clip_norm=1.0, batch_size=8, sigma=1e-3,
-                           loss_fn=F.cross_entropy)
+    result = cohort_update(model, members, CohortSettings(step_sizes=[0.2, 0.2], clip_norm=1.0, batch_size=8,
+                                                          sigma=1e-3, loss_fn=F.cross_entropy))
     assert result.nonfinite_gradients == 2
     assert all(torch.isfinite(t).all() for t in result.total.values())
 
