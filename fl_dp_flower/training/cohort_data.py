@@ -180,10 +180,13 @@ class KeyedStreams:
             keys.masked_fill_(torch.arange(n_max, device=device) >= sizes_on_device.view(c, 1, 1), 2.0)
         return keys.topk(bsz, dim=-1, largest=False, sorted=True).indices
 
-    def add_noise_(self, pos, trained, order, sigma):
+    def _warn_fixed_seed(self) -> None:
         if self.seed is not None and self.secure is None and not self._warned:
             log.warning(FIXED_SEED_WARNING)  # once per round: noise from a fixed seed gives no privacy
             self._warned = True
+
+    def add_noise_(self, pos, trained, order, sigma):
+        self._warn_fixed_seed()
         if self.secure is not None:
             for name in order:
                 trained[name].copy_(self.secure.noisy(trained[name], sigma))
@@ -195,8 +198,9 @@ class KeyedStreams:
             t.add_(torch.randn(t.shape, generator=gen, device=t.device, dtype=t.dtype), alpha=float(sigma))
 
     def noise_sum(self, pos, like, order, sigma):
-        if self.secure is not None or (self.seed is not None and not self._warned):
-            return _summed_noise(self, pos, like, order, sigma)  # (secure: float64 per member; the seed warning)
+        if self.secure is not None:
+            return _summed_noise(self, pos, like, order, sigma)  # float64 per member, rounded once
+        self._warn_fixed_seed()
         gen = self.generator(pos, NOISE_STREAM, like[order[0]].device)
         return {name: torch.randn((len(pos), *like[name].shape), generator=gen, device=like[name].device,
                                   dtype=like[name].dtype).sum(0).mul_(float(sigma)) for name in order}
