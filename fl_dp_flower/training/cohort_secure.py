@@ -35,6 +35,9 @@ from .cohort_data import CohortData, MemberStreams
 from .local_update import LossFn
 from .secure_sum import SumGrid, clamp_upload
 
+#: values of one array rounded at a time by :func:`node_upload` (a block of members: 512 KB of float64)
+BLOCK_VALUES = 1 << 16
+
 __all__ = ["CleanMembers", "SecureCohortUpload", "clean_members", "node_upload", "secure_cohort_upload"]
 
 
@@ -109,12 +112,13 @@ def clean_members(model: nn.Module, data: CohortData, rows: Sequence[int] | np.n
 
 
 def node_upload(members: CleanMembers, noise_rngs: Sequence[np.random.Generator | None], grid: SumGrid,
-                sigma: float, member_block: int = 256) -> tuple[list[np.ndarray], int]:
+                sigma: float, member_block: int | None = None) -> tuple[list[np.ndarray], int]:
     """Steps 2 and 3: member j's integers round(Delta_j / s) + Skellam from ``noise_rngs[j]`` (None: OS entropy),
     summed over the members, clamped once and offset (:func:`~.secure_sum.clamp_upload`): (upload, clamped).
 
     The same integers as summing :func:`~.secure_sum.grid_values` member by member (integer sums commute), at the
-    cost of the draws alone: the rounding is done for ``member_block`` members at a time, and each member's noise
+    cost of the draws alone: the rounding is done for ``member_block`` members at a time (None: about 2^16 values
+    of an array at a time, so that a block stays in the CPU's cache), and each member's noise
     is drawn array by array as :func:`~.secure_sum.skellam_noise` draws it (its two Poisson draws of an array in
     one call: numpy fills a sized draw value by value, so the stream is the same) and accumulated in place."""
     count = len(members.trained[0]) if members.trained else 0
@@ -122,7 +126,8 @@ def node_upload(members: CleanMembers, noise_rngs: Sequence[np.random.Generator 
         raise ValueError(f"need one noise generator per member ({count}), got {len(noise_rngs)}")
     if count == 0:
         raise ValueError("a cohort needs at least one member")
-    total = [_rounded_sum(t, b, grid, member_block) for t, b in zip(members.trained, members.start)]
+    total = [_rounded_sum(t, b, grid, member_block or max(1, BLOCK_VALUES // max(1, b.size)))
+             for t, b in zip(members.trained, members.start)]
     lam = grid.poisson_rate(sigma)
     for rng in noise_rngs:
         gen = rng if rng is not None else np.random.default_rng(secrets.randbits(128))
@@ -133,7 +138,7 @@ def node_upload(members: CleanMembers, noise_rngs: Sequence[np.random.Generator 
     return clamp_upload(total)
 
 
-def _rounded_sum(trained: np.ndarray, start: np.ndarray, grid: SumGrid, member_block: int = 256) -> np.ndarray:
+def _rounded_sum(trained: np.ndarray, start: np.ndarray, grid: SumGrid, member_block: int) -> np.ndarray:
     """sum_j round((trained[j] - start) / s) in int64 (trained: [M, ...], the weights' dtype; start: float64), each
     member's difference taken in float64 as :meth:`CleanMembers.delta` does."""
     acc = np.zeros(start.shape, dtype=np.int64)
