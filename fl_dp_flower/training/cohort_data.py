@@ -18,7 +18,7 @@ Streams (where a member's batch indices and noise come from):
   seed a round is reproducible for the same members and chunking; a member's draws are independent
   of every other member's and have the distribution of the single-client update's (a batch that is
   a member's whole data is taken in index order: the same set, and the per-batch mean does not
-  depend on order). Without a seed every chunk's generators are seeded from OS entropy.
+  depend on order). Without a seed every chunk's generators are seeded from OS entropy over their whole state.
   ``noise_mode = "secure"``: the noise of a chunk comes from :class:`~.noise.SecureGaussian` in one call.
 """
 
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -35,7 +34,7 @@ import numpy as np
 import torch
 
 from .data import load_partition
-from .noise import FIXED_SEED_WARNING, SecureGaussian, gaussian_noised
+from .noise import FIXED_SEED_WARNING, SecureGaussian, entropy_generator, gaussian_noised
 
 log = logging.getLogger(__name__)
 
@@ -166,9 +165,10 @@ class KeyedStreams:
         self.secure = SecureGaussian() if noise_mode == "secure" else None
 
     def generator(self, pos: np.ndarray, purpose: int, device: torch.device) -> torch.Generator:
+        if self.seed is None:  # OS entropy over the generator's whole state (noise.entropy_generator)
+            return entropy_generator(device)
         gen = torch.Generator(device=device)
-        gen.manual_seed(secrets.randbits(63) if self.seed is None else
-                        stream_seed(self.seed, self.round_index, int(self.clients[pos[0]]), len(pos), purpose))
+        gen.manual_seed(stream_seed(self.seed, self.round_index, int(self.clients[pos[0]]), len(pos), purpose))
         return gen
 
     def batches(self, pos, sizes, sizes_on_device, bsz, steps):
@@ -180,10 +180,13 @@ class KeyedStreams:
             keys.masked_fill_(torch.arange(n_max, device=device) >= sizes_on_device.view(c, 1, 1), 2.0)
         return keys.topk(bsz, dim=-1, largest=False, sorted=True).indices
 
-    def add_noise_(self, pos, trained, order, sigma):
+    def _warn_fixed_seed(self) -> None:
         if self.seed is not None and self.secure is None and not self._warned:
             log.warning(FIXED_SEED_WARNING)  # once per round: noise from a fixed seed gives no privacy
             self._warned = True
+
+    def add_noise_(self, pos, trained, order, sigma):
+        self._warn_fixed_seed()
         if self.secure is not None:
             for name in order:
                 trained[name].copy_(self.secure.noisy(trained[name], sigma))
@@ -195,8 +198,9 @@ class KeyedStreams:
             t.add_(torch.randn(t.shape, generator=gen, device=t.device, dtype=t.dtype), alpha=float(sigma))
 
     def noise_sum(self, pos, like, order, sigma):
-        if self.secure is not None or (self.seed is not None and not self._warned):
-            return _summed_noise(self, pos, like, order, sigma)  # (secure: float64 per member; the seed warning)
+        if self.secure is not None:
+            return _summed_noise(self, pos, like, order, sigma)  # float64 per member, rounded once
+        self._warn_fixed_seed()
         gen = self.generator(pos, NOISE_STREAM, like[order[0]].device)
         return {name: torch.randn((len(pos), *like[name].shape), generator=gen, device=like[name].device,
                                   dtype=like[name].dtype).sum(0).mul_(float(sigma)) for name in order}

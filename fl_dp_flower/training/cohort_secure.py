@@ -21,6 +21,7 @@ plan keeps every clamp below e^-200, and the accountant charges the clamp of sum
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -31,7 +32,10 @@ from torch import nn
 from .cohort import train_cohort
 from .cohort_data import CohortData, MemberStreams
 from .cohort_settings import CohortSettings
-from .secure_sum import SumGrid, clamp_upload, grid_values
+from .secure_sum import SumGrid, clamp_upload
+
+#: values of one array rounded at a time by :func:`node_upload` (a block of members: 512 KB of float64)
+BLOCK_VALUES = 1 << 16
 
 __all__ = ["CleanMembers", "SecureCohortUpload", "clean_members", "node_upload", "secure_cohort_upload"]
 
@@ -104,19 +108,44 @@ def clean_members(model: nn.Module, data: CohortData, rows: Sequence[int] | np.n
 
 
 def node_upload(members: CleanMembers, noise_rngs: Sequence[np.random.Generator | None], grid: SumGrid,
-                sigma: float) -> tuple[list[np.ndarray], int]:
+                sigma: float, member_block: int | None = None) -> tuple[list[np.ndarray], int]:
     """Steps 2 and 3: member j's integers round(Delta_j / s) + Skellam from ``noise_rngs[j]`` (None: OS entropy),
-    summed over the members, clamped once and offset (:func:`~.secure_sum.clamp_upload`): (upload, clamped)."""
+    summed over the members, clamped once and offset (:func:`~.secure_sum.clamp_upload`): (upload, clamped).
+
+    The same integers as summing :func:`~.secure_sum.grid_values` member by member (integer sums commute), at the
+    cost of the draws alone: the rounding is done for ``member_block`` members at a time (None: about 2^16 values
+    of an array at a time, so that a block stays in the CPU's cache), and each member's noise
+    is drawn array by array as :func:`~.secure_sum.skellam_noise` draws it (its two Poisson draws of an array in
+    one call: numpy fills a sized draw value by value, so the stream is the same) and accumulated in place."""
     count = len(members.trained[0]) if members.trained else 0
     if len(noise_rngs) != count:
         raise ValueError(f"need one noise generator per member ({count}), got {len(noise_rngs)}")
-    total: list[np.ndarray] | None = None
-    for j in range(count):
-        values = grid_values(members.delta(j), grid, sigma, noise_rngs[j])
-        total = values if total is None else [acc + a for acc, a in zip(total, values)]
-    if total is None:
+    if count == 0:
         raise ValueError("a cohort needs at least one member")
+    total = [_rounded_sum(t, b, grid, member_block or max(1, BLOCK_VALUES // max(1, b.size)))
+             for t, b in zip(members.trained, members.start)]
+    lam = grid.poisson_rate(sigma)
+    for rng in noise_rngs:
+        gen = rng if rng is not None else np.random.default_rng(secrets.randbits(128))
+        for acc in total:  # the array order of grid_values; per array first Poisson minus second
+            draws = gen.poisson(lam, size=(2, *acc.shape))
+            acc += draws[0]
+            acc -= draws[1]
     return clamp_upload(total)
+
+
+def _rounded_sum(trained: np.ndarray, start: np.ndarray, grid: SumGrid, member_block: int) -> np.ndarray:
+    """sum_j round((trained[j] - start) / s) in int64 (trained: [M, ...], the weights' dtype; start: float64), each
+    member's difference taken in float64 as :meth:`CleanMembers.delta` does."""
+    acc = np.zeros(start.shape, dtype=np.int64)
+    for lo in range(0, len(trained), member_block):
+        d = trained[lo:lo + member_block].astype(np.float64)
+        d -= start
+        if not np.all(np.isfinite(d)):
+            raise ValueError("update holds a non-finite value: it cannot be put on the grid")
+        d /= grid.step
+        acc += np.rint(d, out=d).astype(np.int64).sum(0)
+    return acc
 
 
 def secure_cohort_upload(

@@ -4,8 +4,13 @@ sigma is the per-coordinate standard deviation in the units of the weights (docs
 ``n_i ~ N(0, sigma^2 I_d)`` added to the client's locally trained model). Noise is drawn on each
 tensor's own device with that device's generator (one generator per device).
 
-Seeding: ``seed=None`` or ``-1`` seeds the generator from OS entropy (``secrets``), so the noise
-cannot be reproduced by anyone who knows the configuration. A fixed seed makes the noise
+Seeding: ``seed=None`` or ``-1`` seeds the generator from OS entropy (:func:`entropy_generator`), so the
+noise cannot be reproduced by anyone who knows the configuration. On the CPU that fills the whole
+624-word state of torch's MT19937 from ``os.urandom``: ``manual_seed`` keeps only the low 32 bits of
+its seed (``manual_seed(s)`` and ``manual_seed(s + 2**32)`` give the same stream), and 2^32 streams
+are few enough for whoever sees an upload to try every one and subtract the noise (or for two of a
+run's uploads to share one: about n^2 / 2^33 pairs among n generators). CUDA's Philox generator
+takes the 63-bit seed whole. A fixed seed makes the noise
 reproducible -- useful for experiments, never for real privacy (whoever knows the seed can subtract
 the noise). torch's generators are not cryptographically secure PRNGs; the OS-entropy seed only
 ensures that the seed itself is unpredictable.
@@ -91,16 +96,45 @@ FIXED_SEED_WARNING = ("Noise generator seeded with a fixed seed: the noise is re
                       "experiments only; with a known seed the noise can be removed and gives NO privacy.")
 
 
-def make_generator(device: torch.device | str = "cpu", seed: int | None = None) -> torch.Generator:
-    """A torch.Generator on ``device``; seed None/-1 = OS entropy, otherwise reproducible (+ WARNING)."""
+#: torch's CPU generator state (``get_state``): initial seed (8 bytes), left and seeded (4 + 4), next (8), then
+#: MT19937's 624 state words, 8 bytes each (the layout :func:`entropy_generator` checks before writing into it)
+_MT_WORDS, _MT_OFFSET, _MT_STATE_BYTES = 624, 24, 5056
+
+
+def _mt_init_word(previous: int, index: int) -> int:
+    """MT19937's seeding recurrence: state word ``index`` from the one before it."""
+    return (1812433253 * (previous ^ (previous >> 30)) + index) & 0xFFFFFFFF
+
+
+def entropy_generator(device: torch.device | str = "cpu") -> torch.Generator:
+    """A torch.Generator on ``device`` seeded from OS entropy over its whole state: on the CPU the 624 words
+    of MT19937 from ``os.urandom`` (19,968 bits; ``manual_seed`` alone keeps 32), elsewhere a 63-bit seed.
+    Raises RuntimeError (never a weaker seed) if torch's CPU state layout is not the one expected."""
     gen = torch.Generator(device=torch.device(device))
+    seed = secrets.randbits(32)
+    gen.manual_seed(seed if gen.device.type == "cpu" else secrets.randbits(63))
+    if gen.device.type != "cpu":
+        return gen
+    state = gen.get_state().numpy().copy()
+    words = state[_MT_OFFSET:_MT_OFFSET + 8 * _MT_WORDS].view(np.uint64) if len(state) == _MT_STATE_BYTES else None
+    if words is None or int(words[0]) != seed or int(words[1]) != _mt_init_word(seed, 1):
+        raise RuntimeError(f"torch {torch.__version__}: the CPU generator's state is not laid out as expected (624 "
+                           "MT19937 words at byte 24 of 5056): cannot seed its whole state from OS entropy")
+    words[:] = np.frombuffer(os.urandom(4 * _MT_WORDS), dtype=np.uint32)
+    gen.set_state(torch.from_numpy(state))
+    return gen
+
+
+def make_generator(device: torch.device | str = "cpu", seed: int | None = None) -> torch.Generator:
+    """A torch.Generator on ``device``; seed None/-1 = OS entropy over its whole state (:func:`entropy_generator`),
+    otherwise reproducible (+ WARNING)."""
     if seed is None or seed == -1:
-        gen.manual_seed(secrets.randbits(63))
-    else:
-        if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-            raise ValueError(f"seed must be None, -1 or an integer >= 0, got {seed!r}")
-        log.warning(FIXED_SEED_WARNING)
-        gen.manual_seed(seed)
+        return entropy_generator(device)
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ValueError(f"seed must be None, -1 or an integer >= 0, got {seed!r}")
+    gen = torch.Generator(device=torch.device(device))
+    log.warning(FIXED_SEED_WARNING)
+    gen.manual_seed(seed)
     return gen
 
 

@@ -86,7 +86,8 @@ def skellam_noise(shape: tuple[int, ...], rate: float, rng: np.random.Generator 
     noise-mode ``standard``); the OS-entropy seed makes the noise unpredictable."""
     gen = rng if rng is not None else np.random.default_rng(secrets.randbits(128))
     lam = positive("rate", rate)
-    return gen.poisson(lam, size=shape).astype(np.int64) - gen.poisson(lam, size=shape).astype(np.int64)
+    draws = gen.poisson(lam, size=(2, *shape))  # int64, filled value by value: two draws of ``shape`` in turn
+    return draws[0] - draws[1]
 
 
 def grid_values(update: Sequence[np.ndarray], grid: SumGrid, sigma: float,

@@ -19,7 +19,7 @@ from fl_dp_flower.client import member_streams, secure_sum_update
 from fl_dp_flower.privacy.skellam import CLIENT_HALF_RANGE
 from fl_dp_flower.protocol import TrainInstruction
 from fl_dp_flower.training.cohort_data import CohortData
-from fl_dp_flower.training.cohort_secure import clean_members, secure_cohort_upload
+from fl_dp_flower.training.cohort_secure import CleanMembers, clean_members, node_upload, secure_cohort_upload
 from fl_dp_flower.training.cohort_settings import CohortSettings
 from fl_dp_flower.training.data import load_partition
 from fl_dp_flower.training.models import build_model
@@ -134,3 +134,44 @@ def test_member_streams_are_the_single_client_streams_and_os_entropy_without_a_s
     assert unseeded == [None, None]  # skellam_noise seeds from OS entropy
     _, secure = member_streams(SEED, [5], ROUND, noise_mode="secure")
     assert secure == [None]
+
+
+def _members(count: int, seed: int = 0) -> CleanMembers:
+    """Clean members with made-up local models around a start (two arrays, float32 weights as the trainer keeps them)."""
+    rng = np.random.default_rng(seed)
+    start = [rng.normal(size=(3, 4)), rng.normal(size=(5,))]
+    trained = [(b + rng.normal(scale=0.01, size=(count, *b.shape))).astype(np.float32) for b in start]
+    return CleanMembers(trained, start, 0.0, (1,) * count, 0)
+
+
+@pytest.mark.parametrize("block", [1, 3, 256])
+def test_node_upload_is_the_sum_of_the_members_grid_values_in_any_member_block(block):
+    """node_upload (the rounding summed ``block`` members at a time, each member's two Poisson draws of an array in one
+    call, accumulated in place) gives exactly the integers of summing grid_values member by member with the same
+    generators; a non-finite clean value is refused."""
+    members = _members(7)
+    rngs = [np.random.default_rng(100 + j) for j in range(7)]
+    upload, clamped = node_upload(members, rngs, GRID, 0.5, member_block=block)
+    again = [np.random.default_rng(100 + j) for j in range(7)]
+    one_by_one = [grid_values(members.delta(j), GRID, 0.5, again[j]) for j in range(7)]
+    expected, expected_clamped = clamp_upload([sum(v[i] for v in one_by_one) for i in range(2)])
+    assert clamped == expected_clamped == 0
+    for a, b in zip(upload, expected, strict=True):
+        assert a.dtype == np.int64
+        np.testing.assert_array_equal(a, b)
+    members.trained[1][4, 2] = np.nan
+    with pytest.raises(ValueError, match="non-finite"):
+        node_upload(members, rngs, GRID, 0.5, member_block=block)
+
+
+def test_node_upload_without_seeds_draws_each_members_skellam_noise():
+    """None streams (OS entropy): the node's noise has the variance of M members' Skellam noise, M sigma^2 in grid
+    units squared (2,000 values x 2 calls; the bounds are 6 standard errors of a variance estimate: a false alarm
+    below 1e-8)."""
+    members = CleanMembers([np.zeros((4, 1000, 12), dtype=np.float32)], [np.zeros((1000, 12))], 0.0, (1,) * 4, 0)
+    # every member at the start: the upload is the members' noise alone
+    sigma = 2.0**-14 * 3  # Skellam variance 9 grid units^2 per member
+    draws = np.concatenate([node_upload(members, [None] * 4, GRID, sigma)[0][0].ravel() - H for _ in range(2)])
+    assert draws.size == 24_000
+    se = np.sqrt(2.0 / draws.size)  # relative standard error of a (near-Gaussian) variance estimate
+    assert abs(np.var(draws) / (4 * 9) - 1) < 6 * se and abs(np.mean(draws)) < 6 * np.sqrt(36 / draws.size)
