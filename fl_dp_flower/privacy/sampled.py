@@ -32,6 +32,7 @@ from typing import Any, Sequence
 
 from .bounds import BoundValue
 from .client_sampling import inclusion_probability
+from .gaussian_pld import gaussian_pld
 from .pld_rounds import RoundByRoundPLD, compose_runs, epsilon_at, too_wide
 from .records import RoundRecord
 from .terms import RoundTerms
@@ -70,7 +71,8 @@ def _round_pld(sampling_rate: float, mu: float) -> Any:
 
     if mu == 0.0 or sampling_rate == 0.0:
         return pld.identity(DISCRETIZATION)
-    gaussian = pld.from_gaussian_mechanism(1.0, sensitivity=mu, value_discretization_interval=DISCRETIZATION)
+    # dp-accounting's from_gaussian_mechanism(1.0, sensitivity=mu, ...), bit for bit, its grid in one array
+    gaussian = gaussian_pld(mu, DISCRETIZATION)
     if sampling_rate >= 1.0:
         return gaussian
     return gaussian.compute_mixture(pld.identity(DISCRETIZATION), sampling_rate)
@@ -163,23 +165,26 @@ class SampledAccount:
         self.replace_one.push(mu, p)
         self.add_remove.push(mu_ar, p)
 
-    def peek(self, record: RoundRecord, terms: RoundTerms) -> tuple[Any, Any, tuple[float, float]]:
-        """(PLD, add/remove PLD, (p_t, mu_t)) after one more round, nothing changed."""
+    def peek(self, record: RoundRecord, terms: RoundTerms,
+             add_remove_too: bool = True) -> tuple[Any, Any, tuple[float, float]]:
+        """(PLD, add/remove PLD, (p_t, mu_t)) after one more round, nothing changed; ``add_remove_too=False``:
+        the add/remove PLD is not composed (None; only for :meth:`amend` with ``add_remove_too=False``)."""
         mu, mu_ar = self._mus(record.clients, terms)
         p = self.rate(record)
-        return self.replace_one.peek(mu, p), self.add_remove.peek(mu_ar, p), (p, mu)
+        return self.replace_one.peek(mu, p), self.add_remove.peek(mu_ar, p) if add_remove_too else None, (p, mu)
 
     def amend(self, bounds: dict[str, BoundValue], add_remove: dict[str, Any], threat_model: str, delta: float,
-              trial: tuple[Any, Any, tuple[float, float]] | None = None) -> dict[str, Any]:
+              trial: tuple[Any, Any, tuple[float, float]] | None = None, add_remove_too: bool = True) -> dict[str, Any]:
         """Add the ``sampled`` bound to a report's ``bounds`` (its mu: the composition mu, the Gaussian-DP
         parameter these rounds provably have; its epsilon: the PLD's), let it carry the add/remove-one
-        guarantee where it certifies it, and return the report's ``sampling`` section."""
+        guarantee where it certifies it (``add_remove_too=False``: ``add_remove`` is left as it is, for a
+        caller that reads only the certified epsilon), and return the report's ``sampling`` section."""
         pld, pld_ar, extra = (None, None, None) if trial is None else trial
         composition = bounds["composition"]
         q = self.sampling_rate
         bounds[SAMPLED_BOUND] = BoundValue(mu=composition.mu, epsilon=self.replace_one.epsilon(delta, pld),
                                            sound=True, assumes=(*composition.assumes, sampler_assumption(q)))
-        if threat_model == "all-rounds" and add_remove.get("bound") == "composition":
+        if add_remove_too and threat_model == "all-rounds" and add_remove.get("bound") == "composition":
             eps_ar = self.add_remove.epsilon(delta, pld_ar)
             if eps_ar < add_remove["epsilon"]:
                 add_remove.update(bound=SAMPLED_BOUND, epsilon=eps_ar)
