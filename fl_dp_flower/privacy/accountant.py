@@ -154,7 +154,8 @@ class PrivacyAccountant:
 
     def peek_epsilon(self, record: RoundRecord, delta: float | None = None) -> float:
         """``peek(record, delta).certified.epsilon``, the same float, without what the certified epsilon does
-        not read (the add/remove-one PLD of the ``sampled`` bound: one convolution and one epsilon query less)."""
+        not read (the add/remove-one PLDs of the ``sampled`` and ``batch_sampled`` bounds: a convolution and an
+        epsilon query less each). The budget check and the strategy's expected increase ask only this."""
         return self._peek(record, delta, certified_only=True).certified.epsilon
 
     def _peek(self, record: RoundRecord, delta: float | None = None, certified_only: bool = False) -> PrivacyReport:
@@ -191,7 +192,7 @@ class PrivacyAccountant:
                             trial=self._sampled.peek(record, terms, not certified_only) if self._sampled else None,
                             secure_trial=self._secure_curves(record, terms),
                             secret_trial=self._secret.peek(record, terms) if self._secret else None,
-                            batch_trial=self._batch.peek(record, terms) if self._batch else None,
+                            batch_trial=self._batch.peek(record, terms, not certified_only) if self._batch else None,
                             screening_drop=self._screening_drop + record.screening_drop, certified_only=certified_only)
 
     def report(self, delta: float | None = None) -> PrivacyReport:
@@ -227,7 +228,7 @@ class PrivacyAccountant:
         elif self._sampled is not None:
             sampling["secrecy"] = "public"
         curve = None if self._secure is None else self._secure.amend(bounds, add_remove, d, secure_trial)
-        batch = {} if self._batch is None else self._batch.amend(bounds, add_remove, d, batch_trial)
+        batch = {} if self._batch is None else self._batch.amend(bounds, add_remove, d, batch_trial, not certified_only)
         cert = certified_bound(self._config.threat_model, bounds, asserted)
         screening = screening_charge(screening_drop, bounds[cert].epsilon, d, self._config.threat_model,
                                      add_remove["epsilon"])
