@@ -146,10 +146,19 @@ class PrivacyAccountant:
         O(1) amortised (no copy of the accountant): every bound is evaluated as it would be
         after the round, bit for bit, and nothing is changed.
         """
-        return self.peek(record, budget.delta).certified.epsilon > budget.epsilon
+        return self.peek_epsilon(record, budget.delta) > budget.epsilon
 
     def peek(self, record: RoundRecord, delta: float | None = None) -> PrivacyReport:
         """The report :meth:`step` would return for ``record``, without accounting it."""
+        return self._peek(record, delta)
+
+    def peek_epsilon(self, record: RoundRecord, delta: float | None = None) -> float:
+        """``peek(record, delta).certified.epsilon``, the same float, without what the certified epsilon does
+        not read (the add/remove-one PLDs of the ``sampled`` and ``batch_sampled`` bounds: a convolution and an
+        epsilon query less each). The budget check and the strategy's expected increase ask only this."""
+        return self._peek(record, delta, certified_only=True).certified.epsilon
+
+    def _peek(self, record: RoundRecord, delta: float | None = None, certified_only: bool = False) -> PrivacyReport:
         terms = self._terms_for(record)
         comp = _ratio_sq(terms.gamma, terms.target_noise_std)
         local = _ratio_sq(terms.client_sensitivity, terms.sigma) if record.weights else 0.0  # none uploaded
@@ -180,11 +189,11 @@ class PrivacyAccountant:
         return self._report(mus, sound, record.round, self.num_releases + 1, record.clients, delta,
                             applied=self._applied + int(record.applied),
                             ar_mus=ar_mus, uses_smoothness=self._uses_smoothness or terms.uses_smoothness,
-                            trial=self._sampled.peek(record, terms) if self._sampled else None,
+                            trial=self._sampled.peek(record, terms, not certified_only) if self._sampled else None,
                             secure_trial=self._secure_curves(record, terms),
                             secret_trial=self._secret.peek(record, terms) if self._secret else None,
-                            batch_trial=self._batch.peek(record, terms) if self._batch else None,
-                            screening_drop=self._screening_drop + record.screening_drop)
+                            batch_trial=self._batch.peek(record, terms, not certified_only) if self._batch else None,
+                            screening_drop=self._screening_drop + record.screening_drop, certified_only=certified_only)
 
     def report(self, delta: float | None = None) -> PrivacyReport:
         """The running guarantee (epsilon at ``delta``, default the config's delta)."""
@@ -197,7 +206,8 @@ class PrivacyAccountant:
     def _report(self, mus: dict[str, float], sound: dict[str, bool], round_: int, rounds: int, clients: int,
                 delta: float | None = None, *, applied: int, ar_mus: dict[str, float],
                 uses_smoothness: bool, trial: Any = None, secure_trial: Any = None,
-                secret_trial: Any = None, batch_trial: Any = None, screening_drop: float = 0.0) -> PrivacyReport:
+                secret_trial: Any = None, batch_trial: Any = None, screening_drop: float = 0.0,
+                certified_only: bool = False) -> PrivacyReport:
         d = self._config.delta if delta is None else delta
         asserted = self._config.assume_smooth_losses
         assumes = bound_assumptions(self._config.smoothness, uses_smoothness)
@@ -212,13 +222,13 @@ class PrivacyAccountant:
         add_remove = {"bound": ar_name, "mu": ar_mus[ar_name], "epsilon": gdp.epsilon(ar_mus[ar_name], d),
                       "relation": ADD_REMOVE_RELATION}
         sampling = {} if self._sampled is None else self._sampled.amend(
-            bounds, add_remove, self._config.threat_model, d, trial)
+            bounds, add_remove, self._config.threat_model, d, trial, add_remove_too=not certified_only)
         if self._secret is not None:
             sampling = self._secret.amend(bounds, add_remove, sampling, d, secret_trial)
         elif self._sampled is not None:
             sampling["secrecy"] = "public"
         curve = None if self._secure is None else self._secure.amend(bounds, add_remove, d, secure_trial)
-        batch = {} if self._batch is None else self._batch.amend(bounds, add_remove, d, batch_trial)
+        batch = {} if self._batch is None else self._batch.amend(bounds, add_remove, d, batch_trial, not certified_only)
         cert = certified_bound(self._config.threat_model, bounds, asserted)
         screening = screening_charge(screening_drop, bounds[cert].epsilon, d, self._config.threat_model,
                                      add_remove["epsilon"])

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from typing import Any, Callable, Generic, Hashable, Sequence, TypeVar
 
-__all__ = ["ABANDONED", "CACHE_SIZE", "MU_PLD_LIMIT", "RoundByRoundPLD", "compose_runs", "epsilon_at", "too_wide"]
+__all__ = ["ABANDONED", "CACHE_SIZE", "TRIALS", "MU_PLD_LIMIT", "RoundByRoundPLD", "compose_runs", "epsilon_at", "too_wide"]
 
 #: single-round PLDs kept for reuse (rounds of a run mostly repeat a few keys); the cache is cleared when full
 CACHE_SIZE = 256
+#: peeked compositions kept for the round being decided (planned round, replies that arrived, a guard's trials)
+TRIALS = 4
 
 K = TypeVar("K", bound=Hashable)
 
@@ -65,8 +67,12 @@ class RoundByRoundPLD(Generic[K]):
     """The composed PLD of the rounds so far, one convolution per round.
 
     ``single(key)`` is the PLD of one round (cached by ``key``, at most ``cache_size`` kept); ``push(key)``
-    accounts a round, ``peek(key)`` the composition after one more without changing anything (the result is
-    kept, so the ``push`` with the same key that usually follows reuses it). ``count``: rounds pushed.
+    accounts a round, ``peek(key)`` the composition after one more without changing anything (the results
+    for this round's keys are kept, at most :data:`TRIALS`, so a second ``peek`` with a key already peeked
+    (the planned round, the replies that arrived) and the ``push`` that follows reuse them). ``count``: rounds
+    pushed. ``epsilon(delta, pld)`` of the composition so far or of a kept trial is remembered per (PLD,
+    delta): the budget check, the report after the round and the next round's "before" ask the same PLD the
+    same question and get the value the first query computed (the same float: nothing is approximated).
     ``too_wide(key)``: a round the PLD is not built for (its privacy loss spans so many grid steps that
     composing it takes seconds to minutes a round); from such a round on the composition is
     :data:`ABANDONED` (epsilon inf), which gives the bound up instead of stalling the run.
@@ -79,7 +85,8 @@ class RoundByRoundPLD(Generic[K]):
         self._cache_size = max(1, int(cache_size))
         self._cache: dict[K, Any] = {}
         self._pld: Any = None
-        self._trial: tuple[int, K, Any] | None = None
+        self._trials: dict[K, Any] = {}  # key -> composed PLD after one more round with key (this round only)
+        self._epsilons: dict[tuple[int, float], float] = {}  # (id of _pld or a kept trial, delta) -> epsilon
         self.count = 0
 
     def single(self, key: K) -> Any:
@@ -100,24 +107,45 @@ class RoundByRoundPLD(Generic[K]):
         :data:`ABANDONED` once a round (this one or an earlier) is ``too_wide``."""
         if self._pld is ABANDONED or (self._too_wide is not None and self._too_wide(key)):
             return ABANDONED
-        if self._trial is not None and self._trial[0] == self.count and self._trial[1] == key:
-            return self._trial[2]
+        if key in self._trials:
+            return self._trials[key]
         single = self.single(key)
         composed = single if self._pld is None else self._pld.compose(single)
-        self._trial = (self.count, key, composed)
+        if len(self._trials) >= TRIALS:
+            self._forget(self._trials.pop(next(iter(self._trials))))
+        self._trials[key] = composed
         return composed
 
     def push(self, key: K) -> None:
         """Account one more round with ``key``."""
-        self._pld = self.peek(key)
+        composed = self.peek(key)
+        for other, trial in self._trials.items():
+            if other != key:
+                self._forget(trial)
+        self._forget(self._pld)
+        self._pld = composed
         self.count += 1
-        self._trial = None
+        self._trials = {}
+
+    def _forget(self, pld: Any) -> None:
+        """Drop the remembered epsilons of ``pld`` (no longer the composition nor a kept trial)."""
+        if pld is not None and pld is not ABANDONED:
+            for entry in [e for e in self._epsilons if e[0] == id(pld)]:
+                del self._epsilons[entry]
 
     def epsilon(self, delta: float, pld: Any = None) -> float:
         """epsilon (nats, >= 0) at ``delta`` (a probability) of the rounds so far, or of ``pld`` (e.g. a
-        :meth:`peek`); 0 before any round."""
+        :meth:`peek`); 0 before any round. Remembered for the composition and the kept trials."""
         composed = self._pld if pld is None else pld
-        return float("inf") if composed is ABANDONED else epsilon_at(composed, delta)
+        if composed is ABANDONED:
+            return float("inf")
+        kept = composed is self._pld or any(composed is t for t in self._trials.values())
+        if not kept or composed is None:
+            return epsilon_at(composed, delta)
+        entry = (id(composed), float(delta))
+        if entry not in self._epsilons:
+            self._epsilons[entry] = epsilon_at(composed, delta)
+        return self._epsilons[entry]
 
     def delta(self, epsilon: float) -> float:
         """delta (a probability) at ``epsilon`` (nats) of the rounds so far; 0 before any round."""

@@ -180,15 +180,18 @@ class BatchSampledAccount:
         self.add_remove.push(pair)
         self.max_rate = max(self.max_rate, record.batch_rate or 1.0)
 
-    def peek(self, record: RoundRecord, terms: RoundTerms) -> tuple[Any, Any, float]:
+    def peek(self, record: RoundRecord, terms: RoundTerms, add_remove_too: bool = True) -> tuple[Any, Any, float]:
+        """(PLD, add/remove PLD, max rate) after one more round; ``add_remove_too=False``: no add/remove PLD (None)."""
         pair = self.pair(record, terms)
-        return self.replace_one.peek(pair), self.add_remove.peek(pair), max(self.max_rate, record.batch_rate or 1.0)
+        return (self.replace_one.peek(pair), self.add_remove.peek(pair) if add_remove_too else None,
+                max(self.max_rate, record.batch_rate or 1.0))
 
     def amend(self, bounds: dict[str, BoundValue], add_remove: dict[str, Any], delta: float,
-              trial: tuple[Any, Any, float] | None = None) -> dict[str, Any]:
+              trial: tuple[Any, Any, float] | None = None, add_remove_too: bool = True) -> dict[str, Any]:
         """Add the ``batch_sampled`` bound to a report's ``bounds`` (mu: the unamplified bound's, a valid
         Gaussian-DP parameter of these rounds; epsilon: the PLD's), let it carry the add/remove-one
-        guarantee where smaller, and return the report's ``batch_sampling`` section."""
+        guarantee where smaller (``add_remove_too=False``: ``add_remove`` left as it is, for a caller that reads
+        only the certified epsilon), and return the report's ``batch_sampling`` section."""
         pld, pld_ar, rate = (None, None, self.max_rate) if trial is None else trial
         base_name = AMPLIFIED_THREAT_MODELS[self.threat_model]
         base = bounds[base_name]
@@ -198,7 +201,7 @@ class BatchSampledAccount:
                                                  sound=True, assumes=assumes)
         # the add/remove guarantee so far is a sound bound of this threat model (the unamplified one, or with
         # client sampling the sampled / sampled_secret one): the smaller of it and this one holds
-        eps_ar = self.add_remove.epsilon(delta, pld_ar)
+        eps_ar = self.add_remove.epsilon(delta, pld_ar) if add_remove_too else math.inf
         if eps_ar < add_remove["epsilon"]:
             add_remove.update(bound=BATCH_SAMPLED_BOUND, epsilon=eps_ar)
         return {"sampling": "poisson", "max_rate": rate, "bound": BATCH_SAMPLED_BOUND,

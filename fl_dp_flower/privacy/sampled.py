@@ -1,7 +1,7 @@
 """Amplification by Poisson client sampling: the ``sampled`` bound (docs/MATH.md §19).
 
-The one module of ``privacy/`` that uses dp-accounting (its privacy-loss-distribution, PLD,
-accountant; imported lazily, so a run without client sampling never loads it).
+It uses dp-accounting's privacy-loss-distribution (PLD) accountant, imported lazily (a run without client
+sampling never loads it); :func:`gaussian_pld` builds the library's Gaussian PLD, bit for bit, faster.
 
 Round t, with sampling rate q: every client of the population is in the round independently
 with probability q, drawn by an honest server and unknown to the adversary in advance; the
@@ -26,9 +26,12 @@ sample) and rests on :func:`sampler_assumption`, stated wherever it is printed.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
+
+import numpy as np
 
 from .bounds import BoundValue
 from .client_sampling import inclusion_probability
@@ -38,7 +41,7 @@ from .terms import RoundTerms
 from .validate import int_at_least, positive
 
 __all__ = ["DISCRETIZATION", "SAMPLED_BOUND", "SampledAccount", "SampledComposition", "composed_epsilon",
-           "composed_pairs_epsilon", "round_mu", "sampler_assumption"]
+           "composed_pairs_epsilon", "gaussian_pld", "round_mu", "sampler_assumption"]
 
 #: the name of the amplified bound in a report's ``bounds``
 SAMPLED_BOUND = "sampled"
@@ -64,13 +67,61 @@ def round_mu(client_sensitivity: float, sigma: float, contributions: int, collud
     return float(client_sensitivity) / (float(sigma) * math.sqrt(max(1, contributions - colluders)))
 
 
+@functools.lru_cache(maxsize=1)
+def _array_gaussian_loss() -> Any:
+    """dp-accounting's ``GaussianPrivacyLoss`` with its grid's cutoffs found as one array (see :func:`gaussian_pld`)."""
+    from dp_accounting.pld import privacy_loss_mechanism as plm
+
+    class ArrayGaussianLoss(plm.GaussianPrivacyLoss):  # type: ignore[misc]
+        def get_delta_for_epsilon(self, epsilon: Any) -> Any:
+            if self.sampling_prob != 1.0 or self.adjacency_type != plm.AdjacencyType.REMOVE or np.ndim(epsilon) != 1:
+                return super().get_delta_for_epsilon(epsilon)
+            # the library's own lines for sampling probability 1 and REMOVE, its cutoff formula applied elementwise
+            epsilons = np.asarray(epsilon)
+            x_cutoffs = np.asarray(self._inverse_privacy_loss_without_subsampling_remove(epsilons), dtype=float)
+            deltas = np.zeros_like(epsilons, dtype=float)
+            deltas[:] = self.mu_upper_cdf(x_cutoffs) - np.exp(epsilons + self.mu_lower_log_cdf(x_cutoffs))
+            return np.clip(deltas, 0, 1)
+
+    return ArrayGaussianLoss
+
+
+def _builder(pld: Any) -> Any:
+    """dp-accounting's construction of a PLD from a monotone privacy loss (None where this version lacks it)."""
+    return getattr(pld, "_create_pld_pmf_from_monotone_privacy_loss", None)
+
+
+def gaussian_pld(mu: float, interval: float = DISCRETIZATION) -> Any:
+    """dp-accounting's ``from_gaussian_mechanism(1.0, sensitivity=mu, value_discretization_interval=interval)``
+    (pessimistic connect-the-dots, log mass truncation -50, no subsampling), bit for bit, built faster.
+
+    It runs the library's own construction on the library's own ``GaussianPrivacyLoss``; the one difference is
+    that the library's ``get_delta_for_epsilon`` finds each grid point's cutoff x = -mu/2 - eps/mu in a Python
+    loop (about 150,000 calls for mu near 1 at 1e-4 nats: most of a build's time), and here the same formula
+    (a product, a quotient and a subtraction of IEEE doubles, each correctly rounded) is evaluated on the whole
+    array at once, which rounds every element as the loop does. Nothing is approximated, no number changes
+    (tests/privacy/test_accounting_cost.py compares the PMFs with the library's). Where the library lacks the
+    construction (another dp-accounting layout) it is ``from_gaussian_mechanism`` itself: slower, never different.
+    """
+    from dp_accounting.pld import privacy_loss_distribution as pld
+    from dp_accounting.pld import privacy_loss_mechanism as plm
+
+    create = _builder(pld)
+    if create is None:
+        return pld.from_gaussian_mechanism(1.0, sensitivity=mu, value_discretization_interval=interval)
+    loss = _array_gaussian_loss()(1.0, sensitivity=mu, pessimistic_estimate=True, log_mass_truncation_bound=-50,
+                                  sampling_prob=1.0, adjacency_type=plm.AdjacencyType.REMOVE)
+    return pld.PrivacyLossDistribution(create(loss, pessimistic_estimate=True, value_discretization_interval=interval,
+                                              use_connect_dots=True))
+
+
 def _round_pld(sampling_rate: float, mu: float) -> Any:
     """The PLD of one round's pair (q, mu): q * Gaussian(mu) + (1 - q) * no loss."""
     from dp_accounting.pld import privacy_loss_distribution as pld
 
     if mu == 0.0 or sampling_rate == 0.0:
         return pld.identity(DISCRETIZATION)
-    gaussian = pld.from_gaussian_mechanism(1.0, sensitivity=mu, value_discretization_interval=DISCRETIZATION)
+    gaussian = gaussian_pld(mu, DISCRETIZATION)  # dp-accounting's from_gaussian_mechanism, bit for bit
     if sampling_rate >= 1.0:
         return gaussian
     return gaussian.compute_mixture(pld.identity(DISCRETIZATION), sampling_rate)
@@ -163,23 +214,26 @@ class SampledAccount:
         self.replace_one.push(mu, p)
         self.add_remove.push(mu_ar, p)
 
-    def peek(self, record: RoundRecord, terms: RoundTerms) -> tuple[Any, Any, tuple[float, float]]:
-        """(PLD, add/remove PLD, (p_t, mu_t)) after one more round, nothing changed."""
+    def peek(self, record: RoundRecord, terms: RoundTerms,
+             add_remove_too: bool = True) -> tuple[Any, Any, tuple[float, float]]:
+        """(PLD, add/remove PLD, (p_t, mu_t)) after one more round, nothing changed; ``add_remove_too=False``:
+        the add/remove PLD is not composed (None; only for :meth:`amend` with ``add_remove_too=False``)."""
         mu, mu_ar = self._mus(record.clients, terms)
         p = self.rate(record)
-        return self.replace_one.peek(mu, p), self.add_remove.peek(mu_ar, p), (p, mu)
+        return self.replace_one.peek(mu, p), self.add_remove.peek(mu_ar, p) if add_remove_too else None, (p, mu)
 
     def amend(self, bounds: dict[str, BoundValue], add_remove: dict[str, Any], threat_model: str, delta: float,
-              trial: tuple[Any, Any, tuple[float, float]] | None = None) -> dict[str, Any]:
+              trial: tuple[Any, Any, tuple[float, float]] | None = None, add_remove_too: bool = True) -> dict[str, Any]:
         """Add the ``sampled`` bound to a report's ``bounds`` (its mu: the composition mu, the Gaussian-DP
         parameter these rounds provably have; its epsilon: the PLD's), let it carry the add/remove-one
-        guarantee where it certifies it, and return the report's ``sampling`` section."""
+        guarantee where it certifies it (``add_remove_too=False``: ``add_remove`` is left as it is, for a
+        caller that reads only the certified epsilon), and return the report's ``sampling`` section."""
         pld, pld_ar, extra = (None, None, None) if trial is None else trial
         composition = bounds["composition"]
         q = self.sampling_rate
         bounds[SAMPLED_BOUND] = BoundValue(mu=composition.mu, epsilon=self.replace_one.epsilon(delta, pld),
                                            sound=True, assumes=(*composition.assumes, sampler_assumption(q)))
-        if threat_model == "all-rounds" and add_remove.get("bound") == "composition":
+        if add_remove_too and threat_model == "all-rounds" and add_remove.get("bound") == "composition":
             eps_ar = self.add_remove.epsilon(delta, pld_ar)
             if eps_ar < add_remove["epsilon"]:
                 add_remove.update(bound=SAMPLED_BOUND, epsilon=eps_ar)

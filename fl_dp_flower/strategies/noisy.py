@@ -222,7 +222,7 @@ class NoisyStrategyMixin(NodeSampling):
                 self._event("round-void", {"round": record.round, "reason": "budget", "replies": record.clients})
                 raise
         before = self.accountant.report().certified.epsilon
-        expected = self.accountant.peek(self.accountant.config.planned_round(record.round)).certified.epsilon
+        expected = self.accountant.peek_epsilon(self.accountant.config.planned_round(record.round))
         report = self.accountant.step(record)
         self._void_drop = 0.0
         arrays = self.server_update.apply(reference, arrays, record.round) if arrays is not None else None
