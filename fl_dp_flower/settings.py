@@ -160,7 +160,8 @@ class FederationSettings:
     curious-server threat models, refused under final-model; strategies/server_opt.py):
     server_optimizer: "none" (the next model is the aggregate), "momentum" (heavy ball on the
     pseudo-gradient w_t - aggregate, as Flower's FedAvgM) or "adam" (as Flower's FedAdam);
-    server_lr: its step size (> 0); server_momentum: momentum beta, Adam's beta_1 (in [0, 1));
+    server_lr: its step size (> 0); server_lr_end: the factor (in (0, 1]) of server_lr at the last
+    planned round, linear from 1 at round 1 (1: constant); server_momentum: momentum beta, Adam's beta_1 (in [0, 1));
     server_adam_beta2, server_adam_eps: Adam's beta_2 (in [0, 1)) and tau (> 0).
     release_average: the released model (evaluation, final model) is the server's iterate ("none"),
     its bias-corrected exponential moving average with decay release_ema_decay (in (0, 1)), or
@@ -182,6 +183,7 @@ class FederationSettings:
     sample_secrecy: SampleSecrecy = "public"
     server_optimizer: ServerOptimizer = "none"
     server_lr: float = 1.0
+    server_lr_end: float = 1.0
     server_momentum: float = 0.9
     server_adam_beta2: float = 0.99
     server_adam_eps: float = 1e-3
@@ -212,6 +214,11 @@ class FederationSettings:
     def _check_post_processing(self) -> None:
         choice("server_optimizer", self.server_optimizer, SERVER_OPTIMIZERS)
         positive("server_lr", self.server_lr)
+        if not positive("server_lr_end", self.server_lr_end) <= 1.0:
+            raise ValueError(f"server_lr_end must be in (0, 1], got {self.server_lr_end!r}")
+        if self.server_lr_end < 1.0 and self.server_optimizer == "none":
+            raise ValueError(f"server_lr_end = {self.server_lr_end!r} needs server_optimizer 'momentum' or 'adam' "
+                             "(with 'none' the next model is the aggregate: no step size to decay)")
         for name in ("server_momentum", "server_adam_beta2"):
             if not nonnegative(name, getattr(self, name)) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)!r}")

@@ -39,6 +39,10 @@ class ServerUpdateConfig(BaseModel):
         "beta_1 = 'server-momentum', beta_2 = 'server-adam-beta2', tau = 'server-adam-eps', bias-corrected)."))
     server_lr: float = Field(1.0, gt=0)
     """Step size of the server optimizer (with "momentum", 'server-lr' 1 and 'server-momentum' 0 is "none")."""
+    server_lr_end: float = Field(1.0, gt=0, le=1)
+    """Factor of 'server-lr' at the last planned round T: the step of round t is 'server-lr' x (1 - (1 -
+    'server-lr-end') (t - 1) / (T - 1)), linear from 'server-lr' at round 1 (1: constant; with server-optimizer
+    "momentum", 'server-lr' 1, 'server-momentum' 0 and a factor below 1 the aggregate's step decays)."""
     server_momentum: float = Field(0.9, ge=0, lt=1)
     """Momentum beta of server-optimizer "momentum"; Adam's beta_1."""
     server_adam_beta2: float = Field(0.99, ge=0, lt=1)
@@ -65,6 +69,9 @@ class ServerUpdateConfig(BaseModel):
             raise ValueError(f"{', '.join(used)}: must be 'none' under 'threat-model' = 'final-model' (its bound "
                              "holds for the plain noisy-GD iterate only, while under 'all-rounds' the server's "
                              "post-processing is free)")
+        if self.server_lr_end < 1.0 and self.server_optimizer == "none":
+            raise ValueError(f"'server-lr-end' = {self.server_lr_end!r} needs 'server-optimizer' 'momentum' or "
+                             "'adam' (with 'none' the next model is the aggregate: no step size to decay)")
         return self
 
     def server_update_settings(self) -> dict[str, Any]:

@@ -21,11 +21,14 @@ from typing import Any
 #: ``cross-device``: the main job's 4,000 one-image clients (10 simulated SuperNodes x 400), each drawn
 #: into a round independently with probability 0.1 by the server (Poisson), the sample kept secret (the
 #: ledger and metrics publish counts; the ids go to the owner-only members.jsonl), one local step of lr
-#: 0.5 on the clipped (V = 1) gradient, 250 rounds: 25 client-epochs, a quarter of the main job's
-#: client-steps. sigma 0.1043 is calibrated so that the ``sampled_secret`` bound (C_p(G_mu) conditioned on
+#: 1 on the clipped (V = 1) gradient, 250 rounds: 25 client-epochs, a quarter of the main job's
+#: client-steps. sigma 0.2085 is calibrated so that the ``sampled_secret`` bound (C_p(G_mu) conditioned on
 #: each round's count, docs/MATH.md §22) certifies epsilon <= 4 at delta 1e-5 (all-rounds, replace-one),
-#: assuming an honest server-side sampler and a sample the adversary never learns. Released: the EMA of
-#: the iterates with decay 0.9. q, rounds, lr and decay were chosen on a validation split (docs/results.md).
+#: assuming an honest server-side sampler and a sample the adversary never learns. The server's step on
+#: the noisy aggregate falls linearly from 1 to 0.25 over the rounds (server-optimizer "momentum" with
+#: momentum 0 and server-lr-end 0.25: post-processing, the privacy report is unchanged). Released: the
+#: EMA of the iterates with decay 0.9. q, rounds, lr, the step's decay and the release were chosen on a
+#: validation split (docs/results.md).
 #: ``quick``: the pyproject defaults with 10 clients per round (10 simulated SuperNodes) for 10
 #: rounds (about 40 s; epsilon in the thousands). The pyproject's own 2 clients per round fit
 #: Flower's default federation of 2 SuperNodes, what a plain ``flwr run .`` finds.
@@ -38,8 +41,9 @@ PRESETS: dict[str, dict[str, Any]] = {
                    "lr": 2.0, "clip-norm": 1.0, "sigma": 0.0322, "num-server-rounds": 80, "model": "cnn-tanh",
                    "colluding-clients": 1},
     "cross-device": {"clients-per-node": 400, "clients-per-round": 4000, "num-partitions": 10, "schedule": "constant",
-                     "local-steps": 1, "batch-size": 1, "lr": 0.5, "clip-norm": 1.0, "sigma": 0.1043,
+                     "local-steps": 1, "batch-size": 1, "lr": 1.0, "clip-norm": 1.0, "sigma": 0.2085,
                      "num-server-rounds": 250, "model": "cnn-tanh", "client-sampling": "poisson", "sampling-rate": 0.1,
-                     "sample-secrecy": "secret", "release-average": "ema", "release-ema-decay": 0.9},
+                     "sample-secrecy": "secret", "server-optimizer": "momentum", "server-momentum": 0.0,
+                     "server-lr": 1.0, "server-lr-end": 0.25, "release-average": "ema", "release-ema-decay": 0.9},
     "quick": {"clients-per-round": 10},
 }

@@ -7,6 +7,8 @@ in ``flwr.serverapp.strategy``):
 
 - ``momentum`` (FedAvgM, heavy ball): ``v_1 = g_1``, ``v_t = beta v_{t-1} + g_t``,
   ``w_{t+1} = w_t - lr v_t``; with beta = 0 and lr = 1 this is the plain aggregate.
+- the step size ``lr`` of round t is ``server-lr`` x (1 - (1 - ``server-lr-end``) (t - 1) / (T - 1)):
+  constant by default, else falling linearly to ``server-lr-end`` x ``server-lr`` at the last planned round T.
 - ``adam`` (FedAdam): ``m_t = beta1 m_{t-1} - (1 - beta1) g_t``, ``v_t = beta2 v_{t-1} + (1 - beta2) g_t^2``
   (both from 0), ``w_{t+1} = w_t + lr sqrt(1 - beta2^s) / (1 - beta1^s) m_t / (sqrt(v_t) + tau)`` with
   s the number of optimizer steps so far (Kingma & Ba's bias correction; Flower uses the server
@@ -88,28 +90,36 @@ class ServerUpdate:
         keys = list(aggregate.keys())
         w, a = current.to_numpy_ndarrays(), aggregate.to_numpy_ndarrays()
         floats = [np.issubdtype(x.dtype, np.floating) for x in a]
-        nxt = self._step(w, a, floats) if self.federation.server_optimizer != "none" else a
+        nxt = self._step(w, a, floats, round_) if self.federation.server_optimizer != "none" else a
         self.iterate = _record(keys, nxt, a)
         released = self._release(nxt, floats, round_)
         return self.iterate if released is None else _record(keys, released, a)
 
     # ------------------------------------------------------------------ optimizer
-    def _step(self, w: list[np.ndarray], a: list[np.ndarray], floats: list[bool]) -> list[np.ndarray]:
+    def lr(self, round_: int) -> float:
+        """The server's step size in accounted round ``round_``: 'server-lr' falling linearly to
+        'server-lr-end' x 'server-lr' at the last planned round (and staying there)."""
         fed = self.federation
+        progress = min(1.0, (round_ - 1) / (fed.num_server_rounds - 1)) if fed.num_server_rounds > 1 else 1.0
+        return fed.server_lr * (1.0 - (1.0 - fed.server_lr_end) * progress)
+
+    def _step(self, w: list[np.ndarray], a: list[np.ndarray], floats: list[bool], round_: int) -> list[np.ndarray]:
+        fed = self.federation
+        lr = self.lr(round_)
         g = [np.asarray(x, np.float64) - np.asarray(y, np.float64) if f else np.zeros(np.shape(y))
              for x, y, f in zip(w, a, floats)]
         self.steps += 1
         if fed.server_optimizer == "momentum":
             beta = fed.server_momentum
             self._m = g if self._m is None else [beta * m + gi for m, gi in zip(self._m, g)]
-            new = [np.asarray(x, np.float64) - fed.server_lr * m for x, m in zip(w, self._m)]
+            new = [np.asarray(x, np.float64) - lr * m for x, m in zip(w, self._m)]
         else:  # adam; delta = -g (the update direction, Flower's delta_t)
             b1, b2, tau = fed.server_momentum, fed.server_adam_beta2, fed.server_adam_eps
             m0 = self._m if self._m is not None else [np.zeros_like(gi) for gi in g]
             v0 = self._v if self._v is not None else [np.zeros_like(gi) for gi in g]
             self._m = [b1 * m - (1 - b1) * gi for m, gi in zip(m0, g)]
             self._v = [b2 * v + (1 - b2) * gi * gi for v, gi in zip(v0, g)]
-            eta = fed.server_lr * math.sqrt(1 - b2 ** self.steps) / (1 - b1 ** self.steps)
+            eta = lr * math.sqrt(1 - b2 ** self.steps) / (1 - b1 ** self.steps)
             new = [np.asarray(x, np.float64) + eta * m / (np.sqrt(v) + tau) for x, m, v in zip(w, self._m, self._v)]
         return [n if f else y for n, y, f in zip(new, a, floats)]
 

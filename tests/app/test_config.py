@@ -97,6 +97,7 @@ BAD = [
     ("sample-secrecy", "hidden", "one of 'public', 'secret'"),
     ("server-optimizer", "sgd", "one of 'none', 'momentum', 'adam'"),
     ("server-lr", 0.0, "a finite number > 0"),
+    ("server-lr-end", 1.5, "a finite number > 0 and <= 1"),
     ("server-momentum", 1.0, "a finite number >= 0 and < 1"),
     ("server-adam-beta2", -0.5, "a finite number >= 0 and < 1"),
     ("server-adam-eps", 0.0, "a finite number > 0"),

@@ -9,6 +9,7 @@ from fl_dp_flower.app.presets import PRESETS
 from fl_dp_flower.privacy.client_sampling import SecretSampleAccount, conditioned_epsilon
 from fl_dp_flower.privacy.sampled import composed_epsilon
 from fl_dp_flower.privacy.terms import round_terms
+from fl_dp_flower.strategies.server_opt import ServerUpdate  # imports flwr (seconds, once per session)
 
 
 def _config(name: str) -> AppConfig:
@@ -46,3 +47,16 @@ def test_the_cross_device_preset_plans_epsilon_at_most_4_by_the_secret_sample_bo
     assert 3.8 < secret <= 4.0
     public = composed_epsilon(0.1, [mu for _, mu in pairs], config.delta)  # the pair (1 - q) bottom + q N(mu, 1)
     assert public > 2 * secret
+
+
+def test_the_cross_device_presets_decaying_server_step_is_post_processing_the_plan_ignores():
+    """The preset's server step falls linearly from 1 to 0.25 (server-optimizer "momentum" with momentum 0):
+    the same accountant config, hence the same certified plan, as the plain aggregate."""
+    preset = _config("cross-device")
+    federation = preset.federation_settings()
+    update = ServerUpdate(federation, preset.threat_model)
+    assert (federation.server_optimizer, federation.server_momentum) == ("momentum", 0.0)
+    assert [update.lr(t) for t in (1, 250)] == [1.0, 0.25]
+    plain = {k: v for k, v in PRESETS["cross-device"].items() if not k.startswith("server-")}
+    assert _config("cross-device").accountant_config() == AppConfig.from_run_config(
+        {**pyproject_defaults(), **plain}).accountant_config()

@@ -144,6 +144,21 @@ def test_momentum_zero_at_lr_one_is_the_plain_aggregate():
     assert _values(upd.apply(_two(1.0, 2.0), _two(0.3, -4.0), 1)) == pytest.approx([0.3, -4.0], abs=1e-15)
 
 
+def test_a_decaying_server_lr_falls_linearly_to_its_end_factor_at_the_last_planned_round():
+    upd = ServerUpdate(FederationSettings(num_server_rounds=3, server_optimizer="momentum", server_lr=1.0,
+                                          server_momentum=0.0, server_lr_end=0.5), "all-rounds")
+    assert [upd.lr(t) for t in (1, 2, 3, 4)] == pytest.approx([1.0, 0.75, 0.5, 0.5])
+    w1 = upd.apply(_two(1.0, 2.0), _two(0.0, 4.0), 1)  # the full step: the aggregate
+    assert _values(w1) == pytest.approx([0.0, 4.0], abs=1e-12)
+    w2 = upd.apply(w1, _two(1.0, 0.0), 2)  # g = (-1, 4), step 0.75
+    assert _values(w2) == pytest.approx([0.75, 1.0], abs=1e-12)
+    w3 = upd.apply(w2, _two(0.75, 3.0), 3)  # g = (0, -2), step 0.5
+    assert _values(w3) == pytest.approx([0.75, 2.0], abs=1e-12)
+    constant = ServerUpdate(FederationSettings(num_server_rounds=3, server_optimizer="momentum", server_lr=0.3),
+                            "all-rounds")
+    assert [constant.lr(t) for t in (1, 2, 3)] == [0.3, 0.3, 0.3]
+
+
 def test_adam_equals_a_hand_computation():
     upd = ServerUpdate(FederationSettings(server_optimizer="adam", server_lr=0.1, server_momentum=0.9,
                                           server_adam_beta2=0.99, server_adam_eps=1e-3), "all-rounds")
@@ -205,6 +220,9 @@ def test_final_model_refuses_post_processing_in_library_use():
     ("server_optimizer", "sgd", r"server_optimizer must be one of \('none', 'momentum', 'adam'\)"),
     ("server_lr", 0.0, "server_lr must be a finite number > 0"),
     ("server_momentum", 1.0, r"server_momentum must be in \[0, 1\)"),
+    ("server_lr_end", 0.0, "server_lr_end must be a finite number > 0"),
+    ("server_lr_end", 1.5, r"server_lr_end must be in \(0, 1\]"),
+    ("server_lr_end", 0.5, "server_lr_end = 0.5 needs server_optimizer 'momentum' or 'adam'"),
     ("server_adam_beta2", -0.1, "server_adam_beta2 must be a finite number >= 0"),
     ("server_adam_eps", 0.0, "server_adam_eps must be a finite number > 0"),
     ("release_average", "swa", r"release_average must be one of \('none', 'ema', 'tail'\)"),
@@ -221,6 +239,8 @@ def test_bad_settings_name_the_field_and_range(field, value, message):
     ("release-ema-decay", 0.0, "'release-ema-decay' = 0.0: must be a finite number > 0 and < 1"),
     ("server-optimizer", "sgd", "'server-optimizer' = 'sgd'"),
     ("server-lr", -1.0, "'server-lr' = -1.0: must be a finite number > 0"),
+    ("server-lr-end", 1.5, "'server-lr-end' = 1.5: must be a finite number > 0 and <= 1"),
+    ("server-lr-end", 0.5, "'server-lr-end' = 0.5 needs 'server-optimizer' 'momentum' or 'adam'"),
 ])
 def test_bad_run_config_values_name_the_key_and_range(tmp_path, key, value, message):
     with pytest.raises(ConfigError, match=message):
