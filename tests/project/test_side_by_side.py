@@ -170,3 +170,6 @@ def test_sampled_column_runs_once_per_setting_and_chooses_the_release_on_validat
                      (2, {"lr": 0.5, "num-server-rounds": 250}, 0.1, 2.0), (3, {"lr": 0.5, "num-server-rounds": 250}, 0.1, 2.0)]
     row = script.table([script.result(2.0, "sampled", runs)], 60, 250, 0.1).splitlines()[2]
     assert row == "| 2 | not run | 0.880 ± 0.010 (lr 0.5, 250 rounds, none; 1.99) | not run | not run |"
+    calls.clear()  # a margin plans sigma a little below the target (the Poisson counts may certify above the plan)
+    script.sampled_runs(2.0, 1, [250], [0.5], 0.1, ["none"], tmp_path, margin=0.01)
+    assert calls == [(1, {"lr": 0.5, "num-server-rounds": 250}, 0.1, pytest.approx(1.98))]
