@@ -100,22 +100,32 @@ def final_releases(rc: dict[str, Any], iterates: list[Any], releases: list[str])
     return finals
 
 
+def search_run(out: Path, overrides: dict[str, Any], seed: int, validation: float, epsilon: float,
+               releases: list[str]) -> dict[str, Any]:
+    """One search run (saved under ``out``, reused when present): sigma, certified epsilons, seconds, and the final
+    validation and test accuracy of every release of ``releases`` replayed from its iterates."""
+    tag = "_".join(f"{k}={v}" for k, v in sorted(overrides.items())) or "preset"
+    path = out / f"search_{tag}_eps{epsilon}_seed{seed}.json"
+    if path.exists():
+        return dict(json.loads(path.read_text()))
+    rc = search_config(overrides, seed, validation, epsilon)
+    summary, iterates, seconds = run(rc, capture=True)
+    finals = final_releases(rc, iterates, releases)
+    release = f"{rc['release-average']}:{rc.get('release-ema-decay', rc.get('release-tail-fraction'))}"
+    if release in finals and abs(finals[release]["test"] - summary["final_accuracy"]) > 1e-9:
+        raise SystemExit(f"replayed {release} {finals[release]} differs from the run's {summary['final_accuracy']}")
+    found = {"overrides": overrides, "seed": seed, "sigma": rc["sigma"], "lr": rc["lr"],
+             "rounds": rc["num-server-rounds"], "q": rc["sampling-rate"],
+             "epsilon": summary["final_report"]["certified"]["epsilon"],
+             "epsilon_add_remove": summary["final_report"]["add_remove"]["epsilon"], "seconds": seconds,
+             "finals": finals}
+    path.write_text(json.dumps(found))
+    return found
+
+
 def search(args: argparse.Namespace, overrides: dict[str, Any]) -> None:
     tag = "_".join(f"{k}={v}" for k, v in sorted(overrides.items())) or "preset"
-    path = args.out / f"search_{tag}_eps{args.epsilon}_seed{args.seed}.json"
-    if path.exists():
-        found = json.loads(path.read_text())
-    else:
-        rc = search_config(overrides, args.seed, args.validation_fraction, args.epsilon)
-        summary, iterates, seconds = run(rc, capture=True)
-        finals = final_releases(rc, iterates, args.releases)
-        release = f"{rc['release-average']}:{rc.get('release-ema-decay', rc.get('release-tail-fraction'))}"
-        if release in finals and abs(finals[release]["test"] - summary["final_accuracy"]) > 1e-9:
-            raise SystemExit(f"replayed {release} {finals[release]} differs from the run's {summary['final_accuracy']}")
-        found = {"overrides": overrides, "seed": args.seed, "sigma": rc["sigma"], "lr": rc["lr"],
-                 "rounds": rc["num-server-rounds"], "q": rc["sampling-rate"],
-                 "epsilon": summary["final_report"]["certified"]["epsilon"], "seconds": seconds, "finals": finals}
-        path.write_text(json.dumps(found))
+    found = search_run(args.out, overrides, args.seed, args.validation_fraction, args.epsilon, args.releases)
     print(f"{tag}: sigma {found['sigma']:.4f}, certified eps {found['epsilon']:.4f}, {found['seconds']:.0f} s; "
           "final val " + ", ".join(f"{s} {v['val']:.4f}" for s, v in found["finals"].items()), flush=True)
 

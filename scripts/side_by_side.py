@@ -22,6 +22,13 @@ choose nothing. Both sides are held to the same certified epsilon at delta = 1e-
   under REPLACE_ONE (an accountant independent of this package), so that replace-one epsilon equals
   the target; its add/remove epsilon is Opacus's own accountant (``PrivacyEngine(accountant='prv')``).
 
+- **sampled** (``--sampling-rate`` < 1): the package with Poisson client sampling at that rate, the sample
+  secret (``--sample-secrecy secret``: counts-only ledger, the ``sampled_secret`` bound of docs/MATH.md §22,
+  assuming an honest server-side sampler and a sample no adversary learns), cohort mode: the runs are
+  ``scripts/cross_device_sweep.py``'s search runs at N = 3,600, saved under ``--sampled-out`` and reused.
+  Its rounds (``--sampled-rounds``), lr (``--sampled-lrs``) and release average (``--sampled-releases``,
+  replayed from each run's captured iterates, so one run serves every release) are chosen on validation.
+
 - **cross-silo** (``--silo-rounds`` > 0): the package's cross-silo preset on the same 3,600 images held by
   10 sites of 360 (every site every round, K = 1, per-sample clipping V = 1, each site's batch Poisson-
   sampled on the site at rate ``--silo-batch``/360), its lr chosen from ``--silo-lrs`` on validation,
@@ -206,12 +213,44 @@ def package_runs(epsilon: float, seeds: int, rounds: list[int], lrs: list[float]
                                 [{"lr": lr, "rounds": r} for r in rounds for lr in lrs], seeds)
 
 
+def sampled_runs(epsilon: float, seeds: int, rounds: list[int], lrs: list[float], q: float, releases: list[str],
+                 out: Path, margin: float = 0.0) -> list[dict]:
+    """The sampled column at one epsilon: ``scripts/cross_device_sweep.py``'s search runs (its preset, the same
+    recipe with Poisson client sampling at rate ``q``, a secret sample and cohort mode, at N = 3,600 with the
+    validation split; sigma calibrated so that the ``sampled_secret`` bound certifies ``epsilon``), the
+    (rounds, lr, release average) chosen on validation with seed 1. Each run's iterates replay every release of
+    ``releases``, so one run serves them all; runs are saved under ``out`` and reused when present. sigma is
+    planned at floor(q N) contributors a round and the run charges the counts that arrived, so a run can certify
+    a little more than its plan (8.002 planned at 8): ``margin`` plans at ``epsilon`` x (1 - margin)."""
+    from cross_device_sweep import search_run  # scripts/ is on sys.path
+
+    from fl_dp_flower.app.presets import PRESETS
+
+    out.mkdir(parents=True, exist_ok=True)
+    runs: dict[tuple[int, str], dict] = {}  # one run per (seed, lr, rounds) serves every release
+
+    def point(seed: int, lr: float, rounds: int, release: str) -> dict:
+        overrides: dict[str, Any] = {"lr": int(lr) if float(lr).is_integer() else lr, "num-server-rounds": rounds}
+        if q != PRESETS["cross-device"]["sampling-rate"]:
+            overrides["sampling-rate"] = q
+        key = (seed, json.dumps(overrides, sort_keys=True))
+        found = runs[key] = runs.get(key) or search_run(out, overrides, seed, VALIDATION, epsilon * (1 - margin), releases)
+        final = found["finals"][release]
+        return {"accuracy": final["test"], "val_accuracy": final["val"], "lr": lr, "rounds": rounds,
+                "release": release, "epsilon": found["epsilon"], "noise": found["sigma"], "seconds": found["seconds"],
+                **({"epsilon_add_remove": found["epsilon_add_remove"]} if "epsilon_add_remove" in found else {})}
+
+    return chosen_on_validation(point, [{"lr": lr, "rounds": r, "release": release} for r in rounds for lr in lrs
+                                        for release in releases], seeds)
+
+
 RESULT = "RESULT "  # one JSON line per (epsilon, method): what --from-log reads back
 
 
 def result(epsilon: float, method: str, points: list[dict]) -> dict:
     """One (epsilon, method) row: the figures of every seed's run (printed as a RESULT line)."""
-    keep = ("accuracy", "val_accuracy", "epsilon", "epsilon_add_remove", "noise", "lr", "epochs", "rounds")
+    keep = ("accuracy", "val_accuracy", "epsilon", "epsilon_add_remove", "noise", "lr", "epochs", "rounds", "release",
+            "seconds")
     return {"epsilon": epsilon, "method": method, "points": [{k: p[k] for k in keep if k in p} for p in points]}
 
 
@@ -226,8 +265,15 @@ METHODS = {"package": "fl-dp-flower", "sampled": "fl-dp-flower, Poisson-sampled"
 
 
 def _rounds(point: dict, default: int) -> str:
-    """'lr 2, 40 rounds' (logs of the script before the rounds search: the one --rounds of the run)."""
-    return f"lr {point['lr']:g}, {point.get('rounds', default)} rounds"
+    """'lr 2, 40 rounds' (logs of the script before the rounds search: the one --rounds of the run), and the
+    release average where it was searched ('lr 1, 250 rounds, ema:0.9')."""
+    release = f", {point['release']}" if "release" in point else ""
+    return f"lr {point['lr']:g}, {point.get('rounds', default)} rounds{release}"
+
+
+def _add_remove(points: list[dict]) -> str:
+    """The add/remove epsilon of the first seed that recorded it (a sampled search run saved before it was)."""
+    return next((f"{p['epsilon_add_remove']:.3g}" for p in points if "epsilon_add_remove" in p), "not recorded")
 
 
 def table(results: list[dict], rounds: int, sampled_rounds: int, q: float) -> str:
@@ -240,7 +286,7 @@ def table(results: list[dict], rounds: int, sampled_rounds: int, q: float) -> st
         ours, sampled, theirs, silo = (by.get((epsilon, m), []) for m in METHODS)
         cells = [f"{summary(ours)} ({_rounds(ours[0], rounds)}; {ours[0]['epsilon_add_remove']:.3g})" if ours
                  else "not run",
-                 f"{summary(sampled)} ({_rounds(sampled[0], sampled_rounds)}; {sampled[0]['epsilon_add_remove']:.3g})"
+                 f"{summary(sampled)} ({_rounds(sampled[0], sampled_rounds)}; {_add_remove(sampled)})"
                  if sampled else "not run",
                  f"{summary(theirs)} (lr {theirs[0]['lr']:g}, {theirs[0]['epochs']}; "
                  f"{theirs[0]['epsilon_add_remove']:.3g})" if theirs else "not run",
@@ -295,6 +341,13 @@ def main() -> None:
                         help="columns not to run (e.g. to split one table over processes; merge with --from-log)")
     parser.add_argument("--sample-secrecy", choices=("public", "secret"), default="secret",
                         help="the sampled runs' sample-secrecy (secret: counts-only ledger, docs/MATH.md §22)")
+    parser.add_argument("--sampled-releases", nargs="+", default=["ema:0.8", "ema:0.9", "ema:0.95", "none"],
+                        help="release averages the secret sampled runs replay from their iterates (chosen on validation)")
+    parser.add_argument("--sampled-margin", type=float, default=0.01,
+                        help="the secret sampled runs plan sigma at epsilon x (1 - this): their Poisson counts may "
+                             "certify a little more than the plan")
+    parser.add_argument("--sampled-out", type=Path, default=ROOT / "outputs" / "frontier-sampled",
+                        help="where the secret sampled runs are saved (one JSON each) and reused from")
     parser.add_argument("--silo-rounds", type=int, default=0, help="rounds of the cross-silo column (0: not run)")
     parser.add_argument("--silo-lrs", type=float, nargs="+", default=[0.5, 1.0, 2.0])
     parser.add_argument("--silo-batch", type=int, default=26, help="each site's expected Poisson batch")
@@ -335,11 +388,15 @@ def main() -> None:
                   f"sigma {ours[0]['noise']:.4g} ({time.perf_counter() - start:.0f} s)", flush=True)
         if args.sampling_rate < 1 and "sampled" not in args.skip:
             start = time.perf_counter()
-            sampled = package_runs(epsilon, args.seeds, args.sampled_rounds, args.sampled_lrs, args.model,
-                                   args.sampling_rate, args.sample_secrecy)
+            sampled = (sampled_runs(epsilon, args.seeds, args.sampled_rounds, args.sampled_lrs, args.sampling_rate,
+                                    args.sampled_releases, args.sampled_out, args.sampled_margin)
+                       if args.sample_secrecy == "secret" and args.model == "cnn-tanh" else
+                       package_runs(epsilon, args.seeds, args.sampled_rounds, args.sampled_lrs, args.model,
+                                    args.sampling_rate, args.sample_secrecy))
             print(f"eps {epsilon:g} fl-dp-flower sampled q {args.sampling_rate:g} ({_rounds(sampled[0], 0)}, chosen on "
-                  f"validation): test accuracy {[round(p['accuracy'], 3) for p in sampled]}, add/remove eps "
-                  f"{sampled[0]['epsilon_add_remove']:.4g}, sigma {sampled[0]['noise']:.4g} "
+                  f"validation): test accuracy {[round(p['accuracy'], 3) for p in sampled]}, certified eps "
+                  f"{[round(p['epsilon'], 4) for p in sampled]}, add/remove eps {_add_remove(sampled)}, "
+                  f"sigma {sampled[0]['noise']:.4g} "
                   f"({time.perf_counter() - start:.0f} s)", flush=True)
         if args.silo_rounds > 0:
             start = time.perf_counter()

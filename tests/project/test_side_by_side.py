@@ -143,3 +143,33 @@ def test_table_and_plot_from_the_result_lines_of_split_logs(script, tmp_path):
     assert rows[3] == "| 4 | not run | 0.850 ± 0.071 (lr 2, 120 rounds; 2) | not run | 0.870 ± 0.014 (lr 2; 2) |"
     script.plot(results, tmp_path / "p.png", "cnn-tanh")
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_sampled_column_runs_once_per_setting_and_chooses_the_release_on_validation(script, monkeypatch, tmp_path):
+    """The secret sampled column: one search run per (seed, lr, rounds) serves every release replayed from its
+    iterates; (rounds, lr, release) are chosen on seed 1's validation accuracy, never on test."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import cross_device_sweep
+
+    calls = []
+    val = {(0.5, "ema:0.8"): 0.80, (0.5, "none"): 0.85, (1, "ema:0.8"): 0.70, (1, "none"): 0.60}
+    test = {(0.5, "ema:0.8"): 0.99, (0.5, "none"): 0.90, (1, "ema:0.8"): 0.98, (1, "none"): 0.97}
+
+    def fake_search_run(out, overrides, seed, validation, epsilon, releases):
+        calls.append((seed, overrides, validation, epsilon))
+        lr = overrides["lr"]
+        return {"sigma": 0.1, "epsilon": epsilon - 0.01, "seconds": 1.0, "epsilon_add_remove": epsilon - 0.01,
+                "finals": {r: {"val": val[lr, r] - seed / 100, "test": test[lr, r] - seed / 100} for r in releases}}
+
+    monkeypatch.setattr(cross_device_sweep, "search_run", fake_search_run)
+    runs = script.sampled_runs(2.0, 3, [250], [0.5, 1.0], 0.1, ["ema:0.8", "none"], tmp_path)
+    assert [(r["lr"], r["rounds"], r["release"]) for r in runs] == [(0.5, 250, "none")] * 3
+    assert [r["accuracy"] for r in runs] == pytest.approx([0.89, 0.88, 0.87])
+    # lr 1.0 names the same saved run as the sweep's --set lr=1; q 0.1 is the preset's own rate
+    assert calls == [(1, {"lr": 0.5, "num-server-rounds": 250}, 0.1, 2.0), (1, {"lr": 1, "num-server-rounds": 250}, 0.1, 2.0),
+                     (2, {"lr": 0.5, "num-server-rounds": 250}, 0.1, 2.0), (3, {"lr": 0.5, "num-server-rounds": 250}, 0.1, 2.0)]
+    row = script.table([script.result(2.0, "sampled", runs)], 60, 250, 0.1).splitlines()[2]
+    assert row == "| 2 | not run | 0.880 ± 0.010 (lr 0.5, 250 rounds, none; 1.99) | not run | not run |"
+    calls.clear()  # a margin plans sigma a little below the target (the Poisson counts may certify above the plan)
+    script.sampled_runs(2.0, 1, [250], [0.5], 0.1, ["none"], tmp_path, margin=0.01)
+    assert calls == [(1, {"lr": 0.5, "num-server-rounds": 250}, 0.1, pytest.approx(1.98))]
