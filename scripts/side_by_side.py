@@ -213,6 +213,11 @@ def package_runs(epsilon: float, seeds: int, rounds: list[int], lrs: list[float]
                                 [{"lr": lr, "rounds": r} for r in rounds for lr in lrs], seeds)
 
 
+#: the sampled column's server step: the plain aggregate, as in every run of its table (docs/results.md); the
+#: cross-device preset's decaying server step (server-lr-end) is not the frontier's recipe
+SAMPLED_SERVER_STEP: dict[str, Any] = {"server-optimizer": "none", "server-lr-end": 1.0}
+
+
 def sampled_runs(epsilon: float, seeds: int, rounds: list[int], lrs: list[float], q: float, releases: list[str],
                  out: Path, margin: float = 0.0) -> list[dict]:
     """The sampled column at one epsilon: ``scripts/cross_device_sweep.py``'s search runs (its preset, the same
@@ -230,7 +235,8 @@ def sampled_runs(epsilon: float, seeds: int, rounds: list[int], lrs: list[float]
     runs: dict[tuple[int, str], dict] = {}  # one run per (seed, lr, rounds) serves every release
 
     def point(seed: int, lr: float, rounds: int, release: str) -> dict:
-        overrides: dict[str, Any] = {"lr": int(lr) if float(lr).is_integer() else lr, "num-server-rounds": rounds}
+        overrides: dict[str, Any] = {"lr": int(lr) if float(lr).is_integer() else lr, "num-server-rounds": rounds,
+                                     **SAMPLED_SERVER_STEP}
         if q != PRESETS["cross-device"]["sampling-rate"]:
             overrides["sampling-rate"] = q
         key = (seed, json.dumps(overrides, sort_keys=True))

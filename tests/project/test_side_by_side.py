@@ -165,11 +165,15 @@ def test_sampled_column_runs_once_per_setting_and_chooses_the_release_on_validat
     runs = script.sampled_runs(2.0, 3, [250], [0.5, 1.0], 0.1, ["ema:0.8", "none"], tmp_path)
     assert [(r["lr"], r["rounds"], r["release"]) for r in runs] == [(0.5, 250, "none")] * 3
     assert [r["accuracy"] for r in runs] == pytest.approx([0.89, 0.88, 0.87])
-    # lr 1.0 names the same saved run as the sweep's --set lr=1; q 0.1 is the preset's own rate
-    assert calls == [(1, {"lr": 0.5, "num-server-rounds": 250}, 0.1, 2.0), (1, {"lr": 1, "num-server-rounds": 250}, 0.1, 2.0),
-                     (2, {"lr": 0.5, "num-server-rounds": 250}, 0.1, 2.0), (3, {"lr": 0.5, "num-server-rounds": 250}, 0.1, 2.0)]
+    # lr 1.0 names the run as the sweep's --set lr=1 (with the same server step); q 0.1 is the preset's own rate
+    step = script.SAMPLED_SERVER_STEP  # the frontier's plain aggregate, not the preset's decaying server step
+    assert step == {"server-optimizer": "none", "server-lr-end": 1.0}
+    assert calls == [(1, {"lr": 0.5, "num-server-rounds": 250, **step}, 0.1, 2.0),
+                     (1, {"lr": 1, "num-server-rounds": 250, **step}, 0.1, 2.0),
+                     (2, {"lr": 0.5, "num-server-rounds": 250, **step}, 0.1, 2.0),
+                     (3, {"lr": 0.5, "num-server-rounds": 250, **step}, 0.1, 2.0)]
     row = script.table([script.result(2.0, "sampled", runs)], 60, 250, 0.1).splitlines()[2]
     assert row == "| 2 | not run | 0.880 ± 0.010 (lr 0.5, 250 rounds, none; 1.99) | not run | not run |"
     calls.clear()  # a margin plans sigma a little below the target (the Poisson counts may certify above the plan)
     script.sampled_runs(2.0, 1, [250], [0.5], 0.1, ["none"], tmp_path, margin=0.01)
-    assert calls == [(1, {"lr": 0.5, "num-server-rounds": 250}, 0.1, pytest.approx(1.98))]
+    assert calls == [(1, {"lr": 0.5, "num-server-rounds": 250, **step}, 0.1, pytest.approx(1.98))]
