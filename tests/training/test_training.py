@@ -323,7 +323,10 @@ def test_noise_statistics_on_every_tensor():
     assert abs(float(values.mean())) < 5 * sigma / math.sqrt(n)
     assert float(values.std()) == pytest.approx(sigma, rel=0.02)
     for t in list(model.parameters()) + list(model.buffers()):
-        assert bool((t != 0).all()), "every value must be noised"
+        # torch's CPU randn returns an exact pair of zeros when its uniform draw is 0 (2^-24 a pair: about one
+        # run in 500 here), so a pair may read 0; a tensor left without noise has all its values at 0
+        zeros = int((t == 0).sum())
+        assert zeros <= 2 and zeros < t.numel(), "every value must be noised"
         assert t.device.type == "cpu"
 
 
