@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from main_sweep import IMAGES, _release_settings, _value, calibrated_sigma  # scripts/ is on sys.path
+from main_sweep import IMAGES, _release_settings, _value, calibrated_sigma, captured_iterates  # scripts/ is on sys.path
 
 PRESET = "cross-device"
 
@@ -52,7 +52,6 @@ def run(rc: dict[str, Any], capture: bool) -> tuple[dict[str, Any], list[Any], A
     import torch
 
     from fl_dp_flower.app.testing import run_local, tiny_config
-    from fl_dp_flower.strategies.server_opt import ServerUpdate
 
     import fl_dp_flower.app.threat as threat
 
@@ -60,23 +59,10 @@ def run(rc: dict[str, Any], capture: bool) -> tuple[dict[str, Any], list[Any], A
     # The summary's cohort-collusion note plans the run twice more (against one client and one node operator);
     # with 250 sampled rounds each replayed plan takes minutes on this machine. It changes no number of the run.
     threat.cohort_collusion_warning = lambda config: None  # type: ignore[assignment]
-    iterates: list[Any] = []
-    original = ServerUpdate.apply
-
-    def keep(self: ServerUpdate, current: Any, aggregate: Any, round_: int) -> Any:
-        released = original(self, current, aggregate, round_)
-        iterates.append((round_, self.iterate))
-        return released
-
-    if capture:
-        ServerUpdate.apply = keep  # type: ignore[method-assign]
-    try:
-        with tempfile.TemporaryDirectory() as out:
-            start = time.perf_counter()
-            outcome, _ = run_local(tiny_config(Path(out), **rc), nodes=10)
-            seconds = time.perf_counter() - start
-    finally:
-        ServerUpdate.apply = original  # type: ignore[method-assign]
+    with captured_iterates(capture) as iterates, tempfile.TemporaryDirectory() as out:
+        start = time.perf_counter()
+        outcome, _ = run_local(tiny_config(Path(out), **rc), nodes=10)
+        seconds = time.perf_counter() - start
     return outcome.summary, iterates, seconds
 
 

@@ -19,10 +19,12 @@ Run: .venv/bin/python scripts/main_sweep.py --seeds 0 1 2 --set lr=1.5 [--releas
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -92,32 +94,41 @@ def release_curves(rc: dict[str, Any], iterates: list[tuple[int, Any]], releases
     return curves
 
 
-def one_run(overrides: dict[str, Any], seed: int, validation: float, epsilon: float,
-            releases: list[str]) -> dict[str, Any]:
-    import torch
-
+@contextlib.contextmanager
+def captured_iterates(active: bool = True) -> Iterator[list[Any]]:
+    """The (round, iterate) of every server step taken inside the block (``ServerUpdate.apply`` wrapped while
+    ``active``, restored on exit); the release averages are replayed from them afterwards."""
     from fl_dp_flower.strategies.server_opt import ServerUpdate
-    from fl_dp_flower.app.testing import run_local, tiny_config
 
-    torch.set_num_threads(1)
-    rc = run_config(overrides, seed, validation, epsilon)
     iterates: list[Any] = []
     original = ServerUpdate.apply
 
-    def capture(self: ServerUpdate, current: Any, aggregate: Any, round_: int) -> Any:
+    def keep(self: ServerUpdate, current: Any, aggregate: Any, round_: int) -> Any:
         released = original(self, current, aggregate, round_)
         iterates.append((round_, self.iterate))
         return released
 
-    ServerUpdate.apply = capture  # type: ignore[method-assign]
+    if active:
+        ServerUpdate.apply = keep  # type: ignore[method-assign]
     try:
-        with tempfile.TemporaryDirectory() as out:
-            cfg = tiny_config(Path(out), **rc)
-            start = time.perf_counter()
-            outcome, _ = run_local(cfg, nodes=10)
-            seconds = time.perf_counter() - start
+        yield iterates
     finally:
         ServerUpdate.apply = original  # type: ignore[method-assign]
+
+
+def one_run(overrides: dict[str, Any], seed: int, validation: float, epsilon: float,
+            releases: list[str]) -> dict[str, Any]:
+    import torch
+
+    from fl_dp_flower.app.testing import run_local, tiny_config
+
+    torch.set_num_threads(1)
+    rc = run_config(overrides, seed, validation, epsilon)
+    with captured_iterates() as iterates, tempfile.TemporaryDirectory() as out:
+        cfg = tiny_config(Path(out), **rc)
+        start = time.perf_counter()
+        outcome, _ = run_local(cfg, nodes=10)
+        seconds = time.perf_counter() - start
     certified = outcome.summary["final_report"]["certified"]
     per_round = outcome.result.evaluate_metrics_serverapp
     trained = [float(per_round[r]["accuracy"]) for r in sorted(per_round) if r > 0]
