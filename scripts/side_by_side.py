@@ -285,7 +285,7 @@ def cell(method: str, points: list[dict], rounds: int = 0, sampled_rounds: int =
     p = points[0]
     setting = {"package": lambda: _rounds(p, rounds), "sampled": lambda: _sampled(p, sampled_rounds, q),
                "opacus": lambda: f"lr {p['lr']:g}, {p['epochs']}", "silo": lambda: f"lr {p['lr']:g}"}[method]()
-    epsilons = (" / ".join(f"{x['epsilon']:.4g}" for x in points) if method == "sampled"
+    epsilons = (" / ".join(f"{x['epsilon']:.4f}" for x in points) if method == "sampled"
                 else f"{p['epsilon_add_remove']:.3g}")
     return f"{summary(points)} ({setting}; {epsilons})"
 

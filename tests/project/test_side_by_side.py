@@ -145,7 +145,7 @@ def test_table_and_plot_from_the_result_lines_of_split_logs(script, tmp_path):
     assert rows[2] == "| 1 | 0.700 ± 0.100 (lr 2, 20 rounds; 0.5) | not run | 0.500 ± 0.000 (lr 2, 5; 0.5) | not run |"
     # a log without the rounds (before the rounds search) shows the run's one --rounds / --sampled-rounds
     # and the sampled column's one rate (the table's q) with the plain server step; its certified epsilon by seed
-    assert rows[3] == ("| 4 | not run | 0.850 ± 0.071 (q 0.25, plain step, lr 2, 120 rounds; 4 / 4) | not run | "
+    assert rows[3] == ("| 4 | not run | 0.850 ± 0.071 (q 0.25, plain step, lr 2, 120 rounds; 4.0000 / 4.0000) | not run | "
                        "0.870 ± 0.014 (lr 2; 2) |")
     script.plot(results, tmp_path / "p.png", "cnn-tanh")
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
@@ -180,7 +180,7 @@ def test_sampled_column_runs_once_per_setting_and_chooses_the_release_on_validat
                      (2, {"lr": 0.5, "num-server-rounds": 250, **step}, 0.1, 2.0),
                      (3, {"lr": 0.5, "num-server-rounds": 250, **step}, 0.1, 2.0)]
     row = script.table([script.result(2.0, "sampled", runs)], 60, 250, 0.1).splitlines()[2]
-    assert row == ("| 2 | not run | 0.880 ± 0.010 (q 0.1, plain step, lr 0.5, 250 rounds, none; 1.99 / 1.99 / 1.99) "
+    assert row == ("| 2 | not run | 0.880 ± 0.010 (q 0.1, plain step, lr 0.5, 250 rounds, none; 1.9900 / 1.9900 / 1.9900) "
                    "| not run | not run |")
     calls.clear()  # a margin plans sigma a little below the target (the Poisson counts may certify above the plan)
     script.sampled_runs(2.0, 1, script.sampled_grid(["0.1"], [250], [0.5], [1.0]), ["none"], tmp_path, margin=0.01)
@@ -214,7 +214,7 @@ def test_sampled_column_searches_the_rate_and_the_server_step_on_validation(scri
     assert calls[2] == (1, {"lr": 1, "num-server-rounds": 250, "sampling-rate": 0.25, **decaying})
     assert calls[-1] == (2, calls[2][1]) and len(calls) == 6
     row = script.table([script.result(4.0, "sampled", runs)], 60, 250, 0.1).splitlines()[2]
-    assert "(q 0.25, step 1 → 0.25, lr 1, 250 rounds, ema:0.8; 3.96 / 3.96)" in row
+    assert "(q 0.25, step 1 → 0.25, lr 1, 250 rounds, ema:0.8; 3.9600 / 3.9600)" in row
     for bad in (["1"], ["0.5@100@1@0"], ["0.5@100@1@1.5"], ["0.5@1@1@1@1"]):
         with pytest.raises(SystemExit, match="sampled-qs"):
             script.sampled_grid(bad, [100], [1.0], [1.0])
