@@ -1,55 +1,40 @@
 """This package against central DP-SGD (Opacus), side by side, at the same epsilon and relation.
 
-Both sides train the same model (``--model``: the run-config key's values, default the main job's
-"cnn-tanh") on the package's split of the embedded MNIST subset: of its 4,000 training
-images, 400 are set aside as a validation split (``validation-fraction`` 0.1; nobody trains on
-them) and 3,600 are trained on; the 1,000 held-out test images give the reported accuracy and
-choose nothing. Both sides are held to the same certified epsilon at delta = 1e-5 under the same neighbouring relation,
-**replace-one** (the package's), with add/remove-one printed beside it.
+Both sides train the same model (``--model``, default the main job's "cnn-tanh") on the package's split of the
+embedded MNIST subset: of its 4,000 training images, 400 are a validation split (``validation-fraction`` 0.1;
+nobody trains on them) and 3,600 are trained on; the 1,000 held-out test images give the reported accuracy and
+choose nothing. Both sides are held to the same certified epsilon at delta = 1e-5 under the same neighbouring
+relation, **replace-one** (the package's), with add/remove-one printed beside it. Every column's settings are
+chosen per epsilon on validation accuracy (first seed), then run on every seed; a point is the mean and sd.
 
-- **fl-dp-flower**: the main job's recipe (every training image is one client, all of them in
-  every round, K = 1, B = 1, V = 1, constant schedule, the released model the EMA of the iterates
-  with decay 0.8, chosen on validation: docs/results.md), with its number of rounds (``--rounds``)
-  and lr (``--package-lrs``) chosen per epsilon by validation accuracy (first seed), through the real
-  ServerApp and ClientApp on the in-process grid of 10 nodes (``fl_dp_flower.testing``). sigma is
-  calibrated (``fl_dp_flower.calibrate``) so that the run certifies the target (all-rounds,
-  composition). Its add/remove epsilon is the run's own report.
-- **Opacus DP-SGD** (central: one party holds all 4,000 images): per-example clipping to C = 1,
-  Poisson batches (expected ``--batch`` images), plain SGD; the lr (``--lrs``) and the number of
-  epochs (``--epochs``) are chosen per epsilon by validation accuracy (first seed), then run for every
-  seed. The noise
-  multiplier is calibrated with dp-accounting's PLD accountant for the Poisson-subsampled Gaussian
-  under REPLACE_ONE (an accountant independent of this package), so that replace-one epsilon equals
-  the target; its add/remove epsilon is Opacus's own accountant (``PrivacyEngine(accountant='prv')``).
+- **fl-dp-flower**: the main job's recipe (every training image one client, all in every round, K = 1, B = 1,
+  V = 1, constant schedule, released: the EMA of the iterates, decay 0.8), its rounds (``--rounds``) and lr
+  (``--package-lrs``) searched, through the real ServerApp and ClientApp on the in-process grid of 10 nodes;
+  sigma calibrated (``fl_dp_flower.calibrate``) so that the run certifies the target (all-rounds).
+- **Opacus DP-SGD** (central: one party holds all the images): per-example clipping to C = 1, Poisson batches
+  (expected ``--batch``), plain SGD, its lr (``--lrs``) and epochs (``--epochs``) searched. The noise multiplier
+  is calibrated with dp-accounting's PLD accountant of the Poisson-subsampled Gaussian under REPLACE_ONE (an
+  accountant independent of this package); its add/remove epsilon is Opacus's own (``accountant='prv'``).
+- **sampled** (``--sampled-qs``): the package with Poisson client sampling, the sample secret
+  (``--sample-secrecy secret``: counts-only ledger, the ``sampled_secret`` bound of docs/MATH.md §22, assuming an
+  honest server-side sampler and a sample no adversary learns), cohort mode: ``scripts/cross_device_sweep.py``'s
+  search runs at N = 3,600, saved under ``--sampled-out`` and reused. Its rate q, server step
+  (``--sampled-server-lr-ends``: 1 the plain aggregate, < 1 a step falling linearly from 1 to that factor,
+  post-processing), rounds, lr and release average (replayed from each run's iterates) are searched;
+  ``--sampled-qs 0.25@250 0.5@150@1,1.5`` gives a rate its own rounds (and lrs, and ends).
+- **cross-silo** (``--silo-rounds`` > 0): the cross-silo preset on the 3,600 images held by 10 sites (every site
+  every round, K = 1, per-sample clipping, Poisson batches of rate ``--silo-batch``/360), its lr (``--silo-lrs``)
+  searched, sigma calibrated so that the amplified ``batch_sampled`` bound (against one colluding site) certifies
+  the target, assuming honest sites whose draws stay secret (docs/MATH.md §23).
 
-- **sampled** (``--sampling-rate`` < 1): the package with Poisson client sampling at that rate, the sample
-  secret (``--sample-secrecy secret``: counts-only ledger, the ``sampled_secret`` bound of docs/MATH.md §22,
-  assuming an honest server-side sampler and a sample no adversary learns), cohort mode: the runs are
-  ``scripts/cross_device_sweep.py``'s search runs at N = 3,600, saved under ``--sampled-out`` and reused.
-  Its rounds (``--sampled-rounds``), lr (``--sampled-lrs``) and release average (``--sampled-releases``,
-  replayed from each run's captured iterates, so one run serves every release) are chosen on validation.
-
-- **cross-silo** (``--silo-rounds`` > 0): the package's cross-silo preset on the same 3,600 images held by
-  10 sites of 360 (every site every round, K = 1, per-sample clipping V = 1, each site's batch Poisson-
-  sampled on the site at rate ``--silo-batch``/360), its lr chosen from ``--silo-lrs`` on validation,
-  sigma calibrated so that the amplified ``batch_sampled`` bound (against one colluding site) certifies
-  the target; it assumes honest sites whose batch draws stay secret (docs/MATH.md §23).
-
-Neither side's hyperparameters are chosen on the test images: each side gets the same kind of
-search on validation (its lr per epsilon, and Opacus its length), from the main job's recipe and a
-common DP-SGD recipe for MNIST (C 1, batch 256, no momentum). Each (method, epsilon)
-point is the mean and standard deviation over the seeds.
-
-Run (needs Opacus: ``pip install -e '.[baselines]'``):
+Run (needs Opacus: ``pip install -e '.[baselines]'``; about 1 minute a package run, 10-60 s an Opacus run):
     .venv/bin/python scripts/side_by_side.py [--epsilons 0.5 1 2 4 8] [--seeds 3] [--rounds 20 40 60] [--model cnn-tanh]
-About 1 minute per package run (cnn-tanh; 2.5 with lenet5) and 10-60 s per Opacus run on an idle 2-core machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import tempfile
 import time
@@ -68,34 +53,31 @@ RECIPE: dict[str, Any] = {"local-steps": 1, "clip-norm": 1.0, "schedule": "const
 
 def package_point(epsilon: float, rounds: int, seed: int, lr: float, model: str, q: float = 1.0,
                   secrecy: str = "public") -> dict:
-    """One run of this package at certified replace-one ``epsilon``: accuracy, both epsilons. With
-    ``q`` < 1 the server samples every client independently with probability q (client-sampling
-    "poisson", the amplified bound: it assumes an honest server-side sampler); ``secrecy`` "secret":
-    the ledger holds counts only and the bound conditioned on them applies (docs/MATH.md §22)."""
+    """One run of this package at certified replace-one ``epsilon``: accuracy, both epsilons. ``q`` < 1: Poisson
+    client sampling (the amplified bound, assuming an honest server-side sampler); ``secrecy`` "secret": counts-only
+    ledger, the bound conditioned on them (docs/MATH.md §22)."""
     from fl_dp_flower import DPSettings, calibrate
     from fl_dp_flower.app.testing import run_local, tiny_config
 
     settings = DPSettings(sigma=1.0, clip_norm=RECIPE["clip-norm"], local_steps=1, batch_size=1, lr=lr)
     sampled: dict[str, Any] = {"sampling_rate": q, "sample_secrecy": secrecy} if q < 1 else {}
-    population = RECIPE["clients-per-round"]  # N (all clients); sampled: the plan assumes floor(q N) per round
-    plan = settings.accountant_config(**({"population": population} if q < 1 else {"clients": population}),
-                                      delta=DELTA, **sampled)
+    n = RECIPE["clients-per-round"]  # N (all clients); sampled: the plan assumes floor(q N) per round
+    plan = settings.accountant_config(**({"population": n} if q < 1 else {"clients": n}), delta=DELTA, **sampled)
     sigma = calibrate(plan, rounds, epsilon).sigma * (1 + 1e-9)  # a hair above: certified <= target
+    sampling = {"client-sampling": "poisson", "sampling-rate": q, "sample-secrecy": secrecy} if q < 1 else {}
     with tempfile.TemporaryDirectory() as out:
-        cfg = tiny_config(Path(out), **{**RECIPE, "sigma": sigma, "num-server-rounds": rounds, "seed": seed,
-                                             "lr": lr, "model": model,
-                                             **({"client-sampling": "poisson", "sampling-rate": q,
-                                                 "sample-secrecy": secrecy} if q < 1 else {})})
+        cfg = tiny_config(Path(out), **{**RECIPE, "sigma": sigma, "num-server-rounds": rounds, "seed": seed, "lr": lr,
+                                        "model": model, **sampling})
         outcome, _ = run_local(cfg, nodes=10)
     report = outcome.summary["final_report"]
     return {"accuracy": outcome.summary["final_accuracy"], "val_accuracy": outcome.summary["final_val_accuracy"],
             "lr": lr, "rounds": rounds, "epsilon": report["certified"]["epsilon"],
-            "epsilon_add_remove": report["add_remove"]["epsilon"], "noise": sigma}
+            "epsilon_add_remove": report["add_remove"]["epsilon"], "noise": sigma, **({"q": q} if q < 1 else {})}
 
 
 def opacus_noise_multiplier(epsilon: float, q: float, steps: int) -> float:
-    """The smallest noise multiplier z (bisection, 1e-4 relative) with replace-one epsilon <= target,
-    by dp-accounting's PLD accountant of the Poisson-subsampled Gaussian."""
+    """The smallest noise multiplier z (bisection, 1e-4 relative) with replace-one epsilon <= target (dp-accounting's
+    PLD of the Poisson-subsampled Gaussian)."""
     import dp_accounting
     from dp_accounting.pld import pld_privacy_accountant
 
@@ -114,8 +96,7 @@ def opacus_noise_multiplier(epsilon: float, q: float, steps: int) -> float:
 
 
 def opacus_point(epsilon: float, seed: int, batch: int, epochs: int, lr: float, model_name: str) -> dict:
-    """One Opacus DP-SGD run at replace-one ``epsilon`` on the 3,600 training images: test and
-    validation accuracy, both epsilons."""
+    """One Opacus DP-SGD run at replace-one ``epsilon`` on the 3,600 training images: accuracies, both epsilons."""
     import torch
     from opacus import PrivacyEngine
     from torch.utils.data import DataLoader
@@ -157,8 +138,8 @@ SILO_SITES = 10
 
 
 def silo_point(epsilon: float, rounds: int, seed: int, lr: float, model: str, batch: int = 26) -> dict:
-    """One run of the cross-silo recipe (10 sites, Poisson batches of expected size ``batch`` on each, K 1,
-    per-sample clipping) at certified replace-one ``epsilon`` (the amplified batch_sampled bound)."""
+    """One run of the cross-silo recipe (10 sites, Poisson batches of expected ``batch``, K 1, per-sample clipping)
+    at certified replace-one ``epsilon`` (the amplified batch_sampled bound)."""
     from fl_dp_flower import DPSettings, calibrate
     from fl_dp_flower.app.testing import run_local, tiny_config
 
@@ -181,15 +162,9 @@ def silo_point(epsilon: float, rounds: int, seed: int, lr: float, model: str, ba
             "epsilon_add_remove": report["add_remove"]["epsilon"], "noise": sigma}
 
 
-def silo_runs(epsilon: float, seeds: int, rounds: int, lrs: list[float], model: str, batch: int) -> list[dict]:
-    """The cross-silo runs of one epsilon, its lr chosen on validation."""
-    return chosen_on_validation(lambda seed, **s: silo_point(epsilon, rounds, seed, model=model, batch=batch, **s),
-                                [{"lr": lr} for lr in lrs], seeds)
-
-
 def chosen_on_validation(run: Callable[..., dict], settings: list[dict[str, Any]], seeds: int) -> list[dict]:
-    """Every setting on the first seed, then the one with the best validation accuracy on the other
-    seeds (the test images choose nothing): ``run(seed=..., **setting)`` is one run."""
+    """Every setting on seed 1, then the one with the best validation accuracy on the other seeds (the test images
+    choose nothing; a tie: the first listed): ``run(seed=..., **setting)`` is one run."""
     first = []
     for setting in settings:
         first.append((setting, run(seed=1, **setting)))
@@ -204,50 +179,70 @@ def opacus_runs(epsilon: float, seeds: int, batch: int, epochs: list[int], lrs: 
                                 [{"lr": lr, "epochs": e} for lr in lrs for e in epochs], seeds)
 
 
-def package_runs(epsilon: float, seeds: int, rounds: list[int], lrs: list[float], model: str, q: float = 1.0,
-                 secrecy: str = "public") -> list[dict]:
-    """This package's runs of one epsilon (client-sampling rate ``q``), its (rounds, lr) chosen on validation,
-    as Opacus's (epochs, lr): sigma is calibrated per number of rounds, so fewer rounds mean less noise."""
-    return chosen_on_validation(lambda seed, **s: package_point(epsilon, seed=seed, model=model, q=q, secrecy=secrecy,
-                                                                **s),
-                                [{"lr": lr, "rounds": r} for r in rounds for lr in lrs], seeds)
+def package_runs(epsilon: float, seeds: int, rounds: list[int], lrs: list[float], model: str, secrecy: str = "public",
+                 grid: list[dict[str, Any]] | None = None) -> list[dict]:
+    """This package's runs of one epsilon, (rounds, lr) chosen on validation as Opacus's (epochs, lr); ``grid`` (the
+    sampled column with a public sample or another model: ``sampled_grid``, plain step only): its (q, rounds, lr)."""
+    if grid is not None and any(s["server_lr_end"] != 1 for s in grid):
+        raise SystemExit("--sampled-server-lr-ends < 1: only the secret sampled column (cnn-tanh) searches it")
+    settings = ([{"lr": lr, "rounds": r} for r in rounds for lr in lrs] if grid is None else
+                [{k: v for k, v in s.items() if k != "server_lr_end"} for s in grid])
+    return chosen_on_validation(lambda seed, **s: package_point(epsilon, seed=seed, model=model, secrecy=secrecy, **s),
+                                settings, seeds)
 
 
-#: the sampled column's server step: the plain aggregate, as in every run of its table (docs/results.md); the
-#: cross-device preset's decaying server step (server-lr-end) is not the frontier's recipe
 SAMPLED_SERVER_STEP: dict[str, Any] = {"server-optimizer": "none", "server-lr-end": 1.0}
 
 
-def sampled_runs(epsilon: float, seeds: int, rounds: list[int], lrs: list[float], q: float, releases: list[str],
-                 out: Path, margin: float = 0.0) -> list[dict]:
-    """The sampled column at one epsilon: ``scripts/cross_device_sweep.py``'s search runs (its preset, the same
-    recipe with Poisson client sampling at rate ``q``, a secret sample and cohort mode, at N = 3,600 with the
-    validation split; sigma calibrated so that the ``sampled_secret`` bound certifies ``epsilon``), the
-    (rounds, lr, release average) chosen on validation with seed 1. Each run's iterates replay every release of
-    ``releases``, so one run serves them all; runs are saved under ``out`` and reused when present. sigma is
-    planned at floor(q N) contributors a round and the run charges the counts that arrived, so a run can certify
-    a little more than its plan (8.002 planned at 8): ``margin`` plans at ``epsilon`` x (1 - margin)."""
+def server_step(end: float) -> dict[str, Any]:
+    """The sampled column's server step, all its keys (a changed preset cannot leak in): 1 the plain aggregate, end < 1
+    the cross-device preset's (momentum 0) falling linearly from 1 to ``end`` over the rounds (post-processing)."""
+    return dict(SAMPLED_SERVER_STEP) if end == 1 else {"server-optimizer": "momentum", "server-momentum": 0.0,
+                                                       "server-lr": 1.0, "server-lr-end": end}
+
+
+def sampled_grid(specs: list[str], rounds: list[int], lrs: list[float], ends: list[float]) -> list[dict[str, Any]]:
+    """The sampled search's settings: per ``Q[@ROUNDS[@LRS[@ENDS]]]`` of ``specs`` (comma lists; a missing field is
+    the common ``rounds`` / ``lrs`` / ``ends``) every (rounds, lr, server-step end) at rate Q."""
+    grid, common = [], [rounds, lrs, ends]  # type: list[dict[str, Any]], list[list[Any]]
+    for spec in specs:
+        q, *fields = spec.split("@")
+        rs, ls, es = ([kind(v) for v in field.split(",")] if field else axis for field, kind, axis
+                      in zip([*fields, "", "", ""][:3], (int, float, float), common, strict=True))
+        if not 0 < float(q) < 1 or len(fields) > 3 or not all(0 < float(e) <= 1 for e in es):
+            raise SystemExit(f"--sampled-qs {spec!r}: want Q[@ROUNDS[@LRS[@ENDS]]], 0 < Q < 1, 0 < END <= 1")
+        grid += [{"q": float(q), "rounds": r, "lr": lr, "server_lr_end": e} for e in es for r in rs for lr in ls]
+    return grid
+
+
+def sampled_runs(epsilon: float, seeds: int, grid: list[dict[str, Any]], releases: list[str], out: Path,
+                 margin: float = 0.0) -> list[dict]:
+    """The sampled column at one epsilon: ``scripts/cross_device_sweep.py``'s search runs (its preset at N = 3,600,
+    sigma calibrated so that the ``sampled_secret`` bound certifies ``epsilon``), (q, server step, rounds, lr, release)
+    chosen on seed 1's validation among ``grid`` x ``releases`` (a run's iterates replay every release); runs are
+    saved under ``out`` and reused. sigma is planned at floor(q N) contributors a round and the run charges the counts
+    that arrived (8.002 planned at 8): ``margin`` plans at ``epsilon`` x (1 - margin)."""
     from cross_device_sweep import search_run  # scripts/ is on sys.path
 
     from fl_dp_flower.app.presets import PRESETS
 
     out.mkdir(parents=True, exist_ok=True)
-    runs: dict[tuple[int, str], dict] = {}  # one run per (seed, lr, rounds) serves every release
+    runs: dict[tuple[int, str], dict] = {}  # one run per (seed, q, server step, lr, rounds) serves every release
 
-    def point(seed: int, lr: float, rounds: int, release: str) -> dict:
+    def point(seed: int, q: float, server_lr_end: float, lr: float, rounds: int, release: str) -> dict:
         overrides: dict[str, Any] = {"lr": int(lr) if float(lr).is_integer() else lr, "num-server-rounds": rounds,
-                                     **SAMPLED_SERVER_STEP}
+                                     **server_step(server_lr_end)}
         if q != PRESETS["cross-device"]["sampling-rate"]:
             overrides["sampling-rate"] = q
         key = (seed, json.dumps(overrides, sort_keys=True))
         found = runs[key] = runs.get(key) or search_run(out, overrides, seed, VALIDATION, epsilon * (1 - margin), releases)
         final = found["finals"][release]
-        return {"accuracy": final["test"], "val_accuracy": final["val"], "lr": lr, "rounds": rounds,
-                "release": release, "epsilon": found["epsilon"], "noise": found["sigma"], "seconds": found["seconds"],
+        return {"accuracy": final["test"], "val_accuracy": final["val"], "lr": lr, "rounds": rounds, "q": q,
+                "server_lr_end": server_lr_end, "release": release, "epsilon": found["epsilon"], "noise": found["sigma"],
+                "seconds": found["seconds"],
                 **({"epsilon_add_remove": found["epsilon_add_remove"]} if "epsilon_add_remove" in found else {})}
 
-    return chosen_on_validation(point, [{"lr": lr, "rounds": r, "release": release} for r in rounds for lr in lrs
-                                        for release in releases], seeds)
+    return chosen_on_validation(point, [{**s, "release": release} for s in grid for release in releases], seeds)
 
 
 RESULT = "RESULT "  # one JSON line per (epsilon, method): what --from-log reads back
@@ -256,7 +251,7 @@ RESULT = "RESULT "  # one JSON line per (epsilon, method): what --from-log reads
 def result(epsilon: float, method: str, points: list[dict]) -> dict:
     """One (epsilon, method) row: the figures of every seed's run (printed as a RESULT line)."""
     keep = ("accuracy", "val_accuracy", "epsilon", "epsilon_add_remove", "noise", "lr", "epochs", "rounds", "release",
-            "seconds")
+            "seconds", "q", "server_lr_end")  # the sampled column's q and server step: what its cells name
     return {"epsilon": epsilon, "method": method, "points": [{k: p[k] for k in keep if k in p} for p in points]}
 
 
@@ -271,32 +266,37 @@ METHODS = {"package": "fl-dp-flower", "sampled": "fl-dp-flower, Poisson-sampled"
 
 
 def _rounds(point: dict, default: int) -> str:
-    """'lr 2, 40 rounds' (logs of the script before the rounds search: the one --rounds of the run), and the
-    release average where it was searched ('lr 1, 250 rounds, ema:0.9')."""
+    """'lr 1, 250 rounds, ema:0.9' (the release where searched; a log before the rounds search: ``default``)."""
     release = f", {point['release']}" if "release" in point else ""
     return f"lr {point['lr']:g}, {point.get('rounds', default)} rounds{release}"
 
 
-def _add_remove(points: list[dict]) -> str:
-    """The add/remove epsilon of the first seed that recorded it (a sampled search run saved before it was)."""
-    return next((f"{p['epsilon_add_remove']:.3g}" for p in points if "epsilon_add_remove" in p), "not recorded")
+def _sampled(point: dict, rounds: int, q: float) -> str:
+    """'q 0.25, step 1 → 0.25, lr 1, 250 rounds, ema:0.9' (a log before the q search: the run's one rate, plain step)."""
+    step = "plain step" if (end := point.get("server_lr_end", 1.0)) == 1 else f"step 1 → {end:g}"
+    return f"q {point.get('q', q):g}, {step}, {_rounds(point, rounds)}"
+
+
+def cell(method: str, points: list[dict], rounds: int = 0, sampled_rounds: int = 0, q: float = 0.0) -> str:
+    """'mean ± sd (the chosen setting; add/remove epsilon)', the sampled column's certified epsilon of every seed
+    instead (it equals its add/remove epsilon); ``rounds``, ``sampled_rounds``, ``q``: what old logs lack."""
+    if not points:
+        return "not run"
+    p = points[0]
+    setting = {"package": lambda: _rounds(p, rounds), "sampled": lambda: _sampled(p, sampled_rounds, q),
+               "opacus": lambda: f"lr {p['lr']:g}, {p['epochs']}", "silo": lambda: f"lr {p['lr']:g}"}[method]()
+    epsilons = (" / ".join(f"{x['epsilon']:.4f}" for x in points) if method == "sampled"
+                else f"{p['epsilon_add_remove']:.3g}")
+    return f"{summary(points)} ({setting}; {epsilons})"
 
 
 def table(results: list[dict], rounds: int, sampled_rounds: int, q: float) -> str:
     by = {(r["epsilon"], r["method"]): r["points"] for r in results}
     lines = ["| replace-one ε (δ 1e-5) | fl-dp-flower, every client every round (lr, rounds; add/remove ε) | "
-             f"sampled q {q:g}, secret sample (lr, rounds; add/remove ε) | Opacus DP-SGD (lr, epochs; add/remove ε) |"
-             " cross-silo, Poisson batches (lr; add/remove ε) |",
-             "|---|---|---|---|---|"]
+             "sampled, secret sample (q, server step, lr, rounds, release; certified ε by seed) | Opacus DP-SGD (lr, "
+             "epochs; add/remove ε) | cross-silo, Poisson batches (lr; add/remove ε) |", "|---|---|---|---|---|"]
     for epsilon in sorted({e for e, _ in by}):
-        ours, sampled, theirs, silo = (by.get((epsilon, m), []) for m in METHODS)
-        cells = [f"{summary(ours)} ({_rounds(ours[0], rounds)}; {ours[0]['epsilon_add_remove']:.3g})" if ours
-                 else "not run",
-                 f"{summary(sampled)} ({_rounds(sampled[0], sampled_rounds)}; {_add_remove(sampled)})"
-                 if sampled else "not run",
-                 f"{summary(theirs)} (lr {theirs[0]['lr']:g}, {theirs[0]['epochs']}; "
-                 f"{theirs[0]['epsilon_add_remove']:.3g})" if theirs else "not run",
-                 f"{summary(silo)} (lr {silo[0]['lr']:g}; {silo[0]['epsilon_add_remove']:.3g})" if silo else "not run"]
+        cells = [cell(m, by.get((epsilon, m), []), rounds, sampled_rounds, q) for m in METHODS]
         lines.append(f"| {epsilon:g} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -307,9 +307,8 @@ def plot(results: list[dict], path: Path, model: str) -> None:
 
     curves = {}
     for method, label in METHODS.items():
-        rows = sorted((r for r in results if r["method"] == method), key=lambda r: r["epsilon"])
-        accs = [[p["accuracy"] for p in r["points"]] for r in rows]
-        if rows:
+        if rows := sorted((r for r in results if r["method"] == method), key=lambda r: r["epsilon"]):
+            accs = [[p["accuracy"] for p in r["points"]] for r in rows]
             curves[label] = ([r["epsilon"] for r in rows], [statistics.fmean(a) for a in accs],
                              [statistics.stdev(a) if len(a) > 1 else 0.0 for a in accs])
     plot_accuracy_against_epsilon(curves, path, xlabel="replace-one epsilon (delta = 1e-5)",
@@ -319,30 +318,25 @@ def plot(results: list[dict], path: Path, model: str) -> None:
 
 def summary(points: list[dict]) -> str:
     accs = [p["accuracy"] for p in points]
-    spread = statistics.stdev(accs) if len(accs) > 1 else math.nan
-    return f"{statistics.fmean(accs):.3f} ± {spread:.3f}"
+    return f"{statistics.fmean(accs):.3f} ± {statistics.stdev(accs) if len(accs) > 1 else float('nan'):.3f}"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--epsilons", type=float, nargs="+", default=[0.5, 1.0, 2.0, 4.0, 8.0])
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--rounds", type=int, nargs="+", default=[20, 40, 60],
-                        help="this package's candidate rounds (chosen per epsilon with its lr on validation)")
+    parser.add_argument("--rounds", type=int, nargs="+", default=[20, 40, 60], help="this package's candidate rounds")
     parser.add_argument("--batch", type=int, default=256, help="Opacus's expected batch size")
-    parser.add_argument("--epochs", type=int, nargs="+", default=[2, 5, 15],
-                        help="Opacus's candidate epochs (chosen per epsilon on validation)")
-    parser.add_argument("--lrs", type=float, nargs="+", default=[0.5, 1.0, 2.0],
-                        help="Opacus's candidate learning rates (chosen per epsilon on validation)")
-    parser.add_argument("--package-lrs", type=float, nargs="+", default=[1.0, 2.0, 4.0],
-                        help="this package's candidate lr (chosen per epsilon on validation)")
+    parser.add_argument("--epochs", type=int, nargs="+", default=[2, 5, 15], help="Opacus's candidate epochs")
+    parser.add_argument("--lrs", type=float, nargs="+", default=[0.5, 1.0, 2.0], help="Opacus's candidate lr")
+    parser.add_argument("--package-lrs", type=float, nargs="+", default=[1.0, 2.0, 4.0], help="this package's lrs")
     parser.add_argument("--model", default="cnn-tanh", help="both sides' model (the run-config key 'model')")
-    parser.add_argument("--sampling-rate", type=float, default=0.1,
-                        help="also run this package with Poisson client sampling at this rate (1: not)")
-    parser.add_argument("--sampled-rounds", type=int, nargs="+", default=[150, 250],
-                        help="candidate rounds of the sampled runs (chosen per epsilon with the lr on validation)")
-    parser.add_argument("--sampled-lrs", type=float, nargs="+", default=[0.5, 1.0],
-                        help="candidate lr of the sampled runs (chosen per epsilon on validation)")
+    parser.add_argument("--sampled-qs", nargs="+", default=["0.1"], metavar="Q[@ROUNDS[@LRS[@ENDS]]]",
+                        help="the sampled column's rates, each with its own rounds, lrs, server-step ends after @")
+    parser.add_argument("--sampled-server-lr-ends", type=float, nargs="+", default=[1.0],
+                        help="the sampled runs' server step: 1 the plain aggregate, < 1 falling from 1 to this factor")
+    parser.add_argument("--sampled-rounds", type=int, nargs="+", default=[150, 250], help="sampled runs' rounds")
+    parser.add_argument("--sampled-lrs", type=float, nargs="+", default=[0.5, 1.0], help="sampled runs' lrs")
     parser.add_argument("--skip", nargs="*", default=[], choices=("package", "opacus", "sampled"),
                         help="columns not to run (e.g. to split one table over processes; merge with --from-log)")
     parser.add_argument("--sample-secrecy", choices=("public", "secret"), default="secret",
@@ -350,8 +344,7 @@ def main() -> None:
     parser.add_argument("--sampled-releases", nargs="+", default=["ema:0.8", "ema:0.9", "ema:0.95", "none"],
                         help="release averages the secret sampled runs replay from their iterates (chosen on validation)")
     parser.add_argument("--sampled-margin", type=float, default=0.01,
-                        help="the secret sampled runs plan sigma at epsilon x (1 - this): their Poisson counts may "
-                             "certify a little more than the plan")
+                        help="plan the secret sampled runs at epsilon x (1 - this): their counts may certify above it")
     parser.add_argument("--sampled-out", type=Path, default=ROOT / "outputs" / "frontier-sampled",
                         help="where the secret sampled runs are saved (one JSON each) and reused from")
     parser.add_argument("--silo-rounds", type=int, default=0, help="rounds of the cross-silo column (0: not run)")
@@ -359,13 +352,15 @@ def main() -> None:
     parser.add_argument("--silo-batch", type=int, default=26, help="each site's expected Poisson batch")
     parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "images" / "side-by-side.png")
     parser.add_argument("--from-log", type=Path, nargs="+", default=[],
-                        help="print the table and plot from the RESULT lines of earlier runs' logs; train nothing")
+                        help="the table and plot from the RESULT lines of earlier runs' logs; train nothing")
     args = parser.parse_args()
-    if args.from_log:
-        saved = read_results(args.from_log)
-        print(table(saved, args.rounds[0], args.sampled_rounds[0], args.sampling_rate))
-        plot(saved, args.plot, args.model)
-        return
+    results = read_results(args.from_log) if args.from_log else train(args)
+    print("\n" + table(results, args.rounds[0], args.sampled_rounds[0], float(args.sampled_qs[0].split("@")[0])))
+    plot(results, args.plot, args.model)
+
+
+def train(args: argparse.Namespace) -> list[dict]:
+    """Every (epsilon, column) of ``args``, its settings chosen on validation: the RESULT rows (printed as they come)."""
     import logging
     import warnings
 
@@ -376,47 +371,29 @@ def main() -> None:
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", message="Secure RNG turned off")  # as noise-mode 'standard' here
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
+    grid = sampled_grid(args.sampled_qs, args.sampled_rounds, args.sampled_lrs, args.sampled_server_lr_ends)
+    runs: dict[str, Callable[[float], list[dict]]] = {
+        "opacus": lambda e: opacus_runs(e, args.seeds, args.batch, args.epochs, args.lrs, args.model),
+        "package": lambda e: package_runs(e, args.seeds, args.rounds, args.package_lrs, args.model),
+        "sampled": lambda e: (package_runs(e, args.seeds, [], [], args.model, args.sample_secrecy, grid)
+                              if args.sample_secrecy != "secret" or args.model != "cnn-tanh" else sampled_runs(
+                                  e, args.seeds, grid, args.sampled_releases, args.sampled_out, args.sampled_margin)),
+        "silo": lambda e: chosen_on_validation(lambda seed, **s: silo_point(e, args.silo_rounds, seed, model=args.model,
+                                                                            batch=args.silo_batch, **s),
+                                               [{"lr": lr} for lr in args.silo_lrs], args.seeds)}
+    skipped = set(args.skip) | ({"silo"} if args.silo_rounds <= 0 else set())
     results: list[dict] = []
     for epsilon in args.epsilons:
-        theirs = ours = sampled = silo = []
-        if "opacus" not in args.skip:
+        for method in (m for m in ("opacus", "package", "sampled", "silo") if m not in skipped):
             start = time.perf_counter()
-            theirs = opacus_runs(epsilon, args.seeds, args.batch, args.epochs, args.lrs, args.model)
-            print(f"eps {epsilon:g} opacus (lr {theirs[0]['lr']:g}, {theirs[0]['epochs']} epochs, chosen on validation): "
-                  f"test accuracy {[round(p['accuracy'], 3) for p in theirs]}, add/remove eps "
-                  f"{theirs[0]['epsilon_add_remove']:.4g}, noise multiplier {theirs[0]['noise']:.4g} "
-                  f"({time.perf_counter() - start:.0f} s)", flush=True)
-        if "package" not in args.skip:
-            start = time.perf_counter()
-            ours = package_runs(epsilon, args.seeds, args.rounds, args.package_lrs, args.model)
-            print(f"eps {epsilon:g} fl-dp-flower ({_rounds(ours[0], 0)}, chosen on validation): test accuracy "
-                  f"{[round(p['accuracy'], 3) for p in ours]}, add/remove eps {ours[0]['epsilon_add_remove']:.4g}, "
-                  f"sigma {ours[0]['noise']:.4g} ({time.perf_counter() - start:.0f} s)", flush=True)
-        if args.sampling_rate < 1 and "sampled" not in args.skip:
-            start = time.perf_counter()
-            sampled = (sampled_runs(epsilon, args.seeds, args.sampled_rounds, args.sampled_lrs, args.sampling_rate,
-                                    args.sampled_releases, args.sampled_out, args.sampled_margin)
-                       if args.sample_secrecy == "secret" and args.model == "cnn-tanh" else
-                       package_runs(epsilon, args.seeds, args.sampled_rounds, args.sampled_lrs, args.model,
-                                    args.sampling_rate, args.sample_secrecy))
-            print(f"eps {epsilon:g} fl-dp-flower sampled q {args.sampling_rate:g} ({_rounds(sampled[0], 0)}, chosen on "
-                  f"validation): test accuracy {[round(p['accuracy'], 3) for p in sampled]}, certified eps "
-                  f"{[round(p['epsilon'], 4) for p in sampled]}, add/remove eps {_add_remove(sampled)}, "
-                  f"sigma {sampled[0]['noise']:.4g} "
-                  f"({time.perf_counter() - start:.0f} s)", flush=True)
-        if args.silo_rounds > 0:
-            start = time.perf_counter()
-            silo = silo_runs(epsilon, args.seeds, args.silo_rounds, args.silo_lrs, args.model, args.silo_batch)
-            print(f"eps {epsilon:g} fl-dp-flower cross-silo (lr {silo[0]['lr']:g}): test accuracy "
-                  f"{[round(p['accuracy'], 3) for p in silo]}, add/remove eps {silo[0]['epsilon_add_remove']:.4g}, "
-                  f"sigma {silo[0]['noise']:.4g} ({time.perf_counter() - start:.0f} s)", flush=True)
-        for method, points in (("package", ours), ("sampled", sampled), ("opacus", theirs), ("silo", silo)):
-            if points:
-                results.append(result(epsilon, method, points))
-                print(RESULT + json.dumps(results[-1]), flush=True)
-    print("\n" + table(results, args.rounds[0], args.sampled_rounds[0], args.sampling_rate))
-    plot(results, args.plot, args.model)
-    print(f"\nmean ± standard deviation over {args.seeds} seeds; test accuracy on the 1,000 held-out images")
+            points = runs[method](epsilon)
+            over = [round(p["epsilon"], 4) for p in points if p["epsilon"] > epsilon * (1 + 1e-6)]
+            print(f"eps {epsilon:g} {METHODS[method]}: {cell(method, points)}, chosen on validation; test accuracy "
+                  f"{[round(p['accuracy'], 3) for p in points]}{f', ABOVE THE TARGET: {over}' if over else ''}, noise "
+                  f"{points[0]['noise']:.4g} ({time.perf_counter() - start:.0f} s)", flush=True)
+            results.append(result(epsilon, method, points))
+            print(RESULT + json.dumps(results[-1]), flush=True)
+    return results
 
 
 if __name__ == "__main__":

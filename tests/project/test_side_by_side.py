@@ -118,10 +118,14 @@ def test_package_rounds_and_lr_are_chosen_on_validation_never_on_test(script, mo
     assert [(r["lr"], r["rounds"]) for r in runs] == [(2.0, 20)] * 3
     assert calls == [(1, 1.0, 20, 1.0, "public"), (1, 2.0, 20, 1.0, "public"), (1, 1.0, 40, 1.0, "public"),
                      (1, 2.0, 40, 1.0, "public"), (2, 2.0, 20, 1.0, "public"), (3, 2.0, 20, 1.0, "public")]
-    calls.clear()  # the sampled column: the same search, at its rate and secrecy
-    sampled = script.package_runs(1.0, 2, [40], [1.0, 2.0], "cnn-tanh", 0.1, "secret")
+    calls.clear()  # the sampled column (another model): the same search over its grid, at its rates and secrecy
+    grid = script.sampled_grid(["0.1", "0.25@40@2"], [40], [1.0, 2.0], [1.0])
+    sampled = script.package_runs(1.0, 2, [], [], "cnn-tanh", "secret", grid)
     assert [(r["lr"], r["rounds"]) for r in sampled] == [(1.0, 40)] * 2
-    assert calls == [(1, 1.0, 40, 0.1, "secret"), (1, 2.0, 40, 0.1, "secret"), (2, 1.0, 40, 0.1, "secret")]
+    assert calls == [(1, 1.0, 40, 0.1, "secret"), (1, 2.0, 40, 0.1, "secret"), (1, 2.0, 40, 0.25, "secret"),
+                     (2, 1.0, 40, 0.1, "secret")]
+    with pytest.raises(SystemExit, match="server-lr-ends"):  # only the secret cnn-tanh column searches the step
+        script.package_runs(1.0, 2, [], [], "cnn-tanh", "public", script.sampled_grid(["0.1"], [40], [1.0], [0.5]))
 
 
 def test_table_and_plot_from_the_result_lines_of_split_logs(script, tmp_path):
@@ -140,7 +144,9 @@ def test_table_and_plot_from_the_result_lines_of_split_logs(script, tmp_path):
     rows = script.table(results, 60, 120, 0.25).splitlines()
     assert rows[2] == "| 1 | 0.700 ± 0.100 (lr 2, 20 rounds; 0.5) | not run | 0.500 ± 0.000 (lr 2, 5; 0.5) | not run |"
     # a log without the rounds (before the rounds search) shows the run's one --rounds / --sampled-rounds
-    assert rows[3] == "| 4 | not run | 0.850 ± 0.071 (lr 2, 120 rounds; 2) | not run | 0.870 ± 0.014 (lr 2; 2) |"
+    # and the sampled column's one rate (the table's q) with the plain server step; its certified epsilon by seed
+    assert rows[3] == ("| 4 | not run | 0.850 ± 0.071 (q 0.25, plain step, lr 2, 120 rounds; 4.0000 / 4.0000) | not run | "
+                       "0.870 ± 0.014 (lr 2; 2) |")
     script.plot(results, tmp_path / "p.png", "cnn-tanh")
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -162,7 +168,8 @@ def test_sampled_column_runs_once_per_setting_and_chooses_the_release_on_validat
                 "finals": {r: {"val": val[lr, r] - seed / 100, "test": test[lr, r] - seed / 100} for r in releases}}
 
     monkeypatch.setattr(cross_device_sweep, "search_run", fake_search_run)
-    runs = script.sampled_runs(2.0, 3, [250], [0.5, 1.0], 0.1, ["ema:0.8", "none"], tmp_path)
+    runs = script.sampled_runs(2.0, 3, script.sampled_grid(["0.1"], [250], [0.5, 1.0], [1.0]), ["ema:0.8", "none"],
+                               tmp_path)
     assert [(r["lr"], r["rounds"], r["release"]) for r in runs] == [(0.5, 250, "none")] * 3
     assert [r["accuracy"] for r in runs] == pytest.approx([0.89, 0.88, 0.87])
     # lr 1.0 names the run as the sweep's --set lr=1 (with the same server step); q 0.1 is the preset's own rate
@@ -173,7 +180,41 @@ def test_sampled_column_runs_once_per_setting_and_chooses_the_release_on_validat
                      (2, {"lr": 0.5, "num-server-rounds": 250, **step}, 0.1, 2.0),
                      (3, {"lr": 0.5, "num-server-rounds": 250, **step}, 0.1, 2.0)]
     row = script.table([script.result(2.0, "sampled", runs)], 60, 250, 0.1).splitlines()[2]
-    assert row == "| 2 | not run | 0.880 ± 0.010 (lr 0.5, 250 rounds, none; 1.99) | not run | not run |"
+    assert row == ("| 2 | not run | 0.880 ± 0.010 (q 0.1, plain step, lr 0.5, 250 rounds, none; 1.9900 / 1.9900 / 1.9900) "
+                   "| not run | not run |")
     calls.clear()  # a margin plans sigma a little below the target (the Poisson counts may certify above the plan)
-    script.sampled_runs(2.0, 1, [250], [0.5], 0.1, ["none"], tmp_path, margin=0.01)
+    script.sampled_runs(2.0, 1, script.sampled_grid(["0.1"], [250], [0.5], [1.0]), ["none"], tmp_path, margin=0.01)
     assert calls == [(1, {"lr": 0.5, "num-server-rounds": 250, **step}, 0.1, pytest.approx(1.98))]
+
+
+def test_sampled_column_searches_the_rate_and_the_server_step_on_validation(script, monkeypatch, tmp_path):
+    """q and the server step are search axes as (rounds, lr, release): each rate with its own rounds and lrs, every
+    server step named by all its run-config keys (a decaying step: the cross-device preset's, momentum 0), the
+    winner chosen on seed 1's validation accuracy and named in its table cell."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import cross_device_sweep
+
+    calls = []
+    val = {(0.1, 1.0): 0.70, (0.25, 1.0): 0.72, (0.25, 0.25): 0.75, (0.5, 1.0): 0.74, (0.5, 0.25): 0.73}
+
+    def fake_search_run(out, overrides, seed, validation, epsilon, releases):
+        calls.append((seed, overrides))
+        key = (overrides.get("sampling-rate", 0.1), overrides["server-lr-end"])
+        return {"sigma": 0.1, "epsilon": epsilon, "seconds": 1.0, "epsilon_add_remove": epsilon,
+                "finals": {r: {"val": val[key], "test": 1 - val[key]} for r in releases}}
+
+    monkeypatch.setattr(cross_device_sweep, "search_run", fake_search_run)
+    grid = script.sampled_grid(["0.1@250@0.75@1", "0.25@250", "0.5@150@1.5"], [100], [1.0], [1.0, 0.25])
+    assert [(s["q"], s["rounds"], s["lr"], s["server_lr_end"]) for s in grid] == [
+        (0.1, 250, 0.75, 1.0), (0.25, 250, 1.0, 1.0), (0.25, 250, 1.0, 0.25), (0.5, 150, 1.5, 1.0), (0.5, 150, 1.5, 0.25)]
+    runs = script.sampled_runs(4.0, 2, grid, ["ema:0.8"], tmp_path, margin=0.01)
+    assert [(r["q"], r["server_lr_end"], r["rounds"], r["lr"]) for r in runs] == [(0.25, 0.25, 250, 1.0)] * 2
+    decaying = {"server-optimizer": "momentum", "server-momentum": 0.0, "server-lr": 1.0, "server-lr-end": 0.25}
+    assert calls[0] == (1, {"lr": 0.75, "num-server-rounds": 250, **script.SAMPLED_SERVER_STEP})  # the preset's q
+    assert calls[2] == (1, {"lr": 1, "num-server-rounds": 250, "sampling-rate": 0.25, **decaying})
+    assert calls[-1] == (2, calls[2][1]) and len(calls) == 6
+    row = script.table([script.result(4.0, "sampled", runs)], 60, 250, 0.1).splitlines()[2]
+    assert "(q 0.25, step 1 → 0.25, lr 1, 250 rounds, ema:0.8; 3.9600 / 3.9600)" in row
+    for bad in (["1"], ["0.5@100@1@0"], ["0.5@100@1@1.5"], ["0.5@1@1@1@1"]):
+        with pytest.raises(SystemExit, match="sampled-qs"):
+            script.sampled_grid(bad, [100], [1.0], [1.0])
