@@ -76,7 +76,8 @@ def final_releases(rc: dict[str, Any], iterates: list[Any], releases: list[str])
     finals = {}
     for spec in releases:
         # the replay applies no optimizer step (the iterates are captured after it): plain, constant step size
-        rcfg = tiny_config(Path("unused"), **{**rc, **_release_settings(spec), "server-lr-end": 1.0})
+        rcfg = tiny_config(Path("unused"), **{**rc, **_release_settings(spec), "server-lr-end": 1.0,
+                                                      "server-weight-decay": 0.0})
         update = ServerUpdate(rcfg.federation_settings(), rcfg.threat_model)
         released = None
         for round_, iterate in iterates:

@@ -78,8 +78,8 @@ class ServerUpdateConfig(BaseModel):
                              "'adam' (with 'none' the next model is the aggregate: no step size to decay)")
         if self.server_weight_decay > 0.0 and self.server_optimizer == "none":
             raise ValueError(f"'server-weight-decay' = {self.server_weight_decay!r} needs 'server-optimizer' 'momentum' "
-                             "or 'adam' (with 'none' the next model is the aggregate: no server step to decay; "
-                             "'momentum' with 'server-momentum' 0 and 'server-lr' 1 is the plain aggregate's step)")
+                             "or 'adam' (with 'none' the next model is the aggregate: no server step to decay, while 'momentum' "
+                             "with 'server-momentum' 0 and 'server-lr' 1 steps to the aggregate)")
         if self.server_weight_decay * self.server_lr >= 1.0:
             raise ValueError(f"'server-weight-decay' = {self.server_weight_decay!r}: 'server-lr' x 'server-weight-decay' "
                              f"must be < 1 (got {self.server_lr!r} x {self.server_weight_decay!r})")
