@@ -162,7 +162,9 @@ class FederationSettings:
     pseudo-gradient w_t - aggregate, as Flower's FedAvgM) or "adam" (as Flower's FedAdam);
     server_lr: its step size (> 0); server_lr_end: the factor (in (0, 1]) of server_lr at the last
     planned round, linear from 1 at round 1 (1: constant); server_momentum: momentum beta, Adam's beta_1 (in [0, 1));
-    server_adam_beta2, server_adam_eps: Adam's beta_2 (in [0, 1)) and tau (> 0).
+    server_adam_beta2, server_adam_eps: Adam's beta_2 (in [0, 1)) and tau (> 0);
+    server_weight_decay: decoupled weight decay lambda of the server step (AdamW-style,
+    w_{t+1} = w_t - lr_t step_t - lr_t lambda w_t; >= 0 with server_lr * lambda < 1; > 0 needs a server optimizer).
     release_average: the released model (evaluation, final model) is the server's iterate ("none"),
     its bias-corrected exponential moving average with decay release_ema_decay (in (0, 1)), or
     ("tail") the running mean of the iterates of the last ceil(release_tail_fraction * num_server_rounds)
@@ -187,6 +189,7 @@ class FederationSettings:
     server_momentum: float = 0.9
     server_adam_beta2: float = 0.99
     server_adam_eps: float = 1e-3
+    server_weight_decay: float = 0.0
     release_average: ReleaseAverage = "none"
     release_ema_decay: float = 0.9
     release_tail_fraction: float = 0.5
@@ -223,6 +226,12 @@ class FederationSettings:
             if not nonnegative(name, getattr(self, name)) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)!r}")
         positive("server_adam_eps", self.server_adam_eps)
+        if not nonnegative("server_weight_decay", self.server_weight_decay) * self.server_lr < 1.0:
+            raise ValueError(f"server_weight_decay x server_lr must be < 1 (the decay factor 1 - lr lambda stays "
+                             f"positive), got {self.server_weight_decay!r} x {self.server_lr!r}")
+        if self.server_weight_decay > 0.0 and self.server_optimizer == "none":
+            raise ValueError(f"server_weight_decay = {self.server_weight_decay!r} needs server_optimizer 'momentum' "
+                             "or 'adam' (with 'none' the next model is the aggregate: no server step to decay)")
         choice("release_average", self.release_average, RELEASE_AVERAGES)
         if not positive("release_ema_decay", self.release_ema_decay) < 1.0:
             raise ValueError(f"release_ema_decay must be in (0, 1), got {self.release_ema_decay!r}")

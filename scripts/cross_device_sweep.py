@@ -35,13 +35,22 @@ from main_sweep import IMAGES, _release_settings, _value, calibrated_sigma, capt
 PRESET = "cross-device"
 
 
-def search_config(overrides: dict[str, Any], seed: int, validation: float, epsilon: float) -> dict[str, Any]:
-    """The preset at N = the training images left by the validation split, sigma calibrated to ``epsilon``."""
+def preset_with(overrides: dict[str, Any]) -> dict[str, Any]:
+    """The preset under ``overrides``; overrides that turn the server optimizer off (the plain aggregate, as the
+    frontier's sampled column does) also drop the preset's server weight decay, which needs an optimizer."""
     from fl_dp_flower.app.presets import PRESETS
 
+    rc = {**PRESETS[PRESET], **overrides}
+    if rc.get("server-optimizer") == "none" and "server-weight-decay" not in overrides:
+        rc.pop("server-weight-decay", None)
+    return rc
+
+
+def search_config(overrides: dict[str, Any], seed: int, validation: float, epsilon: float) -> dict[str, Any]:
+    """The preset at N = the training images left by the validation split, sigma calibrated to ``epsilon``."""
     n = IMAGES - int(round(IMAGES * validation))
-    rc = {**PRESETS[PRESET], "clients-per-round": n, "clients-per-node": n // 10, "validation-fraction": validation,
-          "seed": seed, **overrides}
+    rc = preset_with({"clients-per-round": n, "clients-per-node": n // 10, "validation-fraction": validation,
+                      "seed": seed, **overrides})
     if "sigma" not in overrides:
         rc["sigma"] = calibrated_sigma({k: v for k, v in rc.items() if k != "seed"}, epsilon)
     return rc
@@ -76,7 +85,8 @@ def final_releases(rc: dict[str, Any], iterates: list[Any], releases: list[str])
     finals = {}
     for spec in releases:
         # the replay applies no optimizer step (the iterates are captured after it): plain, constant step size
-        rcfg = tiny_config(Path("unused"), **{**rc, **_release_settings(spec), "server-lr-end": 1.0})
+        rcfg = tiny_config(Path("unused"), **{**rc, **_release_settings(spec), "server-lr-end": 1.0,
+                                                      "server-weight-decay": 0.0})
         update = ServerUpdate(rcfg.federation_settings(), rcfg.threat_model)
         released = None
         for round_, iterate in iterates:
@@ -117,15 +127,13 @@ def search(args: argparse.Namespace, overrides: dict[str, Any]) -> None:
 
 
 def final(args: argparse.Namespace, overrides: dict[str, Any]) -> None:
-    from fl_dp_flower.app.presets import PRESETS
-
     accs = []
     for seed in args.seeds:
         path = args.out / f"final_seed{seed}.json"
         if path.exists():
             found = json.loads(path.read_text())
         else:
-            rc = {**PRESETS[PRESET], "seed": seed, **overrides}
+            rc = preset_with({"seed": seed, **overrides})
             summary, iterates, seconds = run(rc, capture=True)
             found = {"seed": seed, "accuracy": summary["final_accuracy"], "seconds": seconds,
                      "releases": {s: v["test"] for s, v in final_releases(rc, iterates, args.releases).items()},

@@ -49,6 +49,10 @@ class ServerUpdateConfig(BaseModel):
     """Adam's beta_2 (server-optimizer "adam")."""
     server_adam_eps: float = Field(1e-3, gt=0)
     """Adam's tau, added to sqrt(v) (server-optimizer "adam"; Flower's FedAdam default)."""
+    server_weight_decay: float = Field(0.0, ge=0)
+    """Decoupled (AdamW-style) weight decay lambda of the server step: w_{t+1} = w_t - lr_t step_t - lr_t lambda
+    w_t, lr_t the round's server step size (with 'server-lr-end'); needs 'server-optimizer' "momentum" or "adam" and
+    'server-lr' x lambda < 1 (0: off)."""
     release_average: ReleaseAverage = Field("none", description=(
         "The released model (central evaluation, final_model.pt) (" + _FREE + "). \"none\": the server's "
         "iterate. \"ema\": the bias-corrected exponential moving average of the iterates, decay "
@@ -72,6 +76,13 @@ class ServerUpdateConfig(BaseModel):
         if self.server_lr_end < 1.0 and self.server_optimizer == "none":
             raise ValueError(f"'server-lr-end' = {self.server_lr_end!r} needs 'server-optimizer' 'momentum' or "
                              "'adam' (with 'none' the next model is the aggregate: no step size to decay)")
+        if self.server_weight_decay > 0.0 and self.server_optimizer == "none":
+            raise ValueError(f"'server-weight-decay' = {self.server_weight_decay!r} needs 'server-optimizer' 'momentum' "
+                             "or 'adam' (with 'none' the next model is the aggregate: no server step to decay, while 'momentum' "
+                             "with 'server-momentum' 0 and 'server-lr' 1 steps to the aggregate)")
+        if self.server_weight_decay * self.server_lr >= 1.0:
+            raise ValueError(f"'server-weight-decay' = {self.server_weight_decay!r}: 'server-lr' x 'server-weight-decay' "
+                             f"must be < 1 (got {self.server_lr!r} x {self.server_weight_decay!r})")
         return self
 
     def server_update_settings(self) -> dict[str, Any]:

@@ -38,8 +38,8 @@ RUN_ONLY = frozenset({
     "output_dir", "run_name", "resume", "resume_unfinished_round", "seed", "data_dir", "round_timeout",
     "metrics_port", "metrics_host", "metrics_certfile", "metrics_keyfile", "metrics_auth_file", "metrics_linger",
     # the server's post-processing of the aggregate and the validation split: no bound depends on them
-    "server_optimizer", "server_lr", "server_lr_end", "server_momentum", "server_adam_beta2", "server_adam_eps", "release_average",
-    "release_ema_decay", "release_tail_fraction", "validation_fraction",
+    "server_optimizer", "server_lr", "server_lr_end", "server_momentum", "server_adam_beta2", "server_adam_eps",
+    "server_weight_decay", "release_average", "release_ema_decay", "release_tail_fraction", "validation_fraction",
 })
 #: extra option strings of a key's flag (the planning CLI's former names).
 ALIASES: dict[str, tuple[str, ...]] = {"num_server_rounds": ("--rounds",), "clients_per_round": ("--clients",)}

@@ -26,8 +26,9 @@ from typing import Any
 #: each round's count, docs/MATH.md §22) certifies epsilon <= 4 at delta 1e-5 (all-rounds, replace-one),
 #: assuming an honest server-side sampler and a sample the adversary never learns. The server's step on
 #: the noisy aggregate falls linearly from 1 to 0.25 over the rounds (server-optimizer "momentum" with
-#: momentum 0 and server-lr-end 0.25: post-processing, the privacy report is unchanged). Released: the
-#: EMA of the iterates with decay 0.9. q, rounds, lr, the step's decay and the release were chosen on a
+#: momentum 0 and server-lr-end 0.25), with a decoupled server weight decay of 0.003 (w_{t+1} = w_t - lr_t
+#: (w_t - a_t) - lr_t 0.003 w_t): post-processing, the privacy report and sigma are unchanged. Released: the
+#: iterate itself. q, rounds, lr, the step's decay, the weight decay and the release were chosen on a
 #: validation split (docs/results.md).
 #: ``quick``: the pyproject defaults with 10 clients per round (10 simulated SuperNodes) for 10
 #: rounds (about 40 s; epsilon in the thousands). The pyproject's own 2 clients per round fit
@@ -44,6 +45,6 @@ PRESETS: dict[str, dict[str, Any]] = {
                      "local-steps": 1, "batch-size": 1, "lr": 1.0, "clip-norm": 1.0, "sigma": 0.2085,
                      "num-server-rounds": 250, "model": "cnn-tanh", "client-sampling": "poisson", "sampling-rate": 0.1,
                      "sample-secrecy": "secret", "server-optimizer": "momentum", "server-momentum": 0.0,
-                     "server-lr": 1.0, "server-lr-end": 0.25, "release-average": "ema", "release-ema-decay": 0.9},
+                     "server-lr": 1.0, "server-lr-end": 0.25, "server-weight-decay": 0.003, "release-average": "none"},
     "quick": {"clients-per-round": 10},
 }

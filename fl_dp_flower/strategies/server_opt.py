@@ -13,6 +13,10 @@ in ``flwr.serverapp.strategy``):
   (both from 0), ``w_{t+1} = w_t + lr sqrt(1 - beta2^s) / (1 - beta1^s) m_t / (sqrt(v_t) + tau)`` with
   s the number of optimizer steps so far (Kingma & Ba's bias correction; Flower uses the server
   round + 1 in place of s).
+- ``server-weight-decay`` lambda (either optimizer): decoupled weight decay (Loshchilov & Hutter's AdamW),
+  ``w_{t+1} = w_t - lr step_t - lr lambda w_t`` with ``lr`` the round's step size above and ``step_t`` the
+  optimizer's step (``lr step_t`` is ``lr v_t`` for momentum): a pull of the iterate towards 0 that
+  counters the random walk the per-round noise drives in flat directions of the loss.
 
 With ``release-average`` the *released* model (central evaluation, the checkpoint's ``released``
 copy, ``final_model.pt``, the strategy's ``Result``) is an average of the iterates, while the
@@ -23,7 +27,7 @@ clients always train from the iterate itself:
 - ``tail``: the running mean of the iterates after the applied rounds of the last
   ``ceil(release-tail-fraction * num-server-rounds)`` planned rounds (before they begin: the iterate).
 
-Privacy: every output is a function of the noisy aggregates the accountant already charged and
+Privacy: every output (weight decay included) is a function of the noisy aggregates the accountant already charged and
 of the (public) initial model, so under the all-rounds threat model (every released model is
 public) and the curious-server one (every upload is seen) it is post-processing: the privacy
 report is the same with or without it (tests/strategies/test_server_opt.py checks it on the
@@ -121,6 +125,8 @@ class ServerUpdate:
             self._v = [b2 * v + (1 - b2) * gi * gi for v, gi in zip(v0, g)]
             eta = lr * math.sqrt(1 - b2 ** self.steps) / (1 - b1 ** self.steps)
             new = [np.asarray(x, np.float64) + eta * m / (np.sqrt(v) + tau) for x, m, v in zip(w, self._m, self._v)]
+        if fed.server_weight_decay > 0.0:  # decoupled: lr lambda w_t, from the iterate before the step
+            new = [n - lr * fed.server_weight_decay * np.asarray(x, np.float64) for n, x in zip(new, w)]
         return [n if f else y for n, y, f in zip(new, a, floats)]
 
     # ------------------------------------------------------------------ released model

@@ -101,6 +101,7 @@ BAD = [
     ("server-momentum", 1.0, "a finite number >= 0 and < 1"),
     ("server-adam-beta2", -0.5, "a finite number >= 0 and < 1"),
     ("server-adam-eps", 0.0, "a finite number > 0"),
+    ("server-weight-decay", -0.5, "a finite number >= 0"),
     ("release-average", "swa", "one of 'none', 'ema', 'tail'"),
     ("release-ema-decay", 1.0, "a finite number > 0 and < 1"),
     ("release-tail-fraction", 0.0, "a finite number > 0 and <= 1"),

@@ -50,13 +50,33 @@ def test_the_cross_device_preset_plans_epsilon_at_most_4_by_the_secret_sample_bo
 
 
 def test_the_cross_device_presets_decaying_server_step_is_post_processing_the_plan_ignores():
-    """The preset's server step falls linearly from 1 to 0.25 (server-optimizer "momentum" with momentum 0):
-    the same accountant config, hence the same certified plan, as the plain aggregate."""
+    """The preset's server step falls linearly from 1 to 0.25 (server-optimizer "momentum" with momentum 0) and
+    decays the weights by 0.003 a unit step: the same accountant config, hence the same certified plan, as the
+    plain aggregate."""
     preset = _config("cross-device")
     federation = preset.federation_settings()
     update = ServerUpdate(federation, preset.threat_model)
-    assert (federation.server_optimizer, federation.server_momentum) == ("momentum", 0.0)
+    assert (federation.server_optimizer, federation.server_momentum, federation.server_weight_decay) == (
+        "momentum", 0.0, 0.003)
+    assert federation.release_average == "none"  # the iterate, chosen on validation (docs/results.md)
     assert [update.lr(t) for t in (1, 250)] == [1.0, 0.25]
     plain = {k: v for k, v in PRESETS["cross-device"].items() if not k.startswith("server-")}
     assert _config("cross-device").accountant_config() == AppConfig.from_run_config(
         {**pyproject_defaults(), **plain}).accountant_config()
+
+
+def test_the_sweeps_plain_aggregate_override_drops_the_presets_server_weight_decay(monkeypatch):
+    """scripts/cross_device_sweep.py lays overrides over the preset: the frontier's sampled column turns the server
+    optimizer off (side_by_side.SAMPLED_SERVER_STEP), and the preset's weight decay, which needs one, goes with it;
+    any other override keeps it."""
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "scripts"))
+    from cross_device_sweep import preset_with
+
+    plain = preset_with({"server-optimizer": "none", "server-lr-end": 1.0, "lr": 0.5})
+    assert "server-weight-decay" not in plain and plain["lr"] == 0.5
+    AppConfig.from_run_config({**pyproject_defaults(), **plain})  # a valid config
+    kept = preset_with({"lr": 0.5})
+    assert kept.get("server-weight-decay") == PRESETS["cross-device"].get("server-weight-decay")
+    assert preset_with({"server-optimizer": "none", "server-weight-decay": 0.0})["server-weight-decay"] == 0.0

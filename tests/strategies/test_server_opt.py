@@ -26,6 +26,11 @@ def _two(a: float, b: float) -> ArrayRecord:
     return ArrayRecord({"a": torch.tensor([a], dtype=torch.float64), "b": torch.tensor([b], dtype=torch.float64)})
 
 
+def _vec(x: np.ndarray) -> ArrayRecord:
+    """A one-array float64 model."""
+    return ArrayRecord({"w": torch.from_numpy(np.array(x, dtype=np.float64))})
+
+
 def _values(arrays: ArrayRecord) -> list[float]:
     return [float(x[0]) for x in arrays.to_numpy_ndarrays()]
 
@@ -55,6 +60,7 @@ def _final(out) -> dict[str, torch.Tensor]:
     ({}, {"server-optimizer": "adam", "server-lr": 0.01, "release-average": "tail"}),
     ({"threat-model": "curious-server"}, {"server-optimizer": "momentum", "release-average": "ema"}),
     ({"client-sampling": "poisson", "sampling-rate": 0.7}, {"server-optimizer": "momentum", "release-average": "tail"}),
+    ({}, {"server-optimizer": "momentum", "server-momentum": 0.0, "server-weight-decay": 0.05}),
 ])
 def test_privacy_report_identical_with_and_without_post_processing(tmp_path, base, extra):
     base = {"num-server-rounds": 3, **base}
@@ -173,6 +179,50 @@ def test_adam_equals_a_hand_computation():
     assert _values(w2) == pytest.approx([1.0 - step - step2, 2.0 + step + step2], abs=1e-12)
 
 
+def _reference(optimizer: str, lam: float, rounds: int, seed: int = 3) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Iterates of a decaying-step server optimizer with decoupled weight decay on random aggregates (numpy, float64,
+    written from the formulas: w_{t+1} = w_t - lr_t step_t - lr_t lam w_t), and the aggregates themselves."""
+    rng = np.random.default_rng(seed)
+    w = rng.normal(size=5)
+    m, v, ws, aggs = np.zeros(5), np.zeros(5), [w], []
+    for t in range(1, rounds + 1):
+        lr = 0.8 * (1 - 0.5 * (t - 1) / (rounds - 1))  # server-lr 0.8, server-lr-end 0.5
+        a = w + rng.normal(scale=0.3, size=5)
+        g = w - a
+        if optimizer == "momentum":
+            m = g if t == 1 else 0.6 * m + g
+            step = m
+        else:
+            m, v = 0.6 * m - 0.4 * g, 0.9 * v + 0.1 * g * g
+            step = -(math.sqrt(1 - 0.9 ** t) / (1 - 0.6 ** t)) * m / (np.sqrt(v) + 1e-3)
+        w = w - lr * step - lr * lam * w
+        ws.append(w)
+        aggs.append(a)
+    return ws, aggs
+
+
+@pytest.mark.parametrize("optimizer", ["momentum", "adam"])
+def test_server_weight_decay_equals_a_numpy_reference(optimizer):
+    rounds, lam = 4, 0.2
+    upd = ServerUpdate(FederationSettings(num_server_rounds=rounds, server_optimizer=optimizer, server_lr=0.8,
+                                          server_lr_end=0.5, server_momentum=0.6, server_adam_beta2=0.9,
+                                          server_weight_decay=lam), "all-rounds")
+    plain = ServerUpdate(FederationSettings(num_server_rounds=rounds, server_optimizer=optimizer, server_lr=0.8,
+                                            server_lr_end=0.5, server_momentum=0.6, server_adam_beta2=0.9),
+                         "all-rounds")
+    ws, aggs = _reference(optimizer, lam, rounds)
+    assert not np.allclose(ws[1:], _reference(optimizer, 0.0, rounds)[0][1:])  # the decay matters here
+    current = _vec(ws[0])
+    for t, a in enumerate(aggs, 1):
+        current = upd.apply(upd.broadcast(current), _vec(a), t)
+        np.testing.assert_allclose(current.to_numpy_ndarrays()[0], ws[t], rtol=0, atol=1e-12)
+    # one round from the same point: with the decay the step is the plain step less lr_1 lam w_1
+    w0, a1 = _vec(ws[0]), _vec(aggs[0])
+    without = plain.apply(w0, a1, 1).to_numpy_ndarrays()[0]
+    np.testing.assert_allclose(ServerUpdate(upd.federation, "all-rounds").apply(w0, a1, 1).to_numpy_ndarrays()[0],
+                               without - 0.8 * lam * ws[0], rtol=0, atol=1e-12)
+
+
 def test_ema_equals_a_hand_computation():
     upd = ServerUpdate(FederationSettings(release_average="ema", release_ema_decay=0.5), "all-rounds")
     w = [_two(1.0, 0.0), _two(3.0, 4.0), _two(-1.0, 8.0)]
@@ -207,6 +257,19 @@ def test_final_model_refuses_post_processing_in_the_run_config(tmp_path):
             tiny_config(tmp_path, **{key: value, "threat-model": "final-model", "assume-smooth-losses": True})
 
 
+def test_server_weight_decay_bounds_and_final_model_refusal(tmp_path):
+    with pytest.raises(ValueError, match=r"server_weight_decay x server_lr must be < 1"):
+        FederationSettings(server_optimizer="adam", server_lr=2.0, server_weight_decay=0.5)
+    with pytest.raises(ConfigError, match=r"'server-lr' x 'server-weight-decay' must be < 1"):
+        tiny_config(tmp_path, **{"server-optimizer": "momentum", "server-weight-decay": 1.0})
+    with pytest.raises(ConfigError, match="'server-optimizer' = 'momentum': must be 'none' under 'threat-model'"):
+        tiny_config(tmp_path, **{"server-optimizer": "momentum", "server-weight-decay": 0.01,
+                                 "threat-model": "final-model", "assume-smooth-losses": True})
+    with pytest.raises(ConfigError, match="'server-weight-decay' = 0.01 needs 'server-optimizer'"):
+        tiny_config(tmp_path, **{"server-weight-decay": 0.01, "threat-model": "final-model",
+                                 "assume-smooth-losses": True})
+
+
 def test_final_model_refuses_post_processing_in_library_use():
     settings = DPSettings(sigma=0.5, clip_norm=1.0, local_steps=1)
     acct = PrivacyAccountant(settings.accountant_config(clients=3, threat_model="final-model",
@@ -225,6 +288,8 @@ def test_final_model_refuses_post_processing_in_library_use():
     ("server_lr_end", 0.5, "server_lr_end = 0.5 needs server_optimizer 'momentum' or 'adam'"),
     ("server_adam_beta2", -0.1, "server_adam_beta2 must be a finite number >= 0"),
     ("server_adam_eps", 0.0, "server_adam_eps must be a finite number > 0"),
+    ("server_weight_decay", -0.1, "server_weight_decay must be a finite number >= 0"),
+    ("server_weight_decay", 0.01, "server_weight_decay = 0.01 needs server_optimizer 'momentum' or 'adam'"),
     ("release_average", "swa", r"release_average must be one of \('none', 'ema', 'tail'\)"),
     ("release_ema_decay", 1.0, r"release_ema_decay must be in \(0, 1\)"),
     ("release_tail_fraction", 1.5, r"release_tail_fraction must be in \(0, 1\]"),
@@ -241,6 +306,8 @@ def test_bad_settings_name_the_field_and_range(field, value, message):
     ("server-lr", -1.0, "'server-lr' = -1.0: must be a finite number > 0"),
     ("server-lr-end", 1.5, "'server-lr-end' = 1.5: must be a finite number > 0 and <= 1"),
     ("server-lr-end", 0.5, "'server-lr-end' = 0.5 needs 'server-optimizer' 'momentum' or 'adam'"),
+    ("server-weight-decay", -0.1, "'server-weight-decay' = -0.1: must be a finite number >= 0"),
+    ("server-weight-decay", 0.01, "'server-weight-decay' = 0.01 needs 'server-optimizer' 'momentum' or 'adam'"),
 ])
 def test_bad_run_config_values_name_the_key_and_range(tmp_path, key, value, message):
     with pytest.raises(ConfigError, match=message):
@@ -249,7 +316,7 @@ def test_bad_run_config_values_name_the_key_and_range(tmp_path, key, value, mess
 
 # ------------------------------------------------------------------ resume
 def test_resume_restores_the_optimizer_and_the_average(tmp_path):
-    extra = {"server-optimizer": "momentum", "server-lr": 0.5, "release-average": "ema"}
+    extra = {"server-optimizer": "momentum", "server-lr": 0.5, "server-weight-decay": 0.1, "release-average": "ema"}
     full, _ = run_local(tiny_config(tmp_path, **extra, **{"run-name": "full", "num-server-rounds": 3}))
     run_local(tiny_config(tmp_path, **extra, **{"run-name": "split", "num-server-rounds": 2}))
     assert torch.load(tmp_path / "split" / CHECKPOINT, weights_only=True)["server_update"]["steps"] == 2
