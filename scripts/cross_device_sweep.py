@@ -36,12 +36,13 @@ PRESET = "cross-device"
 
 
 def preset_with(overrides: dict[str, Any]) -> dict[str, Any]:
-    """The preset under ``overrides``; overrides that turn the server optimizer off (the plain aggregate, as the
-    frontier's sampled column does) also drop the preset's server weight decay, which needs an optimizer."""
+    """The preset under ``overrides``; overrides that name the server optimizer (the frontier's sampled column
+    names its whole server step) also drop the preset's server weight decay unless they name it too: a run keeps
+    the step its overrides describe when the preset's step changes."""
     from fl_dp_flower.app.presets import PRESETS
 
     rc = {**PRESETS[PRESET], **overrides}
-    if rc.get("server-optimizer") == "none" and "server-weight-decay" not in overrides:
+    if "server-optimizer" in overrides and "server-weight-decay" not in overrides:
         rc.pop("server-weight-decay", None)
     return rc
 

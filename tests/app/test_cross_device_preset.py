@@ -65,10 +65,10 @@ def test_the_cross_device_presets_decaying_server_step_is_post_processing_the_pl
         {**pyproject_defaults(), **plain}).accountant_config()
 
 
-def test_the_sweeps_plain_aggregate_override_drops_the_presets_server_weight_decay(monkeypatch):
-    """scripts/cross_device_sweep.py lays overrides over the preset: the frontier's sampled column turns the server
-    optimizer off (side_by_side.SAMPLED_SERVER_STEP), and the preset's weight decay, which needs one, goes with it;
-    any other override keeps it."""
+def test_the_sweeps_server_step_overrides_drop_the_presets_server_weight_decay(monkeypatch):
+    """scripts/cross_device_sweep.py lays overrides over the preset: the frontier's sampled column names its whole
+    server step (side_by_side.server_step: off, or momentum 0 with a decaying step), and the preset's weight decay
+    goes unless the overrides name it; any other override keeps it."""
     from pathlib import Path
 
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "scripts"))
@@ -80,3 +80,7 @@ def test_the_sweeps_plain_aggregate_override_drops_the_presets_server_weight_dec
     kept = preset_with({"lr": 0.5})
     assert kept.get("server-weight-decay") == PRESETS["cross-device"].get("server-weight-decay")
     assert preset_with({"server-optimizer": "none", "server-weight-decay": 0.0})["server-weight-decay"] == 0.0
+    decaying = preset_with({"server-optimizer": "momentum", "server-momentum": 0.0, "server-lr": 1.0,
+                            "server-lr-end": 0.25})
+    assert "server-weight-decay" not in decaying
+    AppConfig.from_run_config({**pyproject_defaults(), **decaying})
