@@ -25,11 +25,11 @@ from typing import Any
 #: client-steps. sigma 0.2085 is calibrated so that the ``sampled_secret`` bound (C_p(G_mu) conditioned on
 #: each round's count, docs/MATH.md §22) certifies epsilon <= 4 at delta 1e-5 (all-rounds, replace-one),
 #: assuming an honest server-side sampler and a sample the adversary never learns. The server's step on
-#: the noisy aggregate falls linearly from 1 to 0.25 over the rounds (server-optimizer "momentum" with
-#: momentum 0 and server-lr-end 0.25), with a decoupled server weight decay of 0.003 (w_{t+1} = w_t - lr_t
+#: the noisy aggregate falls linearly from 1 to 0.5 over the rounds (server-optimizer "momentum" with
+#: momentum 0 and server-lr-end 0.5), with a decoupled server weight decay of 0.003 (w_{t+1} = w_t - lr_t
 #: (w_t - a_t) - lr_t 0.003 w_t): post-processing, the privacy report and sigma are unchanged. Released: the
-#: iterate itself. q, rounds, lr, the step's decay, the weight decay and the release were chosen on a
-#: validation split (docs/results.md).
+#: EMA of the iterates with decay 0.9. q, rounds, lr, the step's decay, the weight decay and the release
+#: were chosen on a validation split (docs/results.md).
 #: ``quick``: the pyproject defaults with 10 clients per round (10 simulated SuperNodes) for 10
 #: rounds (about 40 s; epsilon in the thousands). The pyproject's own 2 clients per round fit
 #: Flower's default federation of 2 SuperNodes, what a plain ``flwr run .`` finds.
@@ -45,6 +45,7 @@ PRESETS: dict[str, dict[str, Any]] = {
                      "local-steps": 1, "batch-size": 1, "lr": 1.0, "clip-norm": 1.0, "sigma": 0.2085,
                      "num-server-rounds": 250, "model": "cnn-tanh", "client-sampling": "poisson", "sampling-rate": 0.1,
                      "sample-secrecy": "secret", "server-optimizer": "momentum", "server-momentum": 0.0,
-                     "server-lr": 1.0, "server-lr-end": 0.25, "server-weight-decay": 0.003, "release-average": "none"},
+                     "server-lr": 1.0, "server-lr-end": 0.5, "server-weight-decay": 0.003, "release-average": "ema",
+                     "release-ema-decay": 0.9},
     "quick": {"clients-per-round": 10},
 }

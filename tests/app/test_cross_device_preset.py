@@ -50,7 +50,7 @@ def test_the_cross_device_preset_plans_epsilon_at_most_4_by_the_secret_sample_bo
 
 
 def test_the_cross_device_presets_decaying_server_step_is_post_processing_the_plan_ignores():
-    """The preset's server step falls linearly from 1 to 0.25 (server-optimizer "momentum" with momentum 0) and
+    """The preset's server step falls linearly from 1 to 0.5 (server-optimizer "momentum" with momentum 0) and
     decays the weights by 0.003 a unit step: the same accountant config, hence the same certified plan, as the
     plain aggregate."""
     preset = _config("cross-device")
@@ -58,8 +58,8 @@ def test_the_cross_device_presets_decaying_server_step_is_post_processing_the_pl
     update = ServerUpdate(federation, preset.threat_model)
     assert (federation.server_optimizer, federation.server_momentum, federation.server_weight_decay) == (
         "momentum", 0.0, 0.003)
-    assert federation.release_average == "none"  # the iterate, chosen on validation (docs/results.md)
-    assert [update.lr(t) for t in (1, 250)] == [1.0, 0.25]
+    assert (federation.release_average, federation.release_ema_decay) == ("ema", 0.9)  # docs/results.md
+    assert [update.lr(t) for t in (1, 250)] == [1.0, 0.5]
     plain = {k: v for k, v in PRESETS["cross-device"].items() if not k.startswith("server-")}
     assert _config("cross-device").accountant_config() == AppConfig.from_run_config(
         {**pyproject_defaults(), **plain}).accountant_config()
