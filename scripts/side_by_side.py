@@ -18,10 +18,9 @@ chosen per epsilon on validation accuracy (first seed), then run on every seed; 
 - **sampled** (``--sampled-qs``): the package with Poisson client sampling, the sample secret
   (``--sample-secrecy secret``: counts-only ledger, the ``sampled_secret`` bound of docs/MATH.md §22, assuming an
   honest server-side sampler and a sample no adversary learns), cohort mode: ``scripts/cross_device_sweep.py``'s
-  search runs at N = 3,600, saved under ``--sampled-out`` and reused. Its rate q, server step
-  (``--sampled-server-lr-ends``: 1 the plain aggregate, < 1 a step falling linearly from 1 to that factor,
-  post-processing), rounds, lr and release average (replayed from each run's iterates) are searched;
-  ``--sampled-qs 0.25@250 0.5@150@1,1.5`` gives a rate its own rounds (and lrs, and ends).
+  search runs at N = 3,600, saved (``--sampled-out``), reused. Its rate q, server step (``--sampled-server-lr-ends``:
+  1 plain, < 1 falling linearly from 1 to it, END:WD with server weight decay WD; post-processing), rounds, lr, release
+  (replayed from its iterates) are searched; ``--sampled-qs 0.25@250 0.5@150@1,1.5``: a rate's own rounds, lrs, ends.
 - **cross-silo** (``--silo-rounds`` > 0): the cross-silo preset on the 3,600 images held by 10 sites (every site
   every round, K = 1, per-sample clipping, Poisson batches of rate ``--silo-batch``/360), its lr (``--silo-lrs``)
   searched, sigma calibrated so that the amplified ``batch_sampled`` bound (against one colluding site) certifies
@@ -49,6 +48,11 @@ TRAIN_IMAGES = 3600
 RECIPE: dict[str, Any] = {"local-steps": 1, "clip-norm": 1.0, "schedule": "constant", "num-partitions": 10,
           "threat-model": "all-rounds", "clients-per-node": TRAIN_IMAGES // 10, "clients-per-round": TRAIN_IMAGES,
           "batch-size": 1, "validation-fraction": VALIDATION, "release-average": "ema", "release-ema-decay": 0.8}
+SILO_SITES = 10
+SAMPLED_SERVER_STEP: dict[str, Any] = {"server-optimizer": "none", "server-lr-end": 1.0}
+RESULT = "RESULT "  # one JSON line per (epsilon, method): what --from-log reads back
+METHODS = {"package": "fl-dp-flower", "sampled": "fl-dp-flower, Poisson-sampled", "opacus": "Opacus DP-SGD",
+           "silo": "fl-dp-flower cross-silo, Poisson batches"}
 
 
 def package_point(epsilon: float, rounds: int, seed: int, lr: float, model: str, q: float = 1.0,
@@ -134,8 +138,6 @@ def opacus_point(epsilon: float, seed: int, batch: int, epochs: int, lr: float, 
             "epsilon_add_remove": float(engine.get_epsilon(DELTA)), "noise": z, "epochs": epochs, "lr": lr}
 
 
-SILO_SITES = 10
-
 
 def silo_point(epsilon: float, rounds: int, seed: int, lr: float, model: str, batch: int = 26) -> dict:
     """One run of the cross-silo recipe (10 sites, Poisson batches of expected ``batch``, K 1, per-sample clipping)
@@ -183,35 +185,36 @@ def package_runs(epsilon: float, seeds: int, rounds: list[int], lrs: list[float]
                  grid: list[dict[str, Any]] | None = None) -> list[dict]:
     """This package's runs of one epsilon, (rounds, lr) chosen on validation as Opacus's (epochs, lr); ``grid`` (the
     sampled column with a public sample or another model: ``sampled_grid``, plain step only): its (q, rounds, lr)."""
-    if grid is not None and any(s["server_lr_end"] != 1 for s in grid):
-        raise SystemExit("--sampled-server-lr-ends < 1: only the secret sampled column (cnn-tanh) searches it")
+    if grid is not None and any(s["server_lr_end"] != 1 or "server_weight_decay" in s for s in grid):
+        raise SystemExit("--sampled-server-lr-ends not 1: only the secret sampled column (cnn-tanh) searches it")
     settings = ([{"lr": lr, "rounds": r} for r in rounds for lr in lrs] if grid is None else
-                [{k: v for k, v in s.items() if k != "server_lr_end"} for s in grid])
+                [{k: v for k, v in s.items() if not k.startswith("server_")} for s in grid])
     return chosen_on_validation(lambda seed, **s: package_point(epsilon, seed=seed, model=model, secrecy=secrecy, **s),
                                 settings, seeds)
 
 
-SAMPLED_SERVER_STEP: dict[str, Any] = {"server-optimizer": "none", "server-lr-end": 1.0}
 
-
-def server_step(end: float) -> dict[str, Any]:
-    """The sampled column's server step, all its keys (a changed preset cannot leak in): 1 the plain aggregate, end < 1
-    the cross-device preset's (momentum 0) falling linearly from 1 to ``end`` over the rounds (post-processing)."""
-    return dict(SAMPLED_SERVER_STEP) if end == 1 else {"server-optimizer": "momentum", "server-momentum": 0.0,
-                                                       "server-lr": 1.0, "server-lr-end": end}
+def server_step(end: float, weight_decay: float = 0.0) -> dict[str, Any]:
+    """The sampled column's server step, all its keys (a changed preset cannot leak in): 1 the plain aggregate, else
+    momentum 0, lr 1 falling linearly to ``end`` (1: constant), decoupled ``weight_decay``; all post-processing."""
+    return dict(SAMPLED_SERVER_STEP) if end == 1 and not weight_decay else {
+        "server-optimizer": "momentum", "server-momentum": 0.0, "server-lr": 1.0, "server-lr-end": end,
+        **({"server-weight-decay": weight_decay} if weight_decay else {})}
 
 
 def sampled_grid(specs: list[str], rounds: list[int], lrs: list[float], ends: list[float]) -> list[dict[str, Any]]:
-    """The sampled search's settings: per ``Q[@ROUNDS[@LRS[@ENDS]]]`` of ``specs`` (comma lists; a missing field is
-    the common ``rounds`` / ``lrs`` / ``ends``) every (rounds, lr, server-step end) at rate Q."""
-    grid, common = [], [rounds, lrs, ends]  # type: list[dict[str, Any]], list[list[Any]]
+    """Per ``Q[@ROUNDS[@LRS[@ENDS]]]`` of ``specs`` (comma lists; missing: the common ``rounds`` / ``lrs`` / ``ends``)
+    every (rounds, lr, server step END[:WD]) at rate Q (no WD: the keys, and saved runs' names, as before WD)."""
+    grid, common = [], [rounds, lrs, [str(e) for e in ends]]  # type: list[dict[str, Any]], list[list[Any]]
     for spec in specs:
         q, *fields = spec.split("@")
         rs, ls, es = ([kind(v) for v in field.split(",")] if field else axis for field, kind, axis
-                      in zip([*fields, "", "", ""][:3], (int, float, float), common, strict=True))
-        if not 0 < float(q) < 1 or len(fields) > 3 or not all(0 < float(e) <= 1 for e in es):
-            raise SystemExit(f"--sampled-qs {spec!r}: want Q[@ROUNDS[@LRS[@ENDS]]], 0 < Q < 1, 0 < END <= 1")
-        grid += [{"q": float(q), "rounds": r, "lr": lr, "server_lr_end": e} for e in es for r in rs for lr in ls]
+                      in zip([*fields, "", "", ""][:3], (int, float, str), common, strict=True))
+        steps = [(float(e), float(w or 0)) for e, _, w in (e.partition(":") for e in es)]
+        if not 0 < float(q) < 1 or len(fields) > 3 or not all(0 < e <= 1 and 0 <= w < 1 for e, w in steps):
+            raise SystemExit(f"--sampled-qs {spec!r}: want Q[@ROUNDS[@LRS[@END[:WD]]]], 0<Q<1, 0<END<=1, 0<=WD<1")
+        grid += [{"q": float(q), "rounds": r, "lr": lr, "server_lr_end": e, **({"server_weight_decay": w} if w else {})}
+                 for e, w in steps for r in rs for lr in ls]
     return grid
 
 
@@ -229,9 +232,10 @@ def sampled_runs(epsilon: float, seeds: int, grid: list[dict[str, Any]], release
     out.mkdir(parents=True, exist_ok=True)
     runs: dict[tuple[int, str], dict] = {}  # one run per (seed, q, server step, lr, rounds) serves every release
 
-    def point(seed: int, q: float, server_lr_end: float, lr: float, rounds: int, release: str) -> dict:
+    def point(seed: int, q: float, server_lr_end: float, lr: float, rounds: int, release: str,
+              server_weight_decay: float = 0.0) -> dict:
         overrides: dict[str, Any] = {"lr": int(lr) if float(lr).is_integer() else lr, "num-server-rounds": rounds,
-                                     **server_step(server_lr_end)}
+                                     **server_step(server_lr_end, server_weight_decay)}
         if q != PRESETS["cross-device"]["sampling-rate"]:
             overrides["sampling-rate"] = q
         key = (seed, json.dumps(overrides, sort_keys=True))
@@ -239,19 +243,17 @@ def sampled_runs(epsilon: float, seeds: int, grid: list[dict[str, Any]], release
         final = found["finals"][release]
         return {"accuracy": final["test"], "val_accuracy": final["val"], "lr": lr, "rounds": rounds, "q": q,
                 "server_lr_end": server_lr_end, "release": release, "epsilon": found["epsilon"], "noise": found["sigma"],
-                "seconds": found["seconds"],
+                "seconds": found["seconds"], "server_weight_decay": server_weight_decay,
                 **({"epsilon_add_remove": found["epsilon_add_remove"]} if "epsilon_add_remove" in found else {})}
 
     return chosen_on_validation(point, [{**s, "release": release} for s in grid for release in releases], seeds)
 
 
-RESULT = "RESULT "  # one JSON line per (epsilon, method): what --from-log reads back
-
 
 def result(epsilon: float, method: str, points: list[dict]) -> dict:
     """One (epsilon, method) row: the figures of every seed's run (printed as a RESULT line)."""
     keep = ("accuracy", "val_accuracy", "epsilon", "epsilon_add_remove", "noise", "lr", "epochs", "rounds", "release",
-            "seconds", "q", "server_lr_end")  # the sampled column's q and server step: what its cells name
+            "seconds", "q", "server_lr_end", "server_weight_decay")  # the sampled column's q and server step: what its cells name
     return {"epsilon": epsilon, "method": method, "points": [{k: p[k] for k in keep if k in p} for p in points]}
 
 
@@ -260,9 +262,6 @@ def read_results(logs: list[Path]) -> list[dict]:
     return [json.loads(line[len(RESULT):]) for log in logs for line in log.read_text().splitlines()
             if line.startswith(RESULT)]
 
-
-METHODS = {"package": "fl-dp-flower", "sampled": "fl-dp-flower, Poisson-sampled", "opacus": "Opacus DP-SGD",
-           "silo": "fl-dp-flower cross-silo, Poisson batches"}
 
 
 def _rounds(point: dict, default: int) -> str:
@@ -274,7 +273,13 @@ def _rounds(point: dict, default: int) -> str:
 def _sampled(point: dict, rounds: int, q: float) -> str:
     """'q 0.25, step 1 → 0.25, lr 1, 250 rounds, ema:0.9' (a log before the q search: the run's one rate, plain step)."""
     step = "plain step" if (end := point.get("server_lr_end", 1.0)) == 1 else f"step 1 → {end:g}"
+    step += f" + WD {wd:g}" if (wd := point.get("server_weight_decay")) else ""
     return f"q {point.get('q', q):g}, {step}, {_rounds(point, rounds)}"
+
+
+def summary(points: list[dict]) -> str:
+    accs = [p["accuracy"] for p in points]
+    return f"{statistics.fmean(accs):.3f} ± {statistics.stdev(accs) if len(accs) > 1 else float('nan'):.3f}"
 
 
 def cell(method: str, points: list[dict], rounds: int = 0, sampled_rounds: int = 0, q: float = 0.0) -> str:
@@ -316,11 +321,6 @@ def plot(results: list[dict], path: Path, model: str) -> None:
                                   title=f"{model} on the MNIST subset (3,600 training images), tuned on validation")
 
 
-def summary(points: list[dict]) -> str:
-    accs = [p["accuracy"] for p in points]
-    return f"{statistics.fmean(accs):.3f} ± {statistics.stdev(accs) if len(accs) > 1 else float('nan'):.3f}"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--epsilons", type=float, nargs="+", default=[0.5, 1.0, 2.0, 4.0, 8.0])
@@ -333,8 +333,8 @@ def main() -> None:
     parser.add_argument("--model", default="cnn-tanh", help="both sides' model (the run-config key 'model')")
     parser.add_argument("--sampled-qs", nargs="+", default=["0.1"], metavar="Q[@ROUNDS[@LRS[@ENDS]]]",
                         help="the sampled column's rates, each with its own rounds, lrs, server-step ends after @")
-    parser.add_argument("--sampled-server-lr-ends", type=float, nargs="+", default=[1.0],
-                        help="the sampled runs' server step: 1 the plain aggregate, < 1 falling from 1 to this factor")
+    parser.add_argument("--sampled-server-lr-ends", nargs="+", default=["1"], metavar="END[:WD]", help="the sampled "
+                        "runs' server step: 1 the plain aggregate, < 1 falling from 1 to END; :WD its weight decay")
     parser.add_argument("--sampled-rounds", type=int, nargs="+", default=[150, 250], help="sampled runs' rounds")
     parser.add_argument("--sampled-lrs", type=float, nargs="+", default=[0.5, 1.0], help="sampled runs' lrs")
     parser.add_argument("--skip", nargs="*", default=[], choices=("package", "opacus", "sampled"),

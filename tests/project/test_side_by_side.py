@@ -218,3 +218,41 @@ def test_sampled_column_searches_the_rate_and_the_server_step_on_validation(scri
     for bad in (["1"], ["0.5@100@1@0"], ["0.5@100@1@1.5"], ["0.5@1@1@1@1"]):
         with pytest.raises(SystemExit, match="sampled-qs"):
             script.sampled_grid(bad, [100], [1.0], [1.0])
+
+
+def test_sampled_column_searches_the_server_weight_decay_and_keeps_the_old_runs_names(script, monkeypatch, tmp_path):
+    """An end END:WD adds the decoupled server weight decay (momentum 0, lr 1, the step falling to END) as one more
+    search axis chosen on validation; an end without WD names its run exactly as before, so saved runs are reused."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import cross_device_sweep
+
+    calls = []
+
+    def fake_search_run(out, overrides, seed, validation, epsilon, releases):
+        calls.append((seed, overrides))
+        val = 0.9 + overrides.get("server-weight-decay", 0.0) - (overrides["server-lr-end"] < 1) / 100
+        return {"sigma": 0.1, "epsilon": epsilon, "seconds": 1.0, "epsilon_add_remove": epsilon,
+                "finals": {r: {"val": val, "test": val} for r in releases}}
+
+    monkeypatch.setattr(cross_device_sweep, "search_run", fake_search_run)
+    grid = script.sampled_grid(["0.5@100@3@1,1:0.003,0.25:0.001"], [250], [1.0], ["1"])
+    assert [(s["server_lr_end"], s.get("server_weight_decay")) for s in grid] == [(1.0, None), (1.0, 0.003),
+                                                                                 (0.25, 0.001)]
+    assert script.sampled_grid(["0.5"], [100], [3.0], [1.0, 0.25]) == script.sampled_grid(["0.5"], [100], [3.0],
+                                                                                          ["1", "0.25"])
+    runs = script.sampled_runs(8.0, 2, grid, ["ema:0.9"], tmp_path)
+    base = {"lr": 3, "num-server-rounds": 100, "sampling-rate": 0.5}
+    assert calls[0] == (1, {**base, **script.SAMPLED_SERVER_STEP})  # no WD: the plain step's keys, unchanged
+    step = {"server-optimizer": "momentum", "server-momentum": 0.0, "server-lr": 1.0}
+    assert calls[1] == (1, {**base, **step, "server-lr-end": 1.0, "server-weight-decay": 0.003})
+    assert calls[2] == (1, {**base, **step, "server-lr-end": 0.25, "server-weight-decay": 0.001})
+    assert calls[3] == (2, calls[1][1]) and len(calls) == 4  # the winner on validation: constant step + WD 0.003
+    assert [r["server_weight_decay"] for r in runs] == [0.003, 0.003]
+    row = script.table([script.result(8.0, "sampled", runs)], 60, 250, 0.1).splitlines()[2]
+    assert "(q 0.5, plain step + WD 0.003, lr 3, 100 rounds, ema:0.9; 8.0000 / 8.0000)" in row
+    assert script.server_step(0.25) == {**step, "server-lr-end": 0.25}  # the decaying step as before: no WD key
+    for bad in (["0.5@100@1@1:-0.1"], ["0.5@100@1@1:1"], ["0.5@100@1@0:0.003"]):
+        with pytest.raises(SystemExit, match="sampled-qs"):
+            script.sampled_grid(bad, [100], [1.0], ["1"])
+    with pytest.raises(SystemExit, match="only the secret sampled column"):
+        script.package_runs(1.0, 2, [], [], "cnn-tanh", "public", grid[1:2])
