@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -10,13 +9,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def script():
-    spec = importlib.util.spec_from_file_location("plot_side_by_side", ROOT / "scripts" / "plot_side_by_side.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+@pytest.fixture
+def script(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import plot_side_by_side
+
+    return plot_side_by_side
 
 
 TABLE = """text before
