@@ -15,10 +15,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADER = "| replace-one ε (δ 1e-5) |"
+#: each method of ``scripts/side_by_side.py``: (the words its table column's header begins with, its curve's
+#: label); both scripts draw with these, whether from RESULT lines or from the table
+METHOD_COLUMNS = {"package": ("fl-dp-flower, every client every round", "fl-dp-flower, every client every round"),
+                  "sampled": ("sampled, secret sample", "fl-dp-flower, sampled clients (secret sample)"),
+                  "opacus": ("Opacus DP-SGD", "Opacus DP-SGD"),
+                  "silo": ("cross-silo, Poisson batches", "fl-dp-flower cross-silo, Poisson batches")}
 #: the curve of each method column, by the words its header begins with
-LABELS = {"fl-dp-flower, every client every round": "fl-dp-flower, every client every round",
-          "Opacus DP-SGD": "Opacus DP-SGD",
-          "sampled, secret sample": "fl-dp-flower, sampled clients (secret sample)"}
+LABELS = dict(METHOD_COLUMNS.values())
 CELL = re.compile(r"^\**(\d\.\d+) ± (\d\.\d+)\**")
 
 
@@ -50,18 +54,25 @@ def table_curves(markdown: str) -> dict[str, tuple[list[float], list[float], lis
     return {label: curve for label, curve in curves.items() if curve[0]}
 
 
-def main() -> None:
+def draw(curves: dict[str, tuple[list[float], list[float], list[float]]], path: Path, model: str,
+         source: str = "") -> Path:
+    """The side-by-side figure of ``curves`` (label: epsilons, means, sds) at ``path``; one set of axis words for
+    both scripts."""
     from fl_dp_flower.reporting.plot import plot_accuracy_against_epsilon
 
+    return plot_accuracy_against_epsilon(curves, path, xlabel="replace-one epsilon (delta = 1e-5)",
+                                         ylabel="held-out test accuracy (mean ± sd of the seeds)",
+                                         title=f"{model} on the MNIST subset (3,600 training images), tuned on "
+                                               f"validation{source}")
+
+
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--results", type=Path, default=ROOT / "docs" / "results.md")
     parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "images" / "side-by-side.png")
     args = parser.parse_args()
     curves = table_curves(args.results.read_text())
-    plot_accuracy_against_epsilon(curves, args.plot, xlabel="replace-one epsilon (delta = 1e-5)",
-                                  ylabel="held-out test accuracy (mean ± sd of 3 seeds)",
-                                  title="cnn-tanh on the MNIST subset (3,600 training images), tuned on validation "
-                                        "(docs/results.md's table)")
+    draw(curves, args.plot, "cnn-tanh", " (docs/results.md's table)")
     print(f"wrote {args.plot}: " + "; ".join(f"{k}: {len(v[0])} points" for k, v in curves.items()))
 
 

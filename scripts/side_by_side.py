@@ -41,6 +41,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from plot_side_by_side import HEADER, METHOD_COLUMNS, draw  # scripts/ is on sys.path
+
 ROOT = Path(__file__).resolve().parents[1]
 DELTA = 1e-5
 VALIDATION = 0.1  # share of the 4,000 training images set aside for choosing hyperparameters
@@ -51,8 +53,7 @@ RECIPE: dict[str, Any] = {"local-steps": 1, "clip-norm": 1.0, "schedule": "const
 SILO_SITES = 10
 SAMPLED_SERVER_STEP: dict[str, Any] = {"server-optimizer": "none", "server-lr-end": 1.0}
 RESULT = "RESULT "  # one JSON line per (epsilon, method): what --from-log reads back
-METHODS = {"package": "fl-dp-flower", "sampled": "fl-dp-flower, Poisson-sampled", "opacus": "Opacus DP-SGD",
-           "silo": "fl-dp-flower cross-silo, Poisson batches"}
+METHODS = {method: label for method, (_, label) in METHOD_COLUMNS.items()}  # the curves' and the log's names
 
 
 def package_point(epsilon: float, rounds: int, seed: int, lr: float, model: str, q: float = 1.0,
@@ -297,9 +298,10 @@ def cell(method: str, points: list[dict], rounds: int = 0, sampled_rounds: int =
 
 def table(results: list[dict], rounds: int, sampled_rounds: int, q: float) -> str:
     by = {(r["epsilon"], r["method"]): r["points"] for r in results}
-    lines = ["| replace-one ε (δ 1e-5) | fl-dp-flower, every client every round (lr, rounds; add/remove ε) | "
-             "sampled, secret sample (q, server step, lr, rounds, release; certified ε by seed) | Opacus DP-SGD (lr, "
-             "epochs; add/remove ε) | cross-silo, Poisson batches (lr; add/remove ε) |", "|---|---|---|---|---|"]
+    details = {"package": "lr, rounds; add/remove ε", "sampled": "q, server step, lr, rounds, release; certified ε by "
+               "seed", "opacus": "lr, epochs; add/remove ε", "silo": "lr; add/remove ε"}  # METHODS' order
+    lines = [f"{HEADER} " + " | ".join(f"{METHOD_COLUMNS[m][0]} ({details[m]})" for m in METHODS) + " |",
+             "|---" * (len(METHODS) + 1) + "|"]
     for epsilon in sorted({e for e, _ in by}):
         cells = [cell(m, by.get((epsilon, m), []), rounds, sampled_rounds, q) for m in METHODS]
         lines.append(f"| {epsilon:g} | " + " | ".join(cells) + " |")
@@ -308,17 +310,13 @@ def table(results: list[dict], rounds: int, sampled_rounds: int, q: float) -> st
 
 def plot(results: list[dict], path: Path, model: str) -> None:
     """Test accuracy (mean, and the seeds' spread as error bars) against replace-one epsilon, one line per method."""
-    from fl_dp_flower.reporting.plot import plot_accuracy_against_epsilon
-
     curves = {}
     for method, label in METHODS.items():
         if rows := sorted((r for r in results if r["method"] == method), key=lambda r: r["epsilon"]):
             accs = [[p["accuracy"] for p in r["points"]] for r in rows]
             curves[label] = ([r["epsilon"] for r in rows], [statistics.fmean(a) for a in accs],
                              [statistics.stdev(a) if len(a) > 1 else 0.0 for a in accs])
-    plot_accuracy_against_epsilon(curves, path, xlabel="replace-one epsilon (delta = 1e-5)",
-                                  ylabel="held-out test accuracy (mean ± sd of seeds)",
-                                  title=f"{model} on the MNIST subset (3,600 training images), tuned on validation")
+    draw(curves, path, model)
 
 
 def main() -> None:

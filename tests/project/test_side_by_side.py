@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def script():
+    if str(ROOT / "scripts") not in sys.path:  # side_by_side imports plot_side_by_side, as a script would
+        sys.path.insert(0, str(ROOT / "scripts"))
     spec = importlib.util.spec_from_file_location("side_by_side", ROOT / "scripts" / "side_by_side.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
@@ -149,6 +152,12 @@ def test_table_and_plot_from_the_result_lines_of_split_logs(script, tmp_path):
                        "0.870 ± 0.014 (lr 2; 2) |")
     script.plot(results, tmp_path / "p.png", "cnn-tanh")
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+    # the table this script writes is what scripts/plot_side_by_side.py reads: one label per method either way
+    import plot_side_by_side
+
+    curves = plot_side_by_side.table_curves(script.table(results, 60, 120, 0.25))
+    assert curves == {script.METHODS["package"]: ([1.0], [0.7], [0.1]), script.METHODS["opacus"]: ([1.0], [0.5], [0.0]),
+                      script.METHODS["sampled"]: ([4.0], [0.85], [0.071]), script.METHODS["silo"]: ([4.0], [0.87], [0.014])}
 
 
 def test_sampled_column_runs_once_per_setting_and_chooses_the_release_on_validation(script, monkeypatch, tmp_path):
