@@ -19,7 +19,26 @@ from .vocabulary import (ALGORITHMS, BATCH_SAMPLINGS, CLIENT_SAMPLINGS, CLIPPING
                          SCHEDULES, SERVER_OPTIMIZERS, THREAT_MODELS, WEIGHTINGS, Algorithm, ClientSampling, Clipping,
                          ReleaseAverage, SampleSecrecy, Schedule, ServerOptimizer, ThreatModel, Weighting)
 
-__all__ = ["DPSettings", "FederationSettings"]
+__all__ = ["DPSettings", "FederationSettings", "server_step_problems"]
+
+
+def server_step_problems(server_optimizer: str, server_lr: float, server_lr_end: float,
+                         server_weight_decay: float) -> list[str]:
+    """The server step's cross-field rules (each value already in its own range), as messages naming the
+    :class:`FederationSettings` fields; the one owner of these rules (the reference app names its dash keys in
+    them)."""
+    problems = []
+    if server_lr_end < 1.0 and server_optimizer == "none":
+        problems.append(f"server_lr_end = {server_lr_end!r} needs server_optimizer 'momentum' or 'adam' (with 'none' "
+                        "the next model is the aggregate: no step size to decay)")
+    if server_weight_decay > 0.0 and server_optimizer == "none":
+        problems.append(f"server_weight_decay = {server_weight_decay!r} needs server_optimizer 'momentum' or 'adam' "
+                        "(with 'none' the next model is the aggregate: no server step to decay, while 'momentum' with "
+                        "server_momentum 0 and server_lr 1 steps to the aggregate)")
+    if server_weight_decay * server_lr >= 1.0:
+        problems.append(f"server_weight_decay x server_lr must be < 1 (the decay factor 1 - server_lr x "
+                        f"server_weight_decay stays positive), got {server_weight_decay!r} x {server_lr!r}")
+    return problems
 
 
 @dataclass(frozen=True)
@@ -219,19 +238,14 @@ class FederationSettings:
         positive("server_lr", self.server_lr)
         if not positive("server_lr_end", self.server_lr_end) <= 1.0:
             raise ValueError(f"server_lr_end must be in (0, 1], got {self.server_lr_end!r}")
-        if self.server_lr_end < 1.0 and self.server_optimizer == "none":
-            raise ValueError(f"server_lr_end = {self.server_lr_end!r} needs server_optimizer 'momentum' or 'adam' "
-                             "(with 'none' the next model is the aggregate: no step size to decay)")
         for name in ("server_momentum", "server_adam_beta2"):
             if not nonnegative(name, getattr(self, name)) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)!r}")
         positive("server_adam_eps", self.server_adam_eps)
-        if not nonnegative("server_weight_decay", self.server_weight_decay) * self.server_lr < 1.0:
-            raise ValueError(f"server_weight_decay x server_lr must be < 1 (the decay factor 1 - lr lambda stays "
-                             f"positive), got {self.server_weight_decay!r} x {self.server_lr!r}")
-        if self.server_weight_decay > 0.0 and self.server_optimizer == "none":
-            raise ValueError(f"server_weight_decay = {self.server_weight_decay!r} needs server_optimizer 'momentum' "
-                             "or 'adam' (with 'none' the next model is the aggregate: no server step to decay)")
+        nonnegative("server_weight_decay", self.server_weight_decay)
+        if problems := server_step_problems(self.server_optimizer, self.server_lr, self.server_lr_end,
+                                            self.server_weight_decay):
+            raise ValueError("; ".join(problems))
         choice("release_average", self.release_average, RELEASE_AVERAGES)
         if not positive("release_ema_decay", self.release_ema_decay) < 1.0:
             raise ValueError(f"release_ema_decay must be in (0, 1), got {self.release_ema_decay!r}")

@@ -281,8 +281,7 @@ class AppConfig(ServerUpdateConfig, SecureAggregationConfig, ReplyChecksConfig, 
                 )
         for problem in smoothness_problems(self.threat_model, self.clipping, self.local_steps, self.smoothness,
                                            self.assume_smooth_losses):
-            problems.append(re.sub(rf"\b({'|'.join(SMOOTHNESS_FIELDS)})\b", lambda m: f"'{_dash(m.group(1))}'",
-                                   problem))
+            problems.append(config_messages.dash_names(problem, SMOOTHNESS_FIELDS))
         problems += [p.replace("threat_model", "'threat-model'").replace("sample_secrecy", "'sample-secrecy'").replace(
             "population must", "'num-partitions' x 'clients-per-node' (the population) must").replace(
             "clients =", "'clients-per-round' =") for p in secrecy_problems(

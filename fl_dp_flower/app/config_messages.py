@@ -4,7 +4,8 @@ that name each dash key (the messages of :class:`fl_dp_flower.app.config.ConfigE
 from __future__ import annotations
 
 import difflib
-from typing import Literal, Mapping, get_args, get_origin
+import re
+from typing import Iterable, Literal, Mapping, get_args, get_origin
 
 import annotated_types as at
 from pydantic import ValidationError
@@ -17,6 +18,13 @@ AUTO_SIGMA = "auto"
 def dash(name: str) -> str:
     """A field's run-config key: ``local_steps`` -> ``local-steps``."""
     return name.replace("_", "-")
+
+
+def dash_names(message: str, names: Iterable[str]) -> str:
+    """A library message with each of ``names`` (field names) as its quoted run-config key: "server_lr x
+    server_weight_decay" -> "'server-lr' x 'server-weight-decay'"."""
+    pattern = "|".join(sorted(names, key=len, reverse=True))
+    return re.sub(rf"\b({pattern})\b", lambda m: f"'{dash(m.group(1))}'", message)
 
 
 def describe_range(fields: Mapping[str, FieldInfo], field_name: str) -> str:

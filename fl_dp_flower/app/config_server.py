@@ -12,7 +12,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from fl_dp_flower.app.config_messages import dash
+from fl_dp_flower.app.config_messages import dash, dash_names
+from fl_dp_flower.settings import server_step_problems
 from fl_dp_flower.vocabulary import ReleaseAverage, SampleSecrecy, ServerOptimizer
 
 __all__ = ["ServerUpdateConfig"]
@@ -73,16 +74,10 @@ class ServerUpdateConfig(BaseModel):
             raise ValueError(f"{', '.join(used)}: must be 'none' under 'threat-model' = 'final-model' (its bound "
                              "holds for the plain noisy-GD iterate only, while under 'all-rounds' the server's "
                              "post-processing is free)")
-        if self.server_lr_end < 1.0 and self.server_optimizer == "none":
-            raise ValueError(f"'server-lr-end' = {self.server_lr_end!r} needs 'server-optimizer' 'momentum' or "
-                             "'adam' (with 'none' the next model is the aggregate: no step size to decay)")
-        if self.server_weight_decay > 0.0 and self.server_optimizer == "none":
-            raise ValueError(f"'server-weight-decay' = {self.server_weight_decay!r} needs 'server-optimizer' 'momentum' "
-                             "or 'adam' (with 'none' the next model is the aggregate: no server step to decay, while 'momentum' "
-                             "with 'server-momentum' 0 and 'server-lr' 1 steps to the aggregate)")
-        if self.server_weight_decay * self.server_lr >= 1.0:
-            raise ValueError(f"'server-weight-decay' = {self.server_weight_decay!r}: 'server-lr' x 'server-weight-decay' "
-                             f"must be < 1 (got {self.server_lr!r} x {self.server_weight_decay!r})")
+        problems = server_step_problems(self.server_optimizer, self.server_lr, self.server_lr_end,
+                                        self.server_weight_decay)
+        if problems:  # the library's rules, its field names as this config's dash keys
+            raise ValueError("; ".join(dash_names(problem, ServerUpdateConfig.model_fields) for problem in problems))
         return self
 
     def server_update_settings(self) -> dict[str, Any]:

@@ -260,7 +260,7 @@ def test_final_model_refuses_post_processing_in_the_run_config(tmp_path):
 def test_server_weight_decay_bounds_and_final_model_refusal(tmp_path):
     with pytest.raises(ValueError, match=r"server_weight_decay x server_lr must be < 1"):
         FederationSettings(server_optimizer="adam", server_lr=2.0, server_weight_decay=0.5)
-    with pytest.raises(ConfigError, match=r"'server-lr' x 'server-weight-decay' must be < 1"):
+    with pytest.raises(ConfigError, match=r"'server-weight-decay' x 'server-lr' must be < 1"):
         tiny_config(tmp_path, **{"server-optimizer": "momentum", "server-weight-decay": 1.0})
     with pytest.raises(ConfigError, match="'server-optimizer' = 'momentum': must be 'none' under 'threat-model'"):
         tiny_config(tmp_path, **{"server-optimizer": "momentum", "server-weight-decay": 0.01,
