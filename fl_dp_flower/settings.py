@@ -19,7 +19,21 @@ from .vocabulary import (ALGORITHMS, BATCH_SAMPLINGS, CLIENT_SAMPLINGS, CLIPPING
                          SCHEDULES, SERVER_OPTIMIZERS, THREAT_MODELS, WEIGHTINGS, Algorithm, ClientSampling, Clipping,
                          ReleaseAverage, SampleSecrecy, Schedule, ServerOptimizer, ThreatModel, Weighting)
 
-__all__ = ["DPSettings", "FederationSettings", "server_step_problems"]
+__all__ = ["DPSettings", "FederationSettings", "round_problems", "server_step_problems"]
+
+
+def round_problems(clients_per_round: int, min_replies: int, client_sampling: str, weighting: str) -> list[str]:
+    """A round's cross-field rules (each value already in its own range), as messages naming the
+    :class:`FederationSettings` fields; the one owner of these rules (the reference app names its dash keys in
+    them)."""
+    problems = []
+    if min_replies > clients_per_round:
+        problems.append(f"min_replies = {min_replies!r}: must be an integer in [1, clients_per_round = "
+                        f"{clients_per_round}]")
+    if client_sampling == "poisson" and weighting != "uniform":
+        problems.append(f"weighting = {weighting!r}: client_sampling = 'poisson' needs 'uniform' (the aggregate divides "
+                        "the summed updates by q N)")
+    return problems
 
 
 def server_step_problems(server_optimizer: str, server_lr: float, server_lr_end: float,
@@ -216,9 +230,6 @@ class FederationSettings:
     def __post_init__(self) -> None:
         int_at_least("clients_per_round", self.clients_per_round, 1)
         int_at_least("min_replies", self.min_replies, 1)
-        if self.min_replies > self.clients_per_round:
-            raise ValueError(f"min_replies must be an integer in [1, clients_per_round = {self.clients_per_round}], "
-                             f"got {self.min_replies}")
         int_at_least("clients_per_node", self.clients_per_node, 1)
         int_at_least("num_server_rounds", self.num_server_rounds, 1)
         positive("round_timeout", self.round_timeout)
@@ -229,8 +240,8 @@ class FederationSettings:
         if not positive("sampling_rate", self.sampling_rate) <= 1.0:
             raise ValueError(f"sampling_rate must be in (0, 1], got {self.sampling_rate!r}")
         choice("sample_secrecy", self.sample_secrecy, SAMPLE_SECRECIES)
-        if self.poisson and self.weighting != "uniform":
-            raise ValueError("client_sampling 'poisson' needs weighting 'uniform' (the aggregate divides by q N)")
+        if problems := round_problems(self.clients_per_round, self.min_replies, self.client_sampling, self.weighting):
+            raise ValueError("; ".join(problems))
         self._check_post_processing()
 
     def _check_post_processing(self) -> None:

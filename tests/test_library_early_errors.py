@@ -76,3 +76,15 @@ def test_a_budget_at_another_delta_than_the_accountant_is_refused():
     with pytest.raises(ValueError, match="budget delta 1e-06 != the accountant's delta 1e-05"):
         NoisyFedAvg(SETTINGS, accountant, federation=FederationSettings(clients_per_round=NODES),
                     budget=Budget(epsilon=5.0, delta=1e-6))
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"clients_per_round": 3, "min_replies": 4}, r"min_replies = 4: must be an integer in \[1, clients_per_round = 3\]"),
+    ({"client_sampling": "poisson", "sampling_rate": 0.5, "weighting": "examples"},
+     "weighting = 'examples': client_sampling = 'poisson' needs 'uniform'"),
+])
+def test_federation_rules_name_the_fields_for_a_library_user(fields, message):
+    """The round's cross-field rules (settings.round_problems, which the run config also uses, naming its dash
+    keys) name the FederationSettings fields."""
+    with pytest.raises(ValueError, match=message):
+        FederationSettings(**fields)

@@ -29,7 +29,7 @@ from fl_dp_flower.app.config_server import ServerUpdateConfig
 from fl_dp_flower.privacy.accountant import Budget
 from fl_dp_flower.privacy.records import (SMOOTHNESS_FIELDS, AccountantConfig, batch_sampling_problems, colluder_problems, sampling_problems, secrecy_problems,
                               smoothness_problems)
-from fl_dp_flower.settings import DPSettings, FederationSettings, planned_population
+from fl_dp_flower.settings import DPSettings, FederationSettings, planned_population, round_problems
 from fl_dp_flower.vocabulary import (Algorithm, BatchSampling, ClientSampling, Clipping, CohortNoise, Dataset, ModelName, NoiseMode, Partitioning,
                          Schedule, ThreatModel, UnfinishedRoundPolicy, Weighting, model_problem)
 from fl_dp_flower.privacy.terms import SCHEDULE_CONSTANTS, default_cyclic_c, default_iterative_z, resolve_constant
@@ -291,17 +291,13 @@ class AppConfig(ServerUpdateConfig, SecureAggregationConfig, ReplyChecksConfig, 
             problems += [p.replace("threat_model", "'threat-model'").replace("sampling_rate (Poisson client sampling)",
                                                                               "'client-sampling' = 'poisson'")
                          for p in sampling_problems(self.threat_model, self.sampling_rate)]
-            if self.weighting != "uniform":
-                problems.append(f"'weighting' = {self.weighting!r}: 'client-sampling' = 'poisson' needs 'uniform' "
-                                "(the aggregate divides the summed updates by q N)")
         problems += batch_sampling_problems(self.threat_model, self.clipping, self.batch_rate if self.batch_sampling == "poisson" else None, self.clients_per_node)  # noqa: E501 (docs/MATH.md §23.4)
         for problem in colluder_problems(self.threat_model, self.colluding_clients):
             problems.append(problem.replace("threat_model", "'threat-model'").replace("colluders", "'colluding-clients'"))
-        if self.min_replies > self.clients_per_round:
-            problems.append(
-                f"'min-replies' = {self.min_replies}: must be an integer in [1, 'clients-per-round' = "
-                f"{self.clients_per_round}]"
-            )
+        problems += [config_messages.dash_names(problem, ("clients_per_round", "min_replies", "client_sampling",
+                                                          "weighting"))
+                     for problem in round_problems(self.clients_per_round, self.min_replies, self.client_sampling,
+                                                   self.weighting)]
         if self.clients_per_node > 1:
             if self.weighting != "uniform":
                 problems.append(f"'weighting' = {self.weighting!r}: cohort mode ('clients-per-node' = "
