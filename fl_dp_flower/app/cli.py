@@ -125,6 +125,13 @@ _ADVERSARY = {
 }
 
 
+#: what an amplified bound's printed mu and epsilon are (the rounds' PLD gives epsilon; mu is without amplification)
+_AMPLIFIED = {
+    "sampled": "sampled: epsilon from the PLD of the amplified rounds (docs/MATH.md §19); its mu is the Gaussian-DP "
+               "parameter the rounds have without amplification (no smaller mu holds at every epsilon)",
+    "sampled_secret": "sampled_secret: epsilon from the PLD of the rounds conditioned on their counts (docs/MATH.md §22); "
+                      "its mu is the Gaussian-DP parameter the rounds have without amplification; it holds only while "
+                      "nobody who reads the results learns which clients took part"}
 _THREAT_RULE = {
     "all-rounds": "composition, amplified ('sampled') with Poisson client sampling, conditioned on the count "
                   "('sampled_secret') with a secret sample (the adversary sees every global model)",
@@ -162,14 +169,8 @@ def _print_plan(result: dict[str, Any], args: argparse.Namespace) -> None:
                   f"{_THREAT_RULE[threat]}{assumes}): mu = {_fmt(cert['mu'])}, "
                   f"epsilon = {_fmt(cert['epsilon'])} for {result['relation']} neighbours; "
                   f"{add_remove_note(result)}")
-    if "sampled" in result["bounds"]:
-        console.print("sampled: epsilon from the PLD of the amplified rounds (docs/MATH.md §19); its mu is the "
-                      "Gaussian-DP parameter the rounds have without amplification (no smaller mu holds at every "
-                      "epsilon)", highlight=False)
-    if "sampled_secret" in result["bounds"]:
-        console.print("sampled_secret: epsilon from the PLD of the rounds conditioned on their counts (docs/MATH.md "
-                      "§22); it holds only while nobody who reads the results learns which clients took part",
-                      highlight=False)
+    for name in (name for name in _AMPLIFIED if name in result["bounds"]):
+        console.print(_AMPLIFIED[name], highlight=False)
     per_round = result["per_round"]
     shown = per_round if len(per_round) <= 12 else per_round[:6] + per_round[-6:]
     if shown:
@@ -315,6 +316,8 @@ def _calibrate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
         print(f"{_settings(args)}\nthreat model {args.config.threat_model}")
         print(f"sigma = {result['sigma']:.6g} gives {result['bound']}: mu = {_fmt(result['mu'])}, "
               f"epsilon = {_fmt(result['epsilon'])} at delta {args.config.delta:g}{status}")
+        if result["bound"] in _AMPLIFIED:
+            print(_AMPLIFIED[result["bound"]])
         if auto is not None:
             print(f"sigma = 'auto' in this run config picks sigma = {auto.sigma:g} (rounded up): certified "
                   f"epsilon {_fmt(auto.report.certified.epsilon)} ({auto.report.certified_bound}) after "

@@ -211,3 +211,17 @@ def test_a_users_app_keys_are_ignored_with_a_note_and_known_keys_are_listed_clea
     err = capsys.readouterr().err
     assert "unknown run-config key 'zzz-unknown'" in err
     assert "clients-per-node" in err and ")-per-node" not in err and ")-per-" not in err
+
+
+def test_calibrate_says_what_an_amplified_bounds_mu_is(capsys):
+    """calibrate prints the secret-sample bound's mu beside its epsilon: the line after says that mu is the
+    unamplified Gaussian-DP parameter and epsilon comes from the conditioned rounds' PLD (a mu of 4.6 beside
+    epsilon 4 read as mu-GDP would be wrong), and that the bound needs the sample kept secret."""
+    assert main(["calibrate", "--lr", "0.1", "--local-steps", "1", "--clip-norm", "1", "--clients-per-round", "200",
+                 "--clients-per-node", "20", "--num-partitions", "10", "--client-sampling", "poisson",
+                 "--sampling-rate", "0.1", "--sample-secrecy", "secret", "--num-server-rounds", "5",
+                 "--target-epsilon", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "gives sampled_secret: mu = " in out
+    assert ("sampled_secret: epsilon from the PLD of the rounds conditioned on their counts (docs/MATH.md §22); its mu "
+            "is the Gaussian-DP parameter the rounds have without amplification; it holds only while nobody") in out
