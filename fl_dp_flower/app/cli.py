@@ -122,6 +122,7 @@ _ADVERSARY = {
     "sampled": "every global model and each round's members",
     "sampled_secret": "every global model and each round's count; a secret sample",
     "secure_aggregation": "the secure sum of the uploads (SecAgg+)",
+    "batch_sampled": "every global model; each site's batch draws secret (honest sites)",
 }
 
 
@@ -131,10 +132,14 @@ _AMPLIFIED = {
                "parameter the rounds have without amplification (no smaller mu holds at every epsilon)",
     "sampled_secret": "sampled_secret: epsilon from the PLD of the rounds conditioned on their counts (docs/MATH.md §22); "
                       "its mu is the Gaussian-DP parameter the rounds have without amplification; it holds only while "
-                      "nobody who reads the results learns which clients took part"}
+                      "nobody who reads the results learns which clients took part",
+    "batch_sampled": "batch_sampled: epsilon from the PLD of the rounds amplified by each site's Poisson batch "
+                     "(docs/MATH.md §23); its mu is the Gaussian-DP parameter the rounds have without amplification; "
+                     "it assumes honest sites whose draws stay secret"}
 _THREAT_RULE = {
     "all-rounds": "composition, amplified ('sampled') with Poisson client sampling, conditioned on the count "
-                  "('sampled_secret') with a secret sample (the adversary sees every global model)",
+                  "('sampled_secret') with a secret sample, amplified by the sites' Poisson batches ('batch_sampled') "
+                  "(the adversary sees every global model)",
     "final-model": "the smallest certifiable final-model bound",
     "curious-server": "local_dp (the server sees every upload)",
     "secure-aggregation": "secure_aggregation: the Skellam bound against a server that sees only the secure sum (SecAgg+)",
@@ -153,12 +158,13 @@ def _print_plan(result: dict[str, Any], args: argparse.Namespace) -> None:
         FINAL_MODEL_ASSUMES,
         add_remove_note,
         conditional_note,
+        mu_note,
     )
 
     for name, value in result["bounds"].items():
         status = "sound" if value["sound"] else (
             "paper's stated bound - NOT a guarantee" if name == "paper" else "NOT a guarantee for this run")
-        table.add_row(name, _ADVERSARY[name], _fmt(value["mu"]), _fmt(value["epsilon"]),
+        table.add_row(name, _ADVERSARY[name], _fmt(value["mu"]) + mu_note(name), _fmt(value["epsilon"]),
                       status + conditional_note(value))
     cert = result["certified"]
     console = Console(width=None if sys.stdout.isatty() else 160)  # no wrapping when piped
@@ -166,7 +172,7 @@ def _print_plan(result: dict[str, Any], args: argparse.Namespace) -> None:
     threat = args.config.threat_model
     assumes = conditional_note(cert) + (f", if {FINAL_MODEL_ASSUMES}" if threat == "final-model" else "")
     console.print(f"certified ({cert['bound']}, chosen by threat model {threat}: "
-                  f"{_THREAT_RULE[threat]}{assumes}): mu = {_fmt(cert['mu'])}, "
+                  f"{_THREAT_RULE[threat]}{assumes}): mu = {_fmt(cert['mu'])}{mu_note(cert['bound'])}, "
                   f"epsilon = {_fmt(cert['epsilon'])} for {result['relation']} neighbours; "
                   f"{add_remove_note(result)}")
     for name in (name for name in _AMPLIFIED if name in result["bounds"]):
@@ -310,11 +316,11 @@ def _calibrate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     if args.json:
         print(json.dumps(json_safe(result), indent=2, allow_nan=False))
     else:
-        from fl_dp_flower.reporting.console import conditional_note
+        from fl_dp_flower.reporting.console import conditional_note, mu_note
 
         status = ("" if result["sound"] else "  (paper's stated bound - NOT a guarantee)") + conditional_note(result)
         print(f"{_settings(args)}\nthreat model {args.config.threat_model}")
-        print(f"sigma = {result['sigma']:.6g} gives {result['bound']}: mu = {_fmt(result['mu'])}, "
+        print(f"sigma = {result['sigma']:.6g} gives {result['bound']}: mu = {_fmt(result['mu'])}{mu_note(result['bound'])}, "
               f"epsilon = {_fmt(result['epsilon'])} at delta {args.config.delta:g}{status}")
         if result["bound"] in _AMPLIFIED:
             print(_AMPLIFIED[result["bound"]])

@@ -16,6 +16,9 @@ from rich.console import Console
 from rich.table import Table
 
 from fl_dp_flower.privacy.bounds import rests_on_smoothness
+from fl_dp_flower.privacy.client_sampling import CONDITIONED_BOUND
+from fl_dp_flower.privacy.sample_sampling import BATCH_SAMPLED_BOUND
+from fl_dp_flower.privacy.sampled import SAMPLED_BOUND
 from fl_dp_flower.vocabulary import BOUND_NAMES as _REPORTED
 
 # the sound bounds first, the paper's stated bound (often not a guarantee) last
@@ -45,6 +48,17 @@ CONDITIONAL = "conditional on L-smooth losses"
 FINAL_MODEL_ASSUMES = "participants do not reveal the global models they receive"
 
 
+#: bounds whose epsilon is the amplified rounds' (their PLD) while their mu is the Gaussian-DP parameter the rounds
+#: have without amplification (no smaller mu holds at every epsilon)
+AMPLIFIED_BOUNDS = frozenset({SAMPLED_BOUND, CONDITIONED_BOUND, BATCH_SAMPLED_BOUND})
+
+
+def mu_note(bound: str) -> str:
+    """" (unamplified)" after the mu of an :data:`AMPLIFIED_BOUNDS` bound, whose epsilon is the amplified one; else
+    "" (a mu of 7.6 beside an epsilon of 4 is not a mu-GDP claim of 7.6 read as epsilon 4)."""
+    return " (unamplified)" if bound in AMPLIFIED_BOUNDS else ""
+
+
 def conditional_note(bound: dict[str, Any]) -> str:
     """", conditional on L-smooth losses (L = 1)" for a bound that assumes L, ", assuming <it>" for any
     other assumption (the honest Poisson sampler of the amplified bound), "" for none."""
@@ -61,7 +75,7 @@ def add_remove_note(report: dict[str, Any]) -> str:
     if not ar:
         return ""
     relation = ar.get("relation", "add/remove-one")
-    return f"{relation} mu={fmt_num(ar['mu'])} eps={fmt_num(ar['epsilon'])}"
+    return f"{relation} mu={fmt_num(ar['mu'])}{mu_note(ar.get('bound', ''))} eps={fmt_num(ar['epsilon'])}"
 
 
 def _paper_label(paper: dict[str, Any]) -> str:
@@ -94,7 +108,7 @@ def format_round_line(report: dict[str, Any], *, accuracy: float | None, clients
     if not (final_model and accuracy is None):
         parts.append(f"acc {fmt_acc(accuracy)}")
     label = "PLANNING ONLY (not a certificate)" if cert.get("planning_only") else "certified"
-    parts.append(f"{label} mu={fmt_num(cert['mu'])} eps={fmt_num(cert['epsilon'])} "
+    parts.append(f"{label} mu={fmt_num(cert['mu'])}{mu_note(cert['bound'])} eps={fmt_num(cert['epsilon'])} "
                  f"(delta={delta_text(report)}, {cert['bound']}, {report.get('relation', 'replace-one')}"
                  f"{conditional_note(cert)}{', if ' + FINAL_MODEL_ASSUMES if final_model else ''})")
     if add_remove_note(report):

@@ -160,10 +160,10 @@ def render(view: RunView, source: Path, *, now: float | None = None):
     if cert is not None and (acct.num_releases if acct else 0) == 0:
         head.add_row("certified", "no round accounted yet")
     elif cert is not None and report is not None:
-        from .console import FINAL_MODEL_ASSUMES, add_remove_note, conditional_note, delta_text
+        from .console import FINAL_MODEL_ASSUMES, add_remove_note, conditional_note, delta_text, mu_note
 
         final = f", if {FINAL_MODEL_ASSUMES}" if report.threat_model == "final-model" else ""
-        head.add_row("certified", f"epsilon {_fmt(cert.epsilon)} (mu {_fmt(cert.mu)}) at delta {delta_text(report.to_dict())}, "
+        head.add_row("certified", f"epsilon {_fmt(cert.epsilon)} (mu {_fmt(cert.mu)}{mu_note(report.certified_bound)}) at delta {delta_text(report.to_dict())}, "
                                   f"bound {report.certified_bound}, threat model {report.threat_model}, "
                                   f"replace-one{conditional_note(cert.to_dict())}{final}")
         head.add_row("add/remove-one", add_remove_note(report.to_dict()))

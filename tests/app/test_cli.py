@@ -225,3 +225,22 @@ def test_calibrate_says_what_an_amplified_bounds_mu_is(capsys):
     assert "gives sampled_secret: mu = " in out
     assert ("sampled_secret: epsilon from the PLD of the rounds conditioned on their counts (docs/MATH.md §22); its mu "
             "is the Gaussian-DP parameter the rounds have without amplification; it holds only while nobody") in out
+
+
+def test_privacy_plans_every_preset_and_names_each_bounds_adversary(capsys):
+    """`privacy --preset cross-silo` used to stop with a KeyError: the plan's table had no adversary for the
+    batch_sampled bound. Every bound a report can carry has a row text, and the cross-silo plan prints its
+    amplified bound with its mu marked unamplified."""
+    from fl_dp_flower.app import cli
+    from fl_dp_flower.privacy.client_sampling import CONDITIONED_BOUND
+    from fl_dp_flower.privacy.sample_sampling import BATCH_SAMPLED_BOUND
+    from fl_dp_flower.privacy.sampled import SAMPLED_BOUND
+    from fl_dp_flower.privacy.secure_aggregation import SECURE_AGGREGATION_BOUND
+    from fl_dp_flower.vocabulary import BOUND_NAMES
+
+    names = {*BOUND_NAMES, SAMPLED_BOUND, CONDITIONED_BOUND, BATCH_SAMPLED_BOUND, SECURE_AGGREGATION_BOUND}
+    assert names <= set(cli._ADVERSARY)
+    assert main(["privacy", "--preset", "cross-silo"]) == 0
+    out = capsys.readouterr().out
+    assert "batch_sampled" in out and "(unamplified), epsilon = 3.99" in out
+    assert "batch_sampled: epsilon from the PLD of the rounds amplified by each site's Poisson batch" in out

@@ -243,6 +243,18 @@ def test_round_line_says_conditional_and_final_model_assumptions():
     assert "conditional" not in plain and "acc 0.500" in plain
 
 
+def test_round_line_marks_an_amplified_bounds_mu_unamplified():
+    """sampled_secret's mu is the rounds' Gaussian-DP parameter without amplification, its epsilon the amplified
+    one: the line says so rather than print a mu-GDP number that its epsilon contradicts."""
+    report = make_report(3, 3.99)
+    report["certified"] = {"bound": "sampled_secret", "mu": 7.61, "epsilon": 3.99, "assumes": []}
+    report["add_remove"] = {"bound": "sampled_secret", "mu": 7.61, "epsilon": 3.99}
+    line = format_round_line(report, accuracy=0.9, clients=400)
+    assert "certified mu=7.61 (unamplified) eps=3.99 (delta=1e-05, sampled_secret, replace-one)" in line
+    assert "add/remove-one mu=7.61 (unamplified) eps=3.99" in line
+    assert "(unamplified)" not in format_round_line(make_report(3, 5.68), accuracy=0.9, clients=10)
+
+
 def test_round_line_labels_unsound_paper_bound():
     line = format_round_line(make_report(3, 5.68, paper_eps=1.2), accuracy=0.912, clients=10)
     assert "\n" not in line
