@@ -207,6 +207,16 @@ class NodeSampling:
             self._event(MEMBERS_EVENT, {"round": round_, "entered": list(ids)})
         return ()
 
+    def _published_stats(self, round_: int, stats: dict[str, Any]) -> dict[str, Any]:
+        """The contributors' statistics (``num-examples``: the sum of their data sizes; with ``share-metrics`` their
+        averaged train loss, ...) as the round's published metrics show them: none with a secret sample, whose
+        ledger a reader could match against the clients' sizes to learn who took part (docs/MATH.md §22; then
+        sent to the members file)."""
+        if not self.secret_sample or not stats:
+            return stats
+        self._event(MEMBERS_EVENT, {"round": round_, "metrics": stats})
+        return {}
+
     def _routed(self, kind: str, data: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         """Where an event goes. A secret sample (docs/MATH.md §22): an event naming a node (``node-excluded``,
         ``node-capped``, ``partition-claimed``: NODE_ID_EVENTS) would tell a ledger reader, by its round or its

@@ -1,0 +1,47 @@
+"""What a secret sample's ledger may publish (docs/MATH.md §22): counts, never a statistic of who took part.
+
+Issue 31 review (P31A): the ``sampled_secret`` bound amplifies by the sample's secrecy, so a ledger line that
+tells its reader which clients entered a round voids it for that reader."""
+
+from __future__ import annotations
+
+import json
+
+from fl_dp_flower.app.serverapp import LEDGER
+from fl_dp_flower.app.testing import run_local, tiny_config
+from fl_dp_flower.reporting import read_ledger
+from fl_dp_flower.reporting.ledger.events import MEMBERS_FILE
+from fl_dp_flower.reporting.verify import verify_ledger
+
+#: what a round line's metrics may hold in a secret run: the dp-* counts and numbers, the central evaluation
+#: of the (public) global model
+_PUBLIC_METRICS = {"accuracy", "loss", "val-accuracy", "val-loss"}
+
+
+def test_a_secret_ledger_does_not_publish_the_contributors_num_examples(tmp_path):
+    """Before: every round line carried ``num-examples``, the sum of the contributors' data sizes (1025, 1689, 1286
+    with one client per round of three Dirichlet partitions: each names its partition), so a ledger reader learnt
+    the sample the ``sampled_secret`` bound takes to be secret. Now the contributors' statistics go to the
+    owner-only members file, and the ledger keeps counts."""
+    cfg = tiny_config(tmp_path, **{"clients-per-round": 1, "sample-secrecy": "secret", "partitioning": "dirichlet",
+                                   "num-server-rounds": 3, "colluding-clients": 0})
+    out, _ = run_local(cfg)
+    rounds = read_ledger(out.run_dir / LEDGER).rounds
+    assert [r["round"] for r in rounds] == [1, 2, 3]
+    assert out.accountant.report().certified_bound == "sampled_secret"  # the bound that needs the secrecy
+    for r in rounds:
+        leaked = {k for k in r["metrics"] if not k.startswith("dp-")} - _PUBLIC_METRICS
+        assert not leaked, (r["round"], r["metrics"])
+    owner = [json.loads(line) for line in (out.run_dir / MEMBERS_FILE).read_text().splitlines()]
+    stats = {d["round"]: d["metrics"] for d in owner if "metrics" in d}
+    assert sorted(stats) == [1, 2, 3] and all(s["num-examples"] > 0 for s in stats.values())
+    assert len({s["num-examples"] for s in stats.values()}) == 3  # unequal partitions: the sizes told who it was
+    v = verify_ledger(out.run_dir / LEDGER)
+    assert v.ok and v.rounds_verified == 3, v.failure
+
+
+def test_a_public_ledger_still_publishes_the_round_statistics(tmp_path):
+    """The public sample names its members anyway: its round lines keep ``num-examples``."""
+    cfg = tiny_config(tmp_path, **{"clients-per-round": 1, "num-server-rounds": 1, "colluding-clients": 0})
+    out, _ = run_local(cfg)
+    assert all(r["metrics"]["num-examples"] > 0 for r in read_ledger(out.run_dir / LEDGER).rounds)
