@@ -284,10 +284,12 @@ class AppConfig(ServerUpdateConfig, SecureAggregationConfig, ReplyChecksConfig, 
             problems.append(re.sub(rf"\b({'|'.join(SMOOTHNESS_FIELDS)})\b", lambda m: f"'{_dash(m.group(1))}'",
                                    problem))
         problems += [p.replace("threat_model", "'threat-model'").replace("sample_secrecy", "'sample-secrecy'").replace(
+            "batch_rate (Poisson batch sampling)", "'batch-sampling' = 'poisson'").replace(
             "population must", "'num-partitions' x 'clients-per-node' (the population) must").replace(
             "clients =", "'clients-per-round' =") for p in secrecy_problems(
             self.threat_model, self.sample_secrecy, planned_population(self.sample_secrecy, self.client_sampling,
-            self.clients_per_round, self.num_partitions, self.clients_per_node), self.clients_per_round)]
+            self.clients_per_round, self.num_partitions, self.clients_per_node), self.clients_per_round,
+            self.batch_rate if self.batch_sampling == "poisson" else None)]
         if self.client_sampling == "poisson":
             problems += [p.replace("threat_model", "'threat-model'").replace("sampling_rate (Poisson client sampling)",
                                                                               "'client-sampling' = 'poisson'")

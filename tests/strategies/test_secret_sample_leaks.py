@@ -45,3 +45,23 @@ def test_a_public_ledger_still_publishes_the_round_statistics(tmp_path):
     cfg = tiny_config(tmp_path, **{"clients-per-round": 1, "num-server-rounds": 1, "colluding-clients": 0})
     out, _ = run_local(cfg)
     assert all(r["metrics"]["num-examples"] > 0 for r in read_ledger(out.run_dir / LEDGER).rounds)
+
+
+def test_a_secret_sample_with_poisson_batches_is_refused_before_round_one(tmp_path):
+    """Before: accepted, and every round record carried ``batch_rate``, the largest B/n_i its contributors echoed
+    (16/1689, then 16/1286 with one client per round of Dirichlet partitions: each names its contributor's
+    partition), in the ledger that the ``sampled_secret`` bound takes to hold counts only. The accountant needs
+    that rate, so the combination is refused, naming both keys, before any round."""
+    import pytest
+
+    from fl_dp_flower.app.config import ConfigError
+    from fl_dp_flower.privacy.records import AccountantConfig
+
+    with pytest.raises(ConfigError, match="'sample-secrecy' 'secret' cannot be combined with 'batch-sampling' = 'poisson'"):
+        tiny_config(tmp_path, **{"clients-per-round": 1, "sample-secrecy": "secret", "clipping": "per-sample",
+                                 "batch-sampling": "poisson", "batch-rate": 0.1})
+    with pytest.raises(ValueError, match=r"sample_secrecy 'secret'.*batch_rate"):
+        AccountantConfig(sample_secrecy="secret", population=30, clients=3, clipping="per-sample", batch_size=16,
+                         batch_rate=0.1)
+    AccountantConfig(sample_secrecy="public", clients=3, clipping="per-sample", batch_size=16, batch_rate=0.1)
+    AccountantConfig(sample_secrecy="secret", population=30, clients=3, clipping="per-sample", batch_size=16)
