@@ -65,3 +65,4 @@ def test_a_secret_sample_with_poisson_batches_is_refused_before_round_one(tmp_pa
                          batch_rate=0.1)
     AccountantConfig(sample_secrecy="public", clients=3, clipping="per-sample", batch_size=16, batch_rate=0.1)
     AccountantConfig(sample_secrecy="secret", population=30, clients=3, clipping="per-sample", batch_size=16)
+
