@@ -57,7 +57,12 @@ log = logging.getLogger("flwr").getChild(__name__)
 
 
 class NotEnoughNodes(FlDpError, RuntimeError):
-    """Fewer eligible nodes than ``min-replies`` remain after excluding refusing nodes."""
+    """Fewer eligible nodes than ``min-replies`` remain after excluding refusing nodes. The message names them;
+    ``counts`` says the same in counts (what a secret sample's ledger may hold: a refusing node was drawn)."""
+
+    def __init__(self, message: str, counts: str | None = None) -> None:
+        super().__init__(message)
+        self.counts = message if counts is None else counts
 
 
 @dataclass
@@ -293,8 +298,10 @@ class NodeSampling:
             why = [f"{len(nodes)} node(s) {what} (" + "; ".join(f"node {n}: {r}" for n, r in sorted(nodes.items())) + ")"
                    for what, nodes in ((f"excluded after {c.max_node_refusals} consecutive refusals", excluded),
                                        ("set aside as claimants of a contested partition id", aside)) if nodes]
-            raise NotEnoughNodes(f"only {len(eligible)} eligible node(s) left, fewer than min-replies = "
-                                 f"{c.min_replies}: " + ", ".join(why))
+            left = f"only {len(eligible)} eligible node(s) left, fewer than min-replies = {c.min_replies}: "
+            raise NotEnoughNodes(left + ", ".join(why), left + (
+                f"{len(excluded)} node(s) excluded after {c.max_node_refusals} consecutive refusals, {len(aside)} set "
+                "aside as claimants of a contested partition id (a secret sample: their ids are in the members file)"))
         population = [(n, j) for n in eligible for j in range(cpn)]
         rng = random.Random(f"{c.seed}:{t}") if c.seed >= 0 else random.SystemRandom()
         if c.poisson:  # each client independently with probability q (docs/MATH.md §19)

@@ -11,6 +11,7 @@ from fl_dp_flower.app.serverapp import LEDGER
 from fl_dp_flower.app.testing import run_local, tiny_config
 from fl_dp_flower.reporting import read_ledger
 from fl_dp_flower.reporting.ledger.events import MEMBERS_FILE
+from fl_dp_flower.reporting.rounds import member_events
 from fl_dp_flower.reporting.verify import verify_ledger
 
 #: what a round line's metrics may hold in a secret run: the dp-* counts and numbers, the central evaluation
@@ -66,3 +67,28 @@ def test_a_secret_sample_with_poisson_batches_is_refused_before_round_one(tmp_pa
     AccountantConfig(sample_secrecy="public", clients=3, clipping="per-sample", batch_size=16, batch_rate=0.1)
     AccountantConfig(sample_secrecy="secret", population=30, clients=3, clipping="per-sample", batch_size=16)
 
+
+
+def test_a_secret_runs_failed_event_names_no_node(tmp_path):
+    """Before: a secret run that ran out of nodes wrote ``failed`` with NotEnoughNodes' message, which names every
+    excluded node and its refusal (``node 7000002: ...``): a node that refused was drawn, what the routed
+    ``node-excluded`` events keep out of the ledger. Now the ledger's reason names counts; the node ids stay in the
+    server's log and the owner-only members file."""
+    import pytest
+
+    from fl_dp_flower.app.recovery import RunFailed
+
+    base = 7_000_001
+    refusing = (base + 1, base + 2)
+    settings = {"clients-per-round": 3, "min-replies": 2, "sample-secrecy": "secret", "max-node-refusals": 1,
+                "num-server-rounds": 3, "colluding-clients": 0}
+    with pytest.raises(RunFailed):
+        run_local(tiny_config(tmp_path, **settings), first_node_id=base,
+                  node_config={n: {"min-sigma": 5.0} for n in refusing})
+    run_dir = tmp_path / "run"
+    ledger_text = (run_dir / LEDGER).read_text()
+    failed = [e["data"] for e in read_ledger(run_dir / LEDGER).events if e["event"] == "failed"]
+    assert len(failed) == 1 and "eligible node" in failed[0]["reason"], failed
+    assert not any(str(n) in ledger_text for n in range(base, base + 3)), failed
+    named = member_events(run_dir / MEMBERS_FILE)
+    assert sorted(e["data"]["node_id"] for e in named if e["event"] == "node-excluded") == list(refusing)
