@@ -20,3 +20,14 @@ def test_the_cohort_warning_says_a_node_operator_sees_its_share_of_a_secret_samp
     assert warning in node_assumptions(secret)
     public = cohort_collusion_warning(tiny_config(tmp_path, **settings))
     assert public is not None and "drew" not in public  # a public sample names them anyway
+
+
+def test_the_secret_sample_assumption_names_the_owner_only_records():
+    """Before: the printed assumption said only that the ledger and metrics publish counts; the server's log and
+    the app's summary.json name nodes (dropped replies, exclusions), so whoever reads them learns part of the
+    sample (docs/MATH.md §22 said so; the number printed with the bound did not)."""
+    from fl_dp_flower.privacy.client_sampling import secret_sample_assumption
+
+    text = secret_sample_assumption()
+    assert text.startswith("secret sample: an honest server-side sampler")
+    assert all(name in text for name in ("log", "members.jsonl", "summary.json", "owner"))
