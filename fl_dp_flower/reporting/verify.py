@@ -291,6 +291,11 @@ def _verify(path: Path, data: bytes, v: Verification) -> Verification:
         diff = _report_difference(entry.get("report"), recomputed)
         if diff is not None:
             return v.fail(lineno, f"round {record.round}: {diff}")
+        if (config.sample_secrecy == "secret" and "num-examples" in (entry.get("metrics") or {})
+                and not any("num-examples" in note for note in v.notes)):
+            v.notes.append(f"round {record.round}'s metrics publish the contributors' num-examples (a secret ledger "
+                           "written before they went to members.jsonl): a reader who knows the clients' data sizes may "
+                           "learn who took part, and the sampled_secret epsilon does not hold against them")
         v.rounds_verified += 1
         v.ended = False
         opened = None

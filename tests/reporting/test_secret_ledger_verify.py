@@ -63,3 +63,23 @@ def test_verify_accepts_a_counts_only_secret_ledger(tmp_path):
     ledger.close()
     v = verify_ledger(path)
     assert v.ok and v.rounds_verified == 2, v.failure
+
+
+def test_verify_notes_a_secret_ledger_whose_rounds_publish_num_examples(tmp_path):
+    """A secret ledger written before its round lines kept counts only (review P31A finding 1) published the
+    contributors' num-examples: its numbers recompute, but a reader who knows the clients' sizes may learn who
+    took part; verify says so (once), instead of passing it silently."""
+    path = tmp_path / "ledger.jsonl"
+    ledger = PrivacyLedger.create(path, accountant_config=SECRET.to_dict(), app_config={})
+    accountant = PrivacyAccountant(SECRET)
+    for t in (1, 2):
+        ledger.append_event("round-open", {"round": t, "clients": 2})
+        record = _record(t)
+        ledger.append_round(round=t, record=record.to_dict(), report=accountant.step(record).to_dict(),
+                            metrics={"num-examples": 1000 + t, "accuracy": 0.5})
+    ledger.append_event("end", {"rounds_accounted": 2})
+    ledger.close()
+    v = verify_ledger(path)
+    assert v.ok and v.rounds_verified == 2, v.failure
+    flagged = [n for n in v.notes if "num-examples" in n]
+    assert len(flagged) == 1 and "round 1" in flagged[0] and "sampled_secret" in flagged[0], v.notes
