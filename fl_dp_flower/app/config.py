@@ -290,6 +290,9 @@ class AppConfig(ServerUpdateConfig, SecureAggregationConfig, ReplyChecksConfig, 
             self.threat_model, self.sample_secrecy, planned_population(self.sample_secrecy, self.client_sampling,
             self.clients_per_round, self.num_partitions, self.clients_per_node), self.clients_per_round,
             self.batch_rate if self.batch_sampling == "poisson" else None)]
+        if self.sample_secrecy == "secret" and self.echo_tolerance != 1.0:  # strategies.sampling.check_plan
+            problems.append(f"'echo-tolerance' = {self.echo_tolerance!r}: 'sample-secrecy' = 'secret' needs 1 (a "
+                            "deviating echo accounted least privately names, in the ledger, the rounds its node took part in)")
         if self.client_sampling == "poisson":
             problems += [p.replace("threat_model", "'threat-model'").replace("sampling_rate (Poisson client sampling)",
                                                                               "'client-sampling' = 'poisson'")

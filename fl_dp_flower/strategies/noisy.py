@@ -75,7 +75,7 @@ class NoisyStrategyMixin(NodeSampling):
             raise TypeError(f"federation must be a FederationSettings, got {type(federation).__name__}")
         if not isinstance(accountant, PrivacyAccountant):
             raise TypeError(f"accountant must be a fl_dp_flower PrivacyAccountant, got {type(accountant).__name__}")
-        check_plan(settings, accountant.config, federation)
+        check_plan(settings, accountant.config, federation, reply_checks)
         if budget is not None and not isinstance(budget, Budget):
             raise TypeError(f"budget must be a Budget or None, got {type(budget).__name__}")
         check_budget_delta(budget, accountant.config)

@@ -85,10 +85,17 @@ class NodeRefusals:
                 "capped_total": self.capped_total, "flagged_at_round": self.flagged_at_round}
 
 
-def check_plan(settings: DPSettings, config: AccountantConfig, federation: FederationSettings) -> None:
+def check_plan(settings: DPSettings, config: AccountantConfig, federation: FederationSettings,
+               reply_checks: ReplyChecks | None = None) -> None:
     """Raise ``ValueError`` naming each field where the accountant's plan differs from the settings,
-    the planned contributions per round and the sampler included, and for secure aggregation without
-    the integer sum's grid (the real-valued sum's bound is for planning only)."""
+    the planned contributions per round and the sampler included, for secure aggregation without
+    the integer sum's grid (the real-valued sum's bound is for planning only), and for a secret sample
+    whose ``reply_checks`` accept echoes other than the plan (docs/MATH.md §22)."""
+    tolerance = reply_checks.echo_tolerance if isinstance(reply_checks, ReplyChecks) else 1.0  # a wrong type: later
+    if federation.sample_secrecy == "secret" and tolerance != 1.0:
+        raise ValueError(f"echo_tolerance = {tolerance!r} with sample_secrecy 'secret': an accepted echo other than "
+                         "the plan is accounted least privately, and the round record's values then name the rounds "
+                         "its node took part in; use echo_tolerance = 1 (a deviating reply is dropped as a refusal)")
     if config.threat_model == SECURE_AGGREGATION_THREAT:
         if config.sum_grid_step is None:
             raise ValueError(f"threat_model '{SECURE_AGGREGATION_THREAT}' without sum_grid_step is for planning only "

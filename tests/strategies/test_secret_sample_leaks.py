@@ -92,3 +92,28 @@ def test_a_secret_runs_failed_event_names_no_node(tmp_path):
     assert not any(str(n) in ledger_text for n in range(base, base + 3)), failed
     named = member_events(run_dir / MEMBERS_FILE)
     assert sorted(e["data"]["node_id"] for e in named if e["event"] == "node-excluded") == list(refusing)
+
+
+def test_a_secret_sample_needs_echoes_equal_to_the_plan(tmp_path):
+    """Before: with echo-tolerance > 1 a node that echoes other settings (``dp.sigma`` 0.25 for a planned 0.5) was
+    accepted and its round accounted least privately: the round record's ``sigma`` (and ``dp-echo-mismatch``) in the
+    ledger then showed every round that node took part in, while ``sampled_secret`` still amplified those rounds by
+    p_t as if nobody knew. With a secret sample the echo must equal the plan (a deviating reply is dropped as a
+    refusal, its node excluded after max-node-refusals); the library and the app refuse anything else up front."""
+    import pytest
+
+    from fl_dp_flower.app.config import ConfigError
+    from fl_dp_flower.reply_checks import ReplyChecks
+    from fl_dp_flower.settings import DPSettings, FederationSettings
+    from fl_dp_flower.strategies.sampling import check_plan
+
+    with pytest.raises(ConfigError, match="'echo-tolerance' = 2.0.*'sample-secrecy' = 'secret'"):
+        tiny_config(tmp_path, **{"clients-per-round": 1, "sample-secrecy": "secret", "echo-tolerance": 2.0})
+    settings = DPSettings(sigma=1.0, clip_norm=1.0)
+    federation = FederationSettings(clients_per_round=2, sample_secrecy="secret")
+    config = settings.accountant_config(clients=2, population=8, sample_secrecy="secret")
+    with pytest.raises(ValueError, match="echo_tolerance = 2.0.*sample_secrecy 'secret'"):
+        check_plan(settings, config, federation, ReplyChecks(echo_tolerance=2.0))
+    check_plan(settings, config, federation, ReplyChecks())
+    public = FederationSettings(clients_per_round=2)
+    check_plan(settings, settings.accountant_config(clients=2), public, ReplyChecks(echo_tolerance=2.0))
