@@ -233,9 +233,9 @@ class NoisyStrategyMixin(NodeSampling):
                 server_round, arrived, self.federation.min_replies, arrived,
             )
         metrics: dict[str, Any] = {
-                   **self._published_stats(record.round, average_metrics(usable, weights) if usable else {}),
-                   **dp_metrics(report), "dp-aggregated": int(aggregated),
-                   "dp-dropped": len(dropped), "dp-capped": self._last_capped, "dp-echo-mismatch": self._last_mismatch,
+                   **self._published_stats(record.round, {**(average_metrics(usable, weights) if usable else {}),
+                                                          "dp-capped": self._last_capped, "dp-echo-mismatch": self._last_mismatch}),
+                   **dp_metrics(report), "dp-aggregated": int(aggregated), "dp-dropped": len(dropped),
                    "dp-epsilon-increase": report.certified.epsilon - before,
                    "dp-expected-epsilon-increase": expected - before}
         # global_arrays (what a stop saves as the final model) changes only once the round line is durable

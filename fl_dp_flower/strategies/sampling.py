@@ -221,9 +221,10 @@ class NodeSampling:
 
     def _published_stats(self, round_: int, stats: dict[str, Any]) -> dict[str, Any]:
         """The contributors' statistics (``num-examples``: the sum of their data sizes; with ``share-metrics`` their
-        averaged train loss, ...) as the round's published metrics show them: none with a secret sample, whose
-        ledger a reader could match against the clients' sizes to learn who took part (docs/MATH.md §22; then
-        sent to the members file)."""
+        averaged train loss, ...; ``dp-capped`` and ``dp-echo-mismatch``: how many replies claimed a large data set
+        or echoed other settings, e.g. min(B, n) of a node with fewer samples than the batch) as the round's
+        published metrics show them: none with a secret sample, whose ledger a reader could match against the
+        clients to learn who took part (docs/MATH.md §22; then sent to the members file)."""
         if not self.secret_sample or not stats:
             return stats
         self._event(MEMBERS_EVENT, {"round": round_, "metrics": stats})

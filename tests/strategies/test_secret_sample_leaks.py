@@ -117,3 +117,21 @@ def test_a_secret_sample_needs_echoes_equal_to_the_plan(tmp_path):
     check_plan(settings, config, federation, ReplyChecks())
     public = FederationSettings(clients_per_round=2)
     check_plan(settings, settings.accountant_config(clients=2), public, ReplyChecks(echo_tolerance=2.0))
+
+
+def test_a_secret_ledger_does_not_count_the_contributors_echo_mismatches(tmp_path):
+    """Before: with per-batch clipping an honest node holding fewer samples than batch-size echoes min(B, n) (accepted
+    at echo-tolerance 1, charged at the planned B), and the round line's ``dp-echo-mismatch`` counted it: 1 in the
+    round that drew the 1025-sample partition (batch-size 1100), 0 in the others, so the ledger named the rounds that
+    client took part in. Now that count (and ``dp-capped``) goes to the owner-only members file with the other
+    statistics of the contributors' replies."""
+    cfg = tiny_config(tmp_path, **{"clients-per-round": 1, "sample-secrecy": "secret", "partitioning": "dirichlet",
+                                   "num-server-rounds": 3, "colluding-clients": 0, "batch-size": 1100,
+                                   "local-steps": 1})
+    out, _ = run_local(cfg)
+    rounds = read_ledger(out.run_dir / LEDGER).rounds
+    assert all("dp-echo-mismatch" not in r["metrics"] and "dp-capped" not in r["metrics"] for r in rounds), rounds
+    owner = [json.loads(line) for line in (out.run_dir / MEMBERS_FILE).read_text().splitlines()]
+    stats = {d["round"]: d["metrics"] for d in owner if "metrics" in d}
+    assert sorted(s["dp-echo-mismatch"] for s in stats.values()) == [0, 0, 1]  # the small partition, once
+    assert out.strategy.echo_mismatches == 1  # the run's total (summary.json, owner-only) is unchanged
