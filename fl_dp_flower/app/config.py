@@ -283,10 +283,15 @@ class AppConfig(ServerUpdateConfig, SecureAggregationConfig, ReplyChecksConfig, 
                                            self.assume_smooth_losses):
             problems.append(config_messages.dash_names(problem, SMOOTHNESS_FIELDS))
         problems += [p.replace("threat_model", "'threat-model'").replace("sample_secrecy", "'sample-secrecy'").replace(
+            "batch_rate (Poisson batch sampling)", "'batch-sampling' = 'poisson'").replace(
             "population must", "'num-partitions' x 'clients-per-node' (the population) must").replace(
             "clients =", "'clients-per-round' =") for p in secrecy_problems(
             self.threat_model, self.sample_secrecy, planned_population(self.sample_secrecy, self.client_sampling,
-            self.clients_per_round, self.num_partitions, self.clients_per_node), self.clients_per_round)]
+            self.clients_per_round, self.num_partitions, self.clients_per_node), self.clients_per_round,
+            self.batch_rate if self.batch_sampling == "poisson" else None)]
+        if self.sample_secrecy == "secret" and self.echo_tolerance != 1.0:  # strategies.sampling.check_plan
+            problems.append(f"'echo-tolerance' = {self.echo_tolerance!r}: 'sample-secrecy' = 'secret' needs 1 (a "
+                            "deviating echo accounted least privately names, in the ledger, the rounds its node took part in)")
         if self.client_sampling == "poisson":
             problems += [p.replace("threat_model", "'threat-model'").replace("sampling_rate (Poisson client sampling)",
                                                                               "'client-sampling' = 'poisson'")

@@ -264,7 +264,8 @@ def _run_server(grid: Grid, config: AppConfig, fraction_evaluate: float,
                                     evaluate_fn=make_evaluate_fn(config) if per_round_eval else None)
         except (NotEnoughNodes, ModelNotFinite) as exc:
             log.error("%s", exc)
-            ledger.append_event(FAILED_EVENT, {"reason": str(exc), "rounds_accounted": accountant.num_releases})
+            public = exc.counts if isinstance(exc, NotEnoughNodes) and config.sample_secrecy == "secret" else str(exc)
+            ledger.append_event(FAILED_EVENT, {"reason": public, "rounds_accounted": accountant.num_releases})
             _finish(config, run_dir, ledger, accountant, strategy, strategy.partial_result(), time.time() - t0,
                     failure=str(exc))
             raise RunFailed(str(exc), logged=True) from None

@@ -101,7 +101,9 @@ def cohort_collusion_warning(config: AppConfig) -> str | None:
     cpn = config.clients_per_node
     if cpn <= 1 or config.colluding_clients >= cpn:
         return None
-    return (f"cohort mode: each SuperNode trains {cpn} virtual clients and its operator knows all their noise, but the "
+    drawn = (", and which of them each round drew (its share of the secret sample the 'sampled_secret' bound takes "
+             "to be unknown to the adversary)" if config.sample_secrecy == "secret" else "")
+    return (f"cohort mode: each SuperNode trains {cpn} virtual clients and its operator knows all their noise{drawn}, but the "
             f"certified epsilon ({coalition_epsilon(config, config.colluding_clients):.4g} planned) is against "
             f"colluding-clients = {config.colluding_clients} virtual client(s); against one node's operator "
             f"(colluding-clients = {cpn}) the plan certifies {coalition_epsilon(config, cpn):.4g}. Set colluding-clients "

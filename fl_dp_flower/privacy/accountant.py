@@ -261,6 +261,9 @@ class PrivacyAccountant:
             raise ValueError(
                 f"record.algorithm {record.algorithm!r} does not match the accountant's {self._config.algorithm!r}"
             )
+        if self._secret is not None and record.node_ids:  # the bound amplifies by the sample's secrecy (§22)
+            raise ValueError("record.node_ids must be empty with sample_secrecy 'secret': a record that names its "
+                             "members publishes the sample the sampled_secret bound takes to be secret (docs/MATH.md §22)")
         if self._records and record.round != self._records[-1].round + 1:
             raise ValueError(
                 f"record.round must be {self._records[-1].round + 1} (rounds are accounted in order), got {record.round}"

@@ -65,8 +65,9 @@ def secret_sample_assumption(population: int | None = None) -> str:
     where = "" if population is None else f" of N = {population}"
     return ("secret sample: an honest server-side sampler draws each round's clients at random"
             f"{where} (Poisson or fixed-size), the adversary never learns which clients took part (the "
-            "ledger and metrics publish counts only), and dropouts are independent of the data and of "
-            "who was drawn; a fixed seed makes the sample predictable (experiments only)")
+            "ledger and metrics publish counts only; the server's log and the app's members.jsonl and "
+            "summary.json name clients and stay with the server's owner), and dropouts are independent of "
+            "the data and of who was drawn; a fixed seed makes the sample predictable (experiments only)")
 
 
 def inclusion_probability(drawn: int, population: int, colluders: int = 0) -> float:

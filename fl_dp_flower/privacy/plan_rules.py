@@ -102,10 +102,17 @@ def sampling_problems(threat_model: str, sampling_rate: float | None) -> list[st
     return []
 
 
-def secrecy_problems(threat_model: str, sample_secrecy: str, population: int | None, clients: int) -> list[str]:
+def secrecy_problems(threat_model: str, sample_secrecy: str, population: int | None, clients: int,
+                     batch_rate: float | None = None) -> list[str]:
     """What a secret sample asks (docs/MATH.md §22): the conditioned bound answers the all-rounds adversary
-    only, and the population the clients are drawn from holds at least the planned clients."""
+    only, the population the clients are drawn from holds at least the planned clients, and no Poisson batch
+    sampling (each round record carries the largest rate B/n_i its contributors echoed: it names the smallest
+    contributor in the ledger that must hold counts only)."""
     problems = []
+    if sample_secrecy == "secret" and batch_rate is not None:
+        problems.append("sample_secrecy 'secret' cannot be combined with batch_rate (Poisson batch sampling): every "
+                        "round record carries the largest batch rate B/n_i its contributors echoed, which tells a "
+                        "ledger reader who took part (docs/MATH.md §22)")
     if sample_secrecy == "secret" and threat_model != "all-rounds":
         problems.append(f"sample_secrecy 'secret' needs threat_model 'all-rounds' (the conditioned bound answers "
                         f"the adversary who sees every global model), got {threat_model!r}")

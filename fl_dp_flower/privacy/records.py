@@ -150,7 +150,7 @@ class AccountantConfig:
         choice("sample_secrecy", self.sample_secrecy, SAMPLE_SECRECIES)
         if self.population is not None:
             int_at_least("population", self.population, 1)
-        for problem in secrecy_problems(self.threat_model, self.sample_secrecy, self.population, self.clients):
+        for problem in secrecy_problems(self.threat_model, self.sample_secrecy, self.population, self.clients, self.batch_rate):
             raise ValueError(problem)
         if self.batch_rate is not None and not (positive("batch_rate", self.batch_rate) <= 1.0):
             raise ValueError(f"batch_rate must be in (0, 1], got {self.batch_rate!r}")

@@ -15,6 +15,10 @@ What it checks, line by line, and where it stops (the first line that fails is r
    ``rounds-not-applied`` event (from that event on) leave the final-model bound, as the server
    counted them. A header without ``colluders`` (written before the field) is recomputed with
    c = 0, the rule it was certified under; a round record without ``applied`` as applied.
+   A secret sample's ledger (``sample_secrecy`` "secret", docs/MATH.md §22) must hold counts only: a
+   round record with ``node_ids`` (the accountant refuses it), a ``round-open`` event with ``node_ids``, or a
+   node-naming or ``round-members`` event fails it (its reader would learn the sample the
+   ``sampled_secret`` bound takes to be secret).
 4. **Structure** (schema 2). Each round line follows its ``round-open`` event (the write-ahead
    line the server appends before broadcasting), and nothing but a ``resume`` follows a run's
    ``end``.
@@ -58,6 +62,7 @@ from .ledger import (
     parse_line,
     split_lines,
 )
+from .ledger.events import MEMBERS_EVENT, NODE_ID_EVENTS
 from .replay import not_applied_rounds
 
 REL_TOL = 1e-9
@@ -243,6 +248,10 @@ def _verify(path: Path, data: bytes, v: Verification) -> Verification:
             return v.fail(lineno, "a line after the run's end event that is not a resume")
         if kind == "event":
             event, data_ = entry.get("event"), entry.get("data") or {}
+            if config.sample_secrecy == "secret" and (event in (*NODE_ID_EVENTS, MEMBERS_EVENT) or (
+                    event == ROUND_OPEN_EVENT and "node_ids" in data_)):
+                return v.fail(lineno, f"a secret sample's ledger names a node ({event} event): whoever reads it learns "
+                                      "the sample, so its sampled_secret epsilon does not hold (docs/MATH.md §22)")
             if event == ROUND_OPEN_EVENT:
                 opened = data_.get("round")
             elif event == NOT_APPLIED_EVENT:
@@ -282,6 +291,11 @@ def _verify(path: Path, data: bytes, v: Verification) -> Verification:
         diff = _report_difference(entry.get("report"), recomputed)
         if diff is not None:
             return v.fail(lineno, f"round {record.round}: {diff}")
+        if (config.sample_secrecy == "secret" and "num-examples" in (entry.get("metrics") or {})
+                and not any("num-examples" in note for note in v.notes)):
+            v.notes.append(f"round {record.round}'s metrics publish the contributors' num-examples (a secret ledger "
+                           "written before they went to members.jsonl): a reader who knows the clients' data sizes may "
+                           "learn who took part, and the sampled_secret epsilon does not hold against them")
         v.rounds_verified += 1
         v.ended = False
         opened = None

@@ -75,7 +75,7 @@ class NoisyStrategyMixin(NodeSampling):
             raise TypeError(f"federation must be a FederationSettings, got {type(federation).__name__}")
         if not isinstance(accountant, PrivacyAccountant):
             raise TypeError(f"accountant must be a fl_dp_flower PrivacyAccountant, got {type(accountant).__name__}")
-        check_plan(settings, accountant.config, federation)
+        check_plan(settings, accountant.config, federation, reply_checks)
         if budget is not None and not isinstance(budget, Budget):
             raise TypeError(f"budget must be a Budget or None, got {type(budget).__name__}")
         check_budget_delta(budget, accountant.config)
@@ -233,8 +233,9 @@ class NoisyStrategyMixin(NodeSampling):
                 server_round, arrived, self.federation.min_replies, arrived,
             )
         metrics: dict[str, Any] = {
-                   **(average_metrics(usable, weights) if usable else {}), **dp_metrics(report), "dp-aggregated": int(aggregated),
-                   "dp-dropped": len(dropped), "dp-capped": self._last_capped, "dp-echo-mismatch": self._last_mismatch,
+                   **self._published_stats(record.round, {**(average_metrics(usable, weights) if usable else {}),
+                                                          "dp-capped": self._last_capped, "dp-echo-mismatch": self._last_mismatch}),
+                   **dp_metrics(report), "dp-aggregated": int(aggregated), "dp-dropped": len(dropped),
                    "dp-epsilon-increase": report.certified.epsilon - before,
                    "dp-expected-epsilon-increase": expected - before}
         # global_arrays (what a stop saves as the final model) changes only once the round line is durable

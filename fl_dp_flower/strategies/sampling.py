@@ -57,7 +57,12 @@ log = logging.getLogger("flwr").getChild(__name__)
 
 
 class NotEnoughNodes(FlDpError, RuntimeError):
-    """Fewer eligible nodes than ``min-replies`` remain after excluding refusing nodes."""
+    """Fewer eligible nodes than ``min-replies`` remain after excluding refusing nodes. The message names them;
+    ``counts`` says the same in counts (what a secret sample's ledger may hold: a refusing node was drawn)."""
+
+    def __init__(self, message: str, counts: str | None = None) -> None:
+        super().__init__(message)
+        self.counts = message if counts is None else counts
 
 
 @dataclass
@@ -80,10 +85,17 @@ class NodeRefusals:
                 "capped_total": self.capped_total, "flagged_at_round": self.flagged_at_round}
 
 
-def check_plan(settings: DPSettings, config: AccountantConfig, federation: FederationSettings) -> None:
+def check_plan(settings: DPSettings, config: AccountantConfig, federation: FederationSettings,
+               reply_checks: ReplyChecks | None = None) -> None:
     """Raise ``ValueError`` naming each field where the accountant's plan differs from the settings,
-    the planned contributions per round and the sampler included, and for secure aggregation without
-    the integer sum's grid (the real-valued sum's bound is for planning only)."""
+    the planned contributions per round and the sampler included, for secure aggregation without
+    the integer sum's grid (the real-valued sum's bound is for planning only), and for a secret sample
+    whose ``reply_checks`` accept echoes other than the plan (docs/MATH.md §22)."""
+    tolerance = reply_checks.echo_tolerance if isinstance(reply_checks, ReplyChecks) else 1.0  # a wrong type: later
+    if federation.sample_secrecy == "secret" and tolerance != 1.0:
+        raise ValueError(f"echo_tolerance = {tolerance!r} with sample_secrecy 'secret': an accepted echo other than "
+                         "the plan is accounted least privately, and the round record's values then name the rounds "
+                         "its node took part in; use echo_tolerance = 1 (a deviating reply is dropped as a refusal)")
     if config.threat_model == SECURE_AGGREGATION_THREAT:
         if config.sum_grid_step is None:
             raise ValueError(f"threat_model '{SECURE_AGGREGATION_THREAT}' without sum_grid_step is for planning only "
@@ -207,6 +219,17 @@ class NodeSampling:
             self._event(MEMBERS_EVENT, {"round": round_, "entered": list(ids)})
         return ()
 
+    def _published_stats(self, round_: int, stats: dict[str, Any]) -> dict[str, Any]:
+        """The contributors' statistics (``num-examples``: the sum of their data sizes; with ``share-metrics`` their
+        averaged train loss, ...; ``dp-capped`` and ``dp-echo-mismatch``: how many replies claimed a large data set
+        or echoed other settings, e.g. min(B, n) of a node with fewer samples than the batch) as the round's
+        published metrics show them: none with a secret sample, whose ledger a reader could match against the
+        clients to learn who took part (docs/MATH.md §22; then sent to the members file)."""
+        if not self.secret_sample or not stats:
+            return stats
+        self._event(MEMBERS_EVENT, {"round": round_, "metrics": stats})
+        return {}
+
     def _routed(self, kind: str, data: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         """Where an event goes. A secret sample (docs/MATH.md §22): an event naming a node (``node-excluded``,
         ``node-capped``, ``partition-claimed``: NODE_ID_EVENTS) would tell a ledger reader, by its round or its
@@ -283,8 +306,10 @@ class NodeSampling:
             why = [f"{len(nodes)} node(s) {what} (" + "; ".join(f"node {n}: {r}" for n, r in sorted(nodes.items())) + ")"
                    for what, nodes in ((f"excluded after {c.max_node_refusals} consecutive refusals", excluded),
                                        ("set aside as claimants of a contested partition id", aside)) if nodes]
-            raise NotEnoughNodes(f"only {len(eligible)} eligible node(s) left, fewer than min-replies = "
-                                 f"{c.min_replies}: " + ", ".join(why))
+            left = f"only {len(eligible)} eligible node(s) left, fewer than min-replies = {c.min_replies}: "
+            raise NotEnoughNodes(left + ", ".join(why), left + (
+                f"{len(excluded)} node(s) excluded after {c.max_node_refusals} consecutive refusals, {len(aside)} set "
+                "aside as claimants of a contested partition id (a secret sample: their ids are in the members file)"))
         population = [(n, j) for n in eligible for j in range(cpn)]
         rng = random.Random(f"{c.seed}:{t}") if c.seed >= 0 else random.SystemRandom()
         if c.poisson:  # each client independently with probability q (docs/MATH.md §19)
