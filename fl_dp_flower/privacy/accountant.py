@@ -210,7 +210,7 @@ class PrivacyAccountant:
                 certified_only: bool = False) -> PrivacyReport:
         d = self._config.delta if delta is None else delta
         asserted = self._config.assume_smooth_losses
-        assumes = bound_assumptions(self._config.smoothness, uses_smoothness)
+        assumes = bound_assumptions(self._config.smoothness, uses_smoothness, self._config.threat_model)
         bounds = {
             name: BoundValue(mu=mus[name], epsilon=gdp.epsilon(mus[name], d), sound=sound[name],
                              assumes=assumes[name])

@@ -36,6 +36,7 @@ from .validate import int_at_least
 __all__ = [
     "BOUND_KEYS",
     "CONDITIONAL_LABEL",
+    "FINAL_ITERATE_ASSUMPTION",
     "RELATION",
     "BoundValue",
     "add_remove_certified",
@@ -209,13 +210,22 @@ def smoothness_assumption(smoothness: float) -> str:
     return f"L-smooth losses (L = {float(smoothness):g})"
 
 
-def bound_assumptions(smoothness: float, sensitivity_uses_smoothness: bool) -> dict[str, tuple[str, ...]]:
+#: what the final-model bounds (final_model, paper) assume of the released model; printed with them wherever the
+#: run does not enforce it (under threat model "final-model" the package refuses a server optimizer and an averaged
+#: release, so there it holds by construction)
+FINAL_ITERATE_ASSUMPTION = "the released model is the last noisy-GD iterate (no server optimizer, no averaged release)"
+
+
+def bound_assumptions(smoothness: float, sensitivity_uses_smoothness: bool,
+                      threat_model: str = "final-model") -> dict[str, tuple[str, ...]]:
     """What each bound assumes (docs/MATH.md §13, §15): final_model and paper always rest on
-    L-smooth losses (rho_t); composition and local_dp only when their sensitivity used the
-    per-sample drift bound theta < 1."""
+    L-smooth losses (rho_t) and, outside the final-model threat model (which refuses server
+    post-processing), on the released model being the last noisy-GD iterate; composition and local_dp
+    only when their sensitivity used the per-sample drift bound theta < 1."""
     smooth = (smoothness_assumption(smoothness),)
     clip = smooth if sensitivity_uses_smoothness else ()
-    return {"paper": smooth, "composition": clip, "final_model": smooth, "local_dp": clip}
+    final = smooth if threat_model == "final-model" else (*smooth, FINAL_ITERATE_ASSUMPTION)
+    return {"paper": final, "composition": clip, "final_model": final, "local_dp": clip}
 
 
 #: threat model -> the bounds that answer its adversary (docs/MATH.md §15); "sampled" (the amplified

@@ -153,7 +153,7 @@ def plan(config: AccountantConfig, rounds: int) -> Plan:
     sound = {name: paper_is_sound(config.algorithm, config.schedule) if name == "paper" else True
              for name in BOUND_NAMES}
     uses_l = drift_bound_allowed(config.clipping, config.local_steps, config.assume_smooth_losses)
-    assumes = bound_assumptions(config.smoothness, uses_l)
+    assumes = bound_assumptions(config.smoothness, uses_l, config.threat_model)
     bounds = {name: BoundValue(mu=mus[name], epsilon=gdp.epsilon(mus[name], config.delta), sound=sound[name],
                                assumes=assumes[name]) for name in BOUND_NAMES}
     ar_mus = planned_bounds(config, rounds, add_remove=True)

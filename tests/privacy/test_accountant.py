@@ -126,6 +126,14 @@ def test_threat_models_pick_their_bound():
     assert unasserted.bounds["composition"].assumes == ()
     assert reports["all-rounds"].certified_bound == "composition"
     assert reports["curious-server"].certified_bound == "local_dp"
+    # outside the final-model threat model (which refuses server post-processing) the final-model bounds say they
+    # describe the last noisy-GD iterate: a run may release an EMA or take server-optimizer steps (review P31A)
+    from fl_dp_flower.privacy.bounds import FINAL_ITERATE_ASSUMPTION
+    for tm in ("all-rounds", "curious-server"):
+        for name in ("final_model", "paper"):
+            assert reports[tm].bounds[name].assumes == ("L-smooth losses (L = 1)", FINAL_ITERATE_ASSUMPTION)
+        assert FINAL_ITERATE_ASSUMPTION not in reports[tm].bounds["composition"].assumes
+    assert FINAL_ITERATE_ASSUMPTION not in reports["final-model"].bounds["final_model"].assumes
     final = reports["final-model"]
     assert final.certified.mu == min(final.bounds[n].mu for n in ("composition", "final_model"))
     # docs/MATH.md §14.3 homogeneous stage-wise T=50: composition 0.28506, final model 0.23346.
