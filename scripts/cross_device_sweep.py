@@ -14,6 +14,10 @@ test accuracy of the released model at the last round, the certified epsilon of 
 from its iterates, the test accuracy of every release of ``--releases``, to report the one validation chose).
 The summary's cohort-collusion note (two more replayed plans of the run, minutes each) is skipped.
 
+``--decay-to-initial`` (an experiment, not a run-config key): the server weight decay pulls the iterate towards
+the initial model w_0 (public: drawn from the run's seed) instead of towards 0, w_{t+1} = w_t - lr_t (w_t - a_t) -
+lr_t lambda (w_t - w_0); still post-processing of the noisy aggregates (patched into ``ServerUpdate`` for the run).
+
 Results go to ``--out`` (one JSON per run, reused when present) and a table on stdout.
 Run: .venv/bin/python scripts/cross_device_sweep.py search --set lr=1 [--releases ema:0.9 tail:0.33]
      .venv/bin/python scripts/cross_device_sweep.py final --seeds 1 2 3
@@ -23,10 +27,12 @@ Run: .venv/bin/python scripts/cross_device_sweep.py search --set lr=1 [--release
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +63,32 @@ def search_config(overrides: dict[str, Any], seed: int, validation: float, epsil
     return rc
 
 
-def run(rc: dict[str, Any], capture: bool) -> tuple[dict[str, Any], list[Any], Any]:
+@contextlib.contextmanager
+def decayed_to_initial(active: bool) -> Iterator[None]:
+    """While ``active``: ``ServerUpdate``'s weight decay pulls towards the first iterate it steps from (the initial
+    model) instead of towards 0: the step's ``- lr lambda w_t`` becomes ``- lr lambda (w_t - w_0)``."""
+    import numpy as np
+
+    from fl_dp_flower.strategies.server_opt import ServerUpdate
+
+    original = ServerUpdate._step
+
+    def step(self: ServerUpdate, w: list[Any], a: list[Any], floats: list[bool], round_: int) -> list[Any]:
+        if not hasattr(self, "initial"):
+            self.initial = [np.asarray(x, np.float64).copy() for x in w]  # type: ignore[attr-defined]
+        new = original(self, w, a, floats, round_)
+        pull = self.lr(round_) * self.federation.server_weight_decay
+        return [n + pull * w0 if f else n for n, w0, f in zip(new, self.initial, floats)]  # type: ignore[attr-defined]
+
+    if active:
+        ServerUpdate._step = step  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        ServerUpdate._step = original  # type: ignore[method-assign]
+
+
+def run(rc: dict[str, Any], capture: bool, to_initial: bool = False) -> tuple[dict[str, Any], list[Any], Any]:
     """One run of ``rc`` on the in-process grid (10 nodes): its summary, captured iterates, seconds."""
     import torch
 
@@ -69,7 +100,7 @@ def run(rc: dict[str, Any], capture: bool) -> tuple[dict[str, Any], list[Any], A
     # The summary's cohort-collusion note plans the run twice more (against one client and one node operator);
     # with 250 sampled rounds each replayed plan takes minutes on this machine. It changes no number of the run.
     threat.cohort_collusion_warning = lambda config: None  # type: ignore[assignment]
-    with captured_iterates(capture) as iterates, tempfile.TemporaryDirectory() as out:
+    with captured_iterates(capture) as iterates, decayed_to_initial(to_initial), tempfile.TemporaryDirectory() as out:
         start = time.perf_counter()
         outcome, _ = run_local(tiny_config(Path(out), **rc), nodes=10)
         seconds = time.perf_counter() - start
@@ -98,20 +129,20 @@ def final_releases(rc: dict[str, Any], iterates: list[Any], releases: list[str])
 
 
 def search_run(out: Path, overrides: dict[str, Any], seed: int, validation: float, epsilon: float,
-               releases: list[str]) -> dict[str, Any]:
+               releases: list[str], to_initial: bool = False) -> dict[str, Any]:
     """One search run (saved under ``out``, reused when present): sigma, certified epsilons, seconds, and the final
     validation and test accuracy of every release of ``releases`` replayed from its iterates."""
-    tag = "_".join(f"{k}={v}" for k, v in sorted(overrides.items())) or "preset"
+    tag = ("_".join(f"{k}={v}" for k, v in sorted(overrides.items())) or "preset") + ("_to-initial" * to_initial)
     path = out / f"search_{tag}_eps{epsilon}_seed{seed}.json"
     if path.exists():
         return dict(json.loads(path.read_text()))
     rc = search_config(overrides, seed, validation, epsilon)
-    summary, iterates, seconds = run(rc, capture=True)
+    summary, iterates, seconds = run(rc, capture=True, to_initial=to_initial)
     finals = final_releases(rc, iterates, releases)
     release = f"{rc['release-average']}:{rc.get('release-ema-decay', rc.get('release-tail-fraction'))}"
     if release in finals and abs(finals[release]["test"] - summary["final_accuracy"]) > 1e-9:
         raise SystemExit(f"replayed {release} {finals[release]} differs from the run's {summary['final_accuracy']}")
-    found = {"overrides": overrides, "seed": seed, "sigma": rc["sigma"], "lr": rc["lr"],
+    found = {"overrides": overrides, "decay_to_initial": to_initial, "seed": seed, "sigma": rc["sigma"], "lr": rc["lr"],
              "rounds": rc["num-server-rounds"], "q": rc["sampling-rate"],
              "epsilon": summary["final_report"]["certified"]["epsilon"],
              "epsilon_add_remove": summary["final_report"]["add_remove"]["epsilon"], "seconds": seconds,
@@ -121,8 +152,9 @@ def search_run(out: Path, overrides: dict[str, Any], seed: int, validation: floa
 
 
 def search(args: argparse.Namespace, overrides: dict[str, Any]) -> None:
-    tag = "_".join(f"{k}={v}" for k, v in sorted(overrides.items())) or "preset"
-    found = search_run(args.out, overrides, args.seed, args.validation_fraction, args.epsilon, args.releases)
+    tag = ("_".join(f"{k}={v}" for k, v in sorted(overrides.items())) or "preset") + ("_to-initial" * args.decay_to_initial)
+    found = search_run(args.out, overrides, args.seed, args.validation_fraction, args.epsilon, args.releases,
+                       args.decay_to_initial)
     print(f"{tag}: sigma {found['sigma']:.4f}, certified eps {found['epsilon']:.4f}, {found['seconds']:.0f} s; "
           "final val " + ", ".join(f"{s} {v['val']:.4f}" for s, v in found["finals"].items()), flush=True)
 
@@ -159,9 +191,13 @@ def main() -> None:
     parser.add_argument("--validation-fraction", type=float, default=0.1)
     parser.add_argument("--releases", nargs="+",
                         default=["none", "ema:0.8", "ema:0.9", "ema:0.95", "tail:0.2", "tail:0.33", "tail:0.5"])
+    parser.add_argument("--decay-to-initial", action="store_true",
+                        help="search: the server weight decay pulls towards the initial model (an experiment)")
     parser.add_argument("--out", type=Path, default=Path("outputs/cross-device-sweep"))
     args = parser.parse_args()
     overrides = {k: _value(v) for k, _, v in (item.partition("=") for item in args.set)}
+    if args.decay_to_initial and args.mode == "final":
+        raise SystemExit("--decay-to-initial: search only (an experiment; a preset would need a run-config key)")
     args.out.mkdir(parents=True, exist_ok=True)
     search(args, overrides) if args.mode == "search" else final(args, overrides)
 

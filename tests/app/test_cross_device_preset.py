@@ -84,3 +84,44 @@ def test_the_sweeps_server_step_overrides_drop_the_presets_server_weight_decay(m
                             "server-lr-end": 0.25})
     assert "server-weight-decay" not in decaying
     AppConfig.from_run_config({**pyproject_defaults(), **decaying})
+
+
+def test_the_sweeps_decay_to_initial_pulls_towards_the_first_iterate_and_is_undone(monkeypatch):
+    """scripts/cross_device_sweep.py --decay-to-initial (an experiment): w_{t+1} = w_t - lr_t (w_t - a_t) - lr_t lambda
+    (w_t - w_0) with w_0 the model of round 1, checked by hand over two rounds; ServerUpdate is restored afterwards."""
+    from pathlib import Path
+
+    import numpy as np
+    from flwr.app import Array, ArrayRecord
+
+    from fl_dp_flower.app.testing import tiny_config
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "scripts"))
+    from cross_device_sweep import decayed_to_initial, preset_with
+
+    lam = 0.1
+    fed = tiny_config(Path("unused"), **{**preset_with({}), "server-weight-decay": lam,
+                                         "release-average": "none"}).federation_settings()
+
+    def record(x: list[float]) -> ArrayRecord:
+        return ArrayRecord({"w": Array(np.asarray(x, np.float32))})
+
+    w0, a1, a2 = np.array([1.0, 2.0]), np.array([1.5, 1.0]), np.array([0.0, 3.0])
+    original = ServerUpdate._step
+    with decayed_to_initial(True):
+        update = ServerUpdate(fed, "all-rounds")
+        update.apply(update.broadcast(record(list(w0))), record(list(a1)), 1)
+        w1 = update.iterate.to_numpy_ndarrays()[0]
+        update.apply(update.iterate, record(list(a2)), 2)
+        w2 = update.iterate.to_numpy_ndarrays()[0]
+    assert ServerUpdate._step is original
+    lr1, lr2 = update.lr(1), update.lr(2)
+    assert lr2 < lr1 == 1.0  # the preset's decaying server step
+    expected1 = w0 - lr1 * (w0 - a1)  # no pull at round 1: the iterate is w_0
+    expected2 = expected1 - lr2 * (expected1 - a2) - lr2 * lam * (expected1 - w0)
+    np.testing.assert_allclose(w1, expected1, atol=1e-6)
+    np.testing.assert_allclose(w2, expected2, atol=1e-6)
+    plain = ServerUpdate(fed, "all-rounds")  # the library's own decay (towards 0) differs at round 2
+    plain.apply(plain.broadcast(record(list(w0))), record(list(a1)), 1)
+    plain.apply(plain.iterate, record(list(a2)), 2)
+    assert not np.allclose(plain.iterate.to_numpy_ndarrays()[0], expected2, atol=1e-3)
