@@ -22,7 +22,8 @@ from .vocabulary import (ALGORITHMS, BATCH_SAMPLINGS, CLIENT_SAMPLINGS, CLIPPING
 __all__ = ["DPSettings", "FederationSettings", "round_problems", "server_step_problems"]
 
 
-def round_problems(clients_per_round: int, min_replies: int, client_sampling: str, weighting: str) -> list[str]:
+def round_problems(clients_per_round: int, min_replies: int, client_sampling: str, weighting: str,
+                   sample_secrecy: str = "public") -> list[str]:
     """A round's cross-field rules (each value already in its own range), as messages naming the
     :class:`FederationSettings` fields; the one owner of these rules (the reference app names its dash keys in
     them)."""
@@ -33,6 +34,10 @@ def round_problems(clients_per_round: int, min_replies: int, client_sampling: st
     if client_sampling == "poisson" and weighting != "uniform":
         problems.append(f"weighting = {weighting!r}: client_sampling = 'poisson' needs 'uniform' (the aggregate divides "
                         "the summed updates by q N)")
+    elif sample_secrecy == "secret" and weighting != "uniform":
+        problems.append(f"weighting = {weighting!r}: sample_secrecy = 'secret' needs 'uniform' (each round record's "
+                        "weights n_i / sum n would tell a ledger reader who took part, and unequal weights get no "
+                        "amplification)")
     return problems
 
 
@@ -240,7 +245,8 @@ class FederationSettings:
         if not positive("sampling_rate", self.sampling_rate) <= 1.0:
             raise ValueError(f"sampling_rate must be in (0, 1], got {self.sampling_rate!r}")
         choice("sample_secrecy", self.sample_secrecy, SAMPLE_SECRECIES)
-        if problems := round_problems(self.clients_per_round, self.min_replies, self.client_sampling, self.weighting):
+        if problems := round_problems(self.clients_per_round, self.min_replies, self.client_sampling, self.weighting,
+                                      self.sample_secrecy):
             raise ValueError("; ".join(problems))
         self._check_post_processing()
 

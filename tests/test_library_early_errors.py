@@ -82,6 +82,8 @@ def test_a_budget_at_another_delta_than_the_accountant_is_refused():
     ({"clients_per_round": 3, "min_replies": 4}, r"min_replies = 4: must be an integer in \[1, clients_per_round = 3\]"),
     ({"client_sampling": "poisson", "sampling_rate": 0.5, "weighting": "examples"},
      "weighting = 'examples': client_sampling = 'poisson' needs 'uniform'"),
+    ({"sample_secrecy": "secret", "weighting": "examples"},  # the record's weights n_i / sum n would name who it was
+     "weighting = 'examples': sample_secrecy = 'secret' needs 'uniform'"),
 ])
 def test_federation_rules_name_the_fields_for_a_library_user(fields, message):
     """The round's cross-field rules (settings.round_problems, which the run config also uses, naming its dash

@@ -122,7 +122,8 @@ _ADVERSARY = {
     "sampled": "every global model and each round's members",
     "sampled_secret": "every global model and each round's count; a secret sample",
     "secure_aggregation": "the secure sum of the uploads (SecAgg+)",
-    "batch_sampled": "every global model; each site's batch draws secret (honest sites)",
+    "batch_sampled": "every global model (all-rounds) or every upload (curious-server); each site's batch draws "
+                     "secret (honest sites)",
 }
 
 
@@ -141,7 +142,8 @@ _THREAT_RULE = {
                   "('sampled_secret') with a secret sample, amplified by the sites' Poisson batches ('batch_sampled') "
                   "(the adversary sees every global model)",
     "final-model": "the smallest certifiable final-model bound",
-    "curious-server": "local_dp (the server sees every upload)",
+    "curious-server": "local_dp, amplified by the sites' Poisson batches ('batch_sampled') (the server sees every "
+                      "upload)",
     "secure-aggregation": "secure_aggregation: the Skellam bound against a server that sees only the secure sum (SecAgg+)",
 }
 

@@ -300,9 +300,9 @@ class AppConfig(ServerUpdateConfig, SecureAggregationConfig, ReplyChecksConfig, 
         for problem in colluder_problems(self.threat_model, self.colluding_clients):
             problems.append(problem.replace("threat_model", "'threat-model'").replace("colluders", "'colluding-clients'"))
         problems += [config_messages.dash_names(problem, ("clients_per_round", "min_replies", "client_sampling",
-                                                          "weighting"))
+                                                          "weighting", "sample_secrecy"))
                      for problem in round_problems(self.clients_per_round, self.min_replies, self.client_sampling,
-                                                   self.weighting)]
+                                                   self.weighting, self.sample_secrecy)]
         if self.clients_per_node > 1:
             if self.weighting != "uniform":
                 problems.append(f"'weighting' = {self.weighting!r}: cohort mode ('clients-per-node' = "

@@ -23,8 +23,11 @@ def dash(name: str) -> str:
 def dash_names(message: str, names: Iterable[str]) -> str:
     """A library message with each of ``names`` (field names) as its quoted run-config key: "server_lr x
     server_weight_decay" -> "'server-lr' x 'server-weight-decay'"."""
-    pattern = "|".join(sorted(names, key=len, reverse=True))
-    return re.sub(rf"\b({pattern})\b", lambda m: f"'{dash(m.group(1))}'", message)
+    names = sorted(names, key=len, reverse=True)
+    if not names:
+        return message
+    pattern = "|".join(re.escape(name) for name in names)  # a name already quoted stays as it is
+    return re.sub(rf"(?<!')\b({pattern})\b(?!')", lambda m: f"'{dash(m.group(1))}'", message)
 
 
 def describe_range(fields: Mapping[str, FieldInfo], field_name: str) -> str:

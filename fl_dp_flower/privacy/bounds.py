@@ -217,7 +217,7 @@ FINAL_ITERATE_ASSUMPTION = "the released model is the last noisy-GD iterate (no 
 
 
 def bound_assumptions(smoothness: float, sensitivity_uses_smoothness: bool,
-                      threat_model: str = "final-model") -> dict[str, tuple[str, ...]]:
+                      threat_model: str) -> dict[str, tuple[str, ...]]:
     """What each bound assumes (docs/MATH.md §13, §15): final_model and paper always rest on
     L-smooth losses (rho_t) and, outside the final-model threat model (which refuses server
     post-processing), on the released model being the last noisy-GD iterate; composition and local_dp

@@ -41,6 +41,7 @@ of schema 1 (before the chain) gets checks 1 and 3 only.
 from __future__ import annotations
 
 import math
+import re
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -62,7 +63,7 @@ from .ledger import (
     parse_line,
     split_lines,
 )
-from .ledger.events import MEMBERS_EVENT, NODE_ID_EVENTS
+from .ledger.events import FAILED_EVENT, MEMBERS_EVENT, NODE_ID_EVENTS
 from .replay import not_applied_rounds
 
 REL_TOL = 1e-9
@@ -92,6 +93,13 @@ class Verification:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+#: round metrics that describe a round's contributors: a secret ledger written before they went to the owner-only
+#: members file has them (now none of them is on a secret ledger's round line)
+_CONTRIBUTOR_STATS = frozenset({"num-examples", "dp-capped", "dp-echo-mismatch"})
+#: a node named in a failure reason ("node 123...")
+_NODE_ID = re.compile(r"\bnodes? \[?\d")
 
 
 def _close(a: Any, b: Any) -> bool:
@@ -248,6 +256,9 @@ def _verify(path: Path, data: bytes, v: Verification) -> Verification:
             return v.fail(lineno, "a line after the run's end event that is not a resume")
         if kind == "event":
             event, data_ = entry.get("event"), entry.get("data") or {}
+            if config.sample_secrecy == "secret" and event == FAILED_EVENT and _NODE_ID.search(str(data_)):
+                v.notes.append(f"line {lineno}: the failed event names a node (a secret ledger written before its "
+                               "reason went into counts): its reader may learn that node was drawn")
             if config.sample_secrecy == "secret" and (event in (*NODE_ID_EVENTS, MEMBERS_EVENT) or (
                     event == ROUND_OPEN_EVENT and "node_ids" in data_)):
                 return v.fail(lineno, f"a secret sample's ledger names a node ({event} event): whoever reads it learns "
@@ -291,11 +302,12 @@ def _verify(path: Path, data: bytes, v: Verification) -> Verification:
         diff = _report_difference(entry.get("report"), recomputed)
         if diff is not None:
             return v.fail(lineno, f"round {record.round}: {diff}")
-        if (config.sample_secrecy == "secret" and "num-examples" in (entry.get("metrics") or {})
-                and not any("num-examples" in note for note in v.notes)):
-            v.notes.append(f"round {record.round}'s metrics publish the contributors' num-examples (a secret ledger "
-                           "written before they went to members.jsonl): a reader who knows the clients' data sizes may "
-                           "learn who took part, and the sampled_secret epsilon does not hold against them")
+        published = sorted(_CONTRIBUTOR_STATS & set(entry.get("metrics") or {}))
+        if config.sample_secrecy == "secret" and published and not any("members.jsonl" in n for n in v.notes):
+            v.notes.append(f"round {record.round}'s metrics publish the contributors' statistics {published} (a secret "
+                           "ledger written before they went to members.jsonl; with share-metrics their averaged "
+                           "training metrics too): a reader who knows the clients' data may learn who took part, "
+                           "and the sampled_secret epsilon does not hold against them")
         v.rounds_verified += 1
         v.ended = False
         opened = None

@@ -244,3 +244,14 @@ def test_privacy_plans_every_preset_and_names_each_bounds_adversary(capsys):
     out = capsys.readouterr().out
     assert "batch_sampled" in out and "(unamplified), epsilon = 3.99" in out
     assert "batch_sampled: epsilon from the PLD of the rounds amplified by each site's Poisson batch" in out
+
+
+def test_the_plan_names_batch_sampled_under_the_curious_server_too(capsys):
+    """batch_sampled also amplifies local_dp against a curious server: the plan's rule text and the bound's row say
+    so (they named only the all-rounds adversary)."""
+    assert main(["privacy", "--preset", "cross-silo", "--threat-model", "curious-server"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "certified (batch_sampled, chosen by threat model curious-server: local_dp, amplified by the sites' Poisson" in out
+    from fl_dp_flower.app.cli import _ADVERSARY
+
+    assert "every upload (curious-server)" in _ADVERSARY["batch_sampled"] and "batch_sampled" in out

@@ -252,3 +252,21 @@ def test_delta_must_be_below_one_over_the_clients_per_round():
     """Issue 30: an implausible delta is refused naming the key (the accountant's rule, privacy/validate.py)."""
     with pytest.raises(ConfigError, match=r"'delta' = 0.05: must be below 1/'clients-per-round' = 0.05"):
         AppConfig.from_run_config({"delta": 0.05, "clients-per-round": 20})
+
+
+def test_a_secret_sample_with_examples_weighting_is_refused_naming_both_keys(tmp_path):
+    """Review of 2026-11-28: with weighting 'examples' every round record carries the contributors' weights n_i / sum
+    n, which tell a reader of a secret ledger who took part (and unequal weights get no amplification)."""
+    from fl_dp_flower.app.config import ConfigError
+    from fl_dp_flower.app.testing import tiny_config
+
+    with pytest.raises(ConfigError, match="'weighting' = 'examples': 'sample-secrecy' = 'secret' needs 'uniform'"):
+        tiny_config(tmp_path, **{"sample-secrecy": "secret", "weighting": "examples"})
+
+
+def test_dash_names_quotes_each_field_once():
+    from fl_dp_flower.app.config_messages import dash_names
+
+    assert dash_names("server_lr x server_lr_end, 'server_lr'", ["server_lr", "server_lr_end"]) == (
+        "'server-lr' x 'server-lr-end', 'server_lr'")  # the longer name wins; a quoted one stays
+    assert dash_names("lr = 1", []) == "lr = 1"

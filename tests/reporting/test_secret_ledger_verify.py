@@ -83,3 +83,45 @@ def test_verify_notes_a_secret_ledger_whose_rounds_publish_num_examples(tmp_path
     assert v.ok and v.rounds_verified == 2, v.failure
     flagged = [n for n in v.notes if "num-examples" in n]
     assert len(flagged) == 1 and "round 1" in flagged[0] and "sampled_secret" in flagged[0], v.notes
+
+
+@pytest.mark.parametrize("metrics", [{"dp-echo-mismatch": 1, "accuracy": 0.5}, {"dp-capped": 0}])
+def test_verify_notes_the_other_contributor_statistics_of_an_old_secret_ledger(tmp_path, metrics):
+    """Before this session's review, a secret ledger's round lines also held dp-echo-mismatch and dp-capped (an honest
+    small node's echo flagged its rounds): verify notes them like num-examples; a counts-only ledger gets no note."""
+    path = tmp_path / "ledger.jsonl"
+    ledger = PrivacyLedger.create(path, accountant_config=SECRET.to_dict(), app_config={})
+    accountant = PrivacyAccountant(SECRET)
+    ledger.append_event("round-open", {"round": 1, "clients": 2})
+    record = _record(1)
+    ledger.append_round(round=1, record=record.to_dict(), report=accountant.step(record).to_dict(), metrics=metrics)
+    ledger.append_event("end", {"rounds_accounted": 1})
+    ledger.close()
+    v = verify_ledger(path)
+    assert v.ok, v.failure
+    flagged = [n for n in v.notes if "members.jsonl" in n]
+    assert len(flagged) == 1 and sorted(set(metrics) - {"accuracy"})[0] in flagged[0], v.notes
+
+
+def test_verify_notes_an_old_secret_ledgers_failed_event_that_names_a_node(tmp_path):
+    """A run out of eligible nodes used to write a failure reason naming every excluded node ('node 7: refused'),
+    which tells a reader of a secret ledger that node 7 was drawn; the reason is in counts now, and verify notes
+    an old one."""
+    path = tmp_path / "ledger.jsonl"
+    ledger = PrivacyLedger.create(path, accountant_config=SECRET.to_dict(), app_config={})
+    accountant = PrivacyAccountant(SECRET)
+    ledger.append_event("round-open", {"round": 1, "clients": 2})
+    record = _record(1)
+    ledger.append_round(round=1, record=record.to_dict(), report=accountant.step(record).to_dict(), metrics={})
+    ledger.append_event("failed", {"error": "only 0 eligible node(s) left, fewer than min-replies = 2: 1 node(s) "
+                                            "excluded after 3 consecutive refusals (node 7: refused)"})
+    ledger.close()
+    v = verify_ledger(path)
+    assert v.ok, v.failure
+    assert any("failed event names a node" in n for n in v.notes), v.notes
+    counts = tmp_path / "counts.jsonl"
+    ledger = PrivacyLedger.create(counts, accountant_config=SECRET.to_dict(), app_config={})
+    ledger.append_event("failed", {"error": "only 0 eligible node(s) left, fewer than min-replies = 2: 1 node(s) "
+                                            "excluded after 3 consecutive refusals"})
+    ledger.close()
+    assert not any("names a node" in n for n in verify_ledger(counts).notes)
