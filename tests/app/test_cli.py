@@ -217,10 +217,10 @@ def test_calibrate_says_what_an_amplified_bounds_mu_is(capsys):
     """calibrate prints the secret-sample bound's mu beside its epsilon: the line after says that mu is the
     unamplified Gaussian-DP parameter and epsilon comes from the conditioned rounds' PLD (a mu of 4.6 beside
     epsilon 4 read as mu-GDP would be wrong), and that the bound needs the sample kept secret."""
-    assert main(["calibrate", "--lr", "0.1", "--local-steps", "1", "--clip-norm", "1", "--clients-per-round", "200",
-                 "--clients-per-node", "20", "--num-partitions", "10", "--client-sampling", "poisson",
-                 "--sampling-rate", "0.1", "--sample-secrecy", "secret", "--num-server-rounds", "5",
-                 "--target-epsilon", "4"]) == 0
+    assert main(["calibrate", "--lr", "0.1", "--local-steps", "1", "--clip-norm", "1", "--clients-per-round", "20",
+                 "--clients-per-node", "2", "--num-partitions", "10", "--client-sampling", "poisson",
+                 "--sampling-rate", "0.5", "--sample-secrecy", "secret", "--num-server-rounds", "1",
+                 "--target-epsilon", "8"]) == 0
     out = capsys.readouterr().out
     assert "gives sampled_secret: mu = " in out
     assert ("sampled_secret: epsilon from the PLD of the rounds conditioned on their counts (docs/MATH.md §22); its mu "
@@ -229,8 +229,9 @@ def test_calibrate_says_what_an_amplified_bounds_mu_is(capsys):
 
 def test_privacy_plans_every_preset_and_names_each_bounds_adversary(capsys):
     """`privacy --preset cross-silo` used to stop with a KeyError: the plan's table had no adversary for the
-    batch_sampled bound. Every bound a report can carry has a row text, and the cross-silo plan prints its
-    amplified bound with its mu marked unamplified."""
+    batch_sampled bound. Every bound a report can carry has a row text, and the cross-silo plan (here against a
+    curious server, where batch_sampled amplifies local_dp) prints its amplified bound with its mu marked
+    unamplified."""
     from fl_dp_flower.app import cli
     from fl_dp_flower.privacy.client_sampling import CONDITIONED_BOUND
     from fl_dp_flower.privacy.sample_sampling import BATCH_SAMPLED_BOUND
@@ -240,18 +241,11 @@ def test_privacy_plans_every_preset_and_names_each_bounds_adversary(capsys):
 
     names = {*BOUND_NAMES, SAMPLED_BOUND, CONDITIONED_BOUND, BATCH_SAMPLED_BOUND, SECURE_AGGREGATION_BOUND}
     assert names <= set(cli._ADVERSARY)
-    assert main(["privacy", "--preset", "cross-silo"]) == 0
-    out = capsys.readouterr().out
-    assert "batch_sampled" in out and "(unamplified), epsilon = 3.99" in out
-    assert "batch_sampled: epsilon from the PLD of the rounds amplified by each site's Poisson batch" in out
-
-
-def test_the_plan_names_batch_sampled_under_the_curious_server_too(capsys):
-    """batch_sampled also amplifies local_dp against a curious server: the plan's rule text and the bound's row say
-    so (they named only the all-rounds adversary)."""
     assert main(["privacy", "--preset", "cross-silo", "--threat-model", "curious-server"]) == 0
     out = " ".join(capsys.readouterr().out.split())
+    assert "(unamplified), epsilon = " in out
+    assert "batch_sampled: epsilon from the PLD of the rounds amplified by each site's Poisson batch" in out
+    # batch_sampled also amplifies local_dp against a curious server: the rule and the row say so
     assert "certified (batch_sampled, chosen by threat model curious-server: local_dp, amplified by the sites' Poisson" in out
-    from fl_dp_flower.app.cli import _ADVERSARY
+    assert "every upload (curious-server)" in cli._ADVERSARY["batch_sampled"]
 
-    assert "every upload (curious-server)" in _ADVERSARY["batch_sampled"] and "batch_sampled" in out
