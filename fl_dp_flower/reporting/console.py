@@ -15,7 +15,7 @@ from typing import Any, Literal
 from rich.console import Console
 from rich.table import Table
 
-from fl_dp_flower.privacy.bounds import rests_on_smoothness
+from fl_dp_flower.privacy.bounds import FINAL_ITERATE_ASSUMPTION, rests_on_smoothness
 from fl_dp_flower.privacy.client_sampling import CONDITIONED_BOUND
 from fl_dp_flower.privacy.sample_sampling import BATCH_SAMPLED_BOUND
 from fl_dp_flower.privacy.sampled import SAMPLED_BOUND
@@ -146,11 +146,12 @@ def summary_table(history: list[dict[str, Any]], max_rows: int | None = None) ->
         table.add_column(name, justify=justify)
     for name in BOUND_NAMES:
         table.add_column(f"{name} eps", justify="right")
-    any_unsound = any_conditional = False
+    any_unsound = any_conditional = any_iterate = any_amplified = False
     rows = shown_rounds(len(history), max_rows)
     for entry in (history[i] for i in rows):
         report, metrics = entry["report"], entry.get("metrics") or {}
         cert = report["certified"]
+        any_amplified = any_amplified or cert["bound"] in AMPLIFIED_BOUNDS
         cells = [str(entry["round"]), str(report.get("clients", "")),
                  fmt_acc(metrics.get("accuracy")), fmt_num(metrics.get("loss"), 4),
                  cert["bound"], fmt_num(cert["mu"]), fmt_num(cert["epsilon"])]
@@ -160,9 +161,11 @@ def summary_table(history: list[dict[str, Any]], max_rows: int | None = None) ->
                 cells.append("")
                 continue
             conditional = rests_on_smoothness(bound.get("assumes") or ())
-            mark = ("" if bound.get("sound") else "*") + ("†" if conditional else "")
+            iterate = FINAL_ITERATE_ASSUMPTION in (bound.get("assumes") or ())
+            mark = ("" if bound.get("sound") else "*") + ("†" if conditional else "") + ("‡" if iterate else "")
             any_unsound = any_unsound or not bound.get("sound")
             any_conditional = any_conditional or conditional
+            any_iterate = any_iterate or iterate
             cells.append(fmt_num(bound["epsilon"]) + mark)
         table.add_row(*cells)
     notes = []
@@ -172,6 +175,11 @@ def summary_table(history: list[dict[str, Any]], max_rows: int | None = None) ->
         notes.append("* not a guarantee: this bound is not sound for this run (shown for reference)")
     if any_conditional:
         notes.append(f"† {CONDITIONAL}: certifies only when the run asserts assume-smooth-losses")
+    if any_iterate:
+        notes.append(f"‡ assuming {FINAL_ITERATE_ASSUMPTION}")
+    if any_amplified:
+        notes.append("cert. mu of an amplified bound (" + ", ".join(sorted(AMPLIFIED_BOUNDS)) + "): the rounds' "
+                     "Gaussian-DP parameter without amplification; cert. eps is the amplified one")
     last = history[-1]["report"] if history else {}
     if last.get("add_remove"):
         notes.append(f"bounds for replace-one neighbours; {add_remove_note(last)} (certified, last round)")

@@ -275,6 +275,21 @@ def test_summary_table_text():
     assert summary_table(hist).row_count == 3
     assert "1.25" in text and "inf" in text and "0.700" in text
     assert "0.25*" in text and "not a guarantee" in text  # unsound paper bound marked
+    assert "‡" not in text and "without amplification" not in text
+
+
+def test_summary_table_marks_the_final_iterate_assumption_and_an_amplified_mu():
+    """The summary says what the report says: final_model / paper outside the final-model threat model assume the
+    released model is the last iterate (‡), and an amplified certified bound's mu is the unamplified one."""
+    from fl_dp_flower.privacy.bounds import FINAL_ITERATE_ASSUMPTION
+
+    hist = history([0.5, 1.25])
+    for entry in hist:
+        entry["report"]["bounds"]["final_model"]["assumes"] = [SMOOTH, FINAL_ITERATE_ASSUMPTION]
+        entry["report"]["certified"] = {"bound": "sampled_secret", "mu": 7.61, "epsilon": 1.0, "assumes": []}
+    text = " ".join(render_summary(hist, width=400).split())
+    assert "†‡" in text and f"‡ assuming {FINAL_ITERATE_ASSUMPTION}" in text
+    assert "cert. mu of an amplified bound (batch_sampled, sampled, sampled_secret): the rounds' Gaussian-DP" in text
 
 
 # ------------------------------------------------------------------ prometheus
