@@ -171,12 +171,13 @@ def summary_table(history: list[dict[str, Any]], max_rows: int | None = None) ->
     notes = []
     if len(rows) < len(history):
         notes.append(f"{len(rows)} of {len(history)} rounds shown; every round is in ledger.jsonl")
-    if any_unsound:
-        notes.append("* not a guarantee: this bound is not sound for this run (shown for reference)")
+    iterate_note = "‡ assumes the released model is the last noisy-GD iterate" if any_iterate else ""
+    if any_unsound:  # one line with the ‡ note: the summary fits one screen (the report spells ‡ out)
+        notes.append("; ".join(filter(None, ("* not a guarantee for this run (shown for reference)", iterate_note))))
+    elif iterate_note:
+        notes.append(iterate_note)
     if any_conditional:
         notes.append(f"† {CONDITIONAL}: certifies only when the run asserts assume-smooth-losses")
-    if any_iterate:
-        notes.append(f"‡ assuming {FINAL_ITERATE_ASSUMPTION}")
     if any_amplified:
         notes.append("cert. mu of an amplified bound (" + ", ".join(sorted(AMPLIFIED_BOUNDS)) + "): the rounds' "
                      "Gaussian-DP parameter without amplification; cert. eps is the amplified one")
