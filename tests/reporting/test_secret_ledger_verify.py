@@ -18,6 +18,21 @@ def _record(round_: int, node_ids: tuple[int, ...] = ()) -> RoundRecord:
                        weights=(0.5, 0.5), population=8, sampled=2, node_ids=node_ids)
 
 
+def _secret_ledger(path, metrics: list[dict], closing: tuple[str, dict] | None = None):
+    """A secret ledger of ``len(metrics)`` counts-only rounds (round t's line with ``metrics[t - 1]``), closed by
+    ``closing`` (default: the end event); verified."""
+    ledger = PrivacyLedger.create(path, accountant_config=SECRET.to_dict(), app_config={})
+    accountant = PrivacyAccountant(SECRET)
+    for t, round_metrics in enumerate(metrics, start=1):
+        ledger.append_event("round-open", {"round": t, "clients": 2})
+        record = _record(t)
+        ledger.append_round(round=t, record=record.to_dict(), report=accountant.step(record).to_dict(),
+                            metrics=round_metrics)
+    ledger.append_event(*(closing or ("end", {"rounds_accounted": len(metrics)})))
+    ledger.close()
+    return verify_ledger(path)
+
+
 def test_the_accountant_refuses_a_secret_round_that_names_its_members():
     """Before: certified ``sampled_secret`` (p = 2/8) for a record whose node_ids publish who took part."""
     accountant = PrivacyAccountant(SECRET)
@@ -52,16 +67,7 @@ def test_verify_fails_a_secret_ledger_that_names_a_node(tmp_path, event, data):
 
 
 def test_verify_accepts_a_counts_only_secret_ledger(tmp_path):
-    path = tmp_path / "ledger.jsonl"
-    ledger = PrivacyLedger.create(path, accountant_config=SECRET.to_dict(), app_config={})
-    accountant = PrivacyAccountant(SECRET)
-    for t in (1, 2):
-        ledger.append_event("round-open", {"round": t, "clients": 2})
-        record = _record(t)
-        ledger.append_round(round=t, record=record.to_dict(), report=accountant.step(record).to_dict(), metrics={})
-    ledger.append_event("end", {"rounds_accounted": 2})
-    ledger.close()
-    v = verify_ledger(path)
+    v = _secret_ledger(tmp_path / "ledger.jsonl", [{}, {}])
     assert v.ok and v.rounds_verified == 2, v.failure
 
 
@@ -69,17 +75,7 @@ def test_verify_notes_a_secret_ledger_whose_rounds_publish_num_examples(tmp_path
     """A secret ledger written before its round lines kept counts only (review P31A finding 1) published the
     contributors' num-examples: its numbers recompute, but a reader who knows the clients' sizes may learn who
     took part; verify says so (once), instead of passing it silently."""
-    path = tmp_path / "ledger.jsonl"
-    ledger = PrivacyLedger.create(path, accountant_config=SECRET.to_dict(), app_config={})
-    accountant = PrivacyAccountant(SECRET)
-    for t in (1, 2):
-        ledger.append_event("round-open", {"round": t, "clients": 2})
-        record = _record(t)
-        ledger.append_round(round=t, record=record.to_dict(), report=accountant.step(record).to_dict(),
-                            metrics={"num-examples": 1000 + t, "accuracy": 0.5})
-    ledger.append_event("end", {"rounds_accounted": 2})
-    ledger.close()
-    v = verify_ledger(path)
+    v = _secret_ledger(tmp_path / "ledger.jsonl", [{"num-examples": 1000 + t, "accuracy": 0.5} for t in (1, 2)])
     assert v.ok and v.rounds_verified == 2, v.failure
     flagged = [n for n in v.notes if "num-examples" in n]
     assert len(flagged) == 1 and "round 1" in flagged[0] and "sampled_secret" in flagged[0], v.notes
@@ -89,15 +85,7 @@ def test_verify_notes_a_secret_ledger_whose_rounds_publish_num_examples(tmp_path
 def test_verify_notes_the_other_contributor_statistics_of_an_old_secret_ledger(tmp_path, metrics):
     """Before this session's review, a secret ledger's round lines also held dp-echo-mismatch and dp-capped (an honest
     small node's echo flagged its rounds): verify notes them like num-examples; a counts-only ledger gets no note."""
-    path = tmp_path / "ledger.jsonl"
-    ledger = PrivacyLedger.create(path, accountant_config=SECRET.to_dict(), app_config={})
-    accountant = PrivacyAccountant(SECRET)
-    ledger.append_event("round-open", {"round": 1, "clients": 2})
-    record = _record(1)
-    ledger.append_round(round=1, record=record.to_dict(), report=accountant.step(record).to_dict(), metrics=metrics)
-    ledger.append_event("end", {"rounds_accounted": 1})
-    ledger.close()
-    v = verify_ledger(path)
+    v = _secret_ledger(tmp_path / "ledger.jsonl", [metrics])
     assert v.ok, v.failure
     flagged = [n for n in v.notes if "members.jsonl" in n]
     assert len(flagged) == 1 and sorted(set(metrics) - {"accuracy"})[0] in flagged[0], v.notes
@@ -107,16 +95,9 @@ def test_verify_notes_an_old_secret_ledgers_failed_event_that_names_a_node(tmp_p
     """A run out of eligible nodes used to write a failure reason naming every excluded node ('node 7: refused'),
     which tells a reader of a secret ledger that node 7 was drawn; the reason is in counts now, and verify notes
     an old one."""
-    path = tmp_path / "ledger.jsonl"
-    ledger = PrivacyLedger.create(path, accountant_config=SECRET.to_dict(), app_config={})
-    accountant = PrivacyAccountant(SECRET)
-    ledger.append_event("round-open", {"round": 1, "clients": 2})
-    record = _record(1)
-    ledger.append_round(round=1, record=record.to_dict(), report=accountant.step(record).to_dict(), metrics={})
-    ledger.append_event("failed", {"error": "only 0 eligible node(s) left, fewer than min-replies = 2: 1 node(s) "
-                                            "excluded after 3 consecutive refusals (node 7: refused)"})
-    ledger.close()
-    v = verify_ledger(path)
+    v = _secret_ledger(tmp_path / "ledger.jsonl", [{}], ("failed", {
+        "error": "only 0 eligible node(s) left, fewer than min-replies = 2: 1 node(s) excluded after 3 consecutive "
+                 "refusals (node 7: refused)"}))
     assert v.ok, v.failure
     assert any("failed event names a node" in n for n in v.notes), v.notes
     counts = tmp_path / "counts.jsonl"
