@@ -29,6 +29,7 @@ from fl_dp_flower.app.config_server import ServerUpdateConfig
 from fl_dp_flower.privacy.accountant import Budget
 from fl_dp_flower.privacy.records import (SMOOTHNESS_FIELDS, AccountantConfig, batch_sampling_problems, colluder_problems, sampling_problems, secrecy_problems,
                               smoothness_problems)
+from fl_dp_flower.privacy.plan_rules import secret_echo_problems
 from fl_dp_flower.settings import DPSettings, FederationSettings, planned_population, round_problems
 from fl_dp_flower.vocabulary import (Algorithm, BatchSampling, ClientSampling, Clipping, CohortNoise, Dataset, ModelName, NoiseMode, Partitioning,
                          Schedule, ThreatModel, UnfinishedRoundPolicy, Weighting, model_problem)
@@ -289,9 +290,8 @@ class AppConfig(ServerUpdateConfig, SecureAggregationConfig, ReplyChecksConfig, 
             self.threat_model, self.sample_secrecy, planned_population(self.sample_secrecy, self.client_sampling,
             self.clients_per_round, self.num_partitions, self.clients_per_node), self.clients_per_round,
             self.batch_rate if self.batch_sampling == "poisson" else None)]
-        if self.sample_secrecy == "secret" and self.echo_tolerance != 1.0:  # strategies.sampling.check_plan
-            problems.append(f"'echo-tolerance' = {self.echo_tolerance!r}: 'sample-secrecy' = 'secret' needs 1 (a "
-                            "deviating echo accounted least privately names, in the ledger, the rounds its node took part in)")
+        problems += [config_messages.dash_names(p, ("echo_tolerance", "sample_secrecy"))
+                     for p in secret_echo_problems(self.sample_secrecy, self.echo_tolerance)]
         if self.client_sampling == "poisson":
             problems += [p.replace("threat_model", "'threat-model'").replace("sampling_rate (Poisson client sampling)",
                                                                               "'client-sampling' = 'poisson'")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from .validate import int_at_least, positive
 
 __all__ = ["SECAGG_HONEST_MINIMUM", "SMOOTHNESS_FIELDS", "batch_sampling_problems", "check_prox", "colluder_problems", "colluding_nodes",
-           "sampling_problems", "secrecy_problems", "secure_contributor_problems", "secure_sum_problems", "smoothness_problems"]
+           "sampling_problems", "secrecy_problems", "secret_echo_problems", "secure_contributor_problems", "secure_sum_problems", "smoothness_problems"]
 
 
 def check_prox(algorithm: str, prox_alpha: float | None, smoothness: float, max_step: float,
@@ -120,6 +120,17 @@ def secrecy_problems(threat_model: str, sample_secrecy: str, population: int | N
         problems.append(f"population must be an integer >= clients = {clients} (the clients a round draws from), "
                         f"got {population!r}")
     return problems
+
+
+def secret_echo_problems(sample_secrecy: str, echo_tolerance: float) -> list[str]:
+    """What a secret sample asks of the reply checks (docs/MATH.md §22): echoes equal to the plan. An accepted echo
+    other than the plan is accounted least privately, and the round record's values would then name the rounds
+    its node took part in."""
+    if sample_secrecy != "secret" or echo_tolerance == 1.0:
+        return []
+    return [f"echo_tolerance = {echo_tolerance!r} with sample_secrecy 'secret': an accepted echo other than the plan "
+            "is accounted least privately, and the round record's values then name the rounds its node took part in, so "
+            "sample_secrecy = 'secret' needs echo_tolerance = 1 (a deviating reply is dropped as a refusal)"]
 
 
 def batch_sampling_problems(threat_model: str, clipping: str, batch_rate: float | None,

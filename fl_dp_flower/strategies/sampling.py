@@ -42,7 +42,7 @@ from fl_dp_flower import protocol
 from .screening import ReplyChecks
 from fl_dp_flower.errors import FlDpError
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
-from fl_dp_flower.privacy.plan_rules import colluding_nodes, secure_contributor_problems
+from fl_dp_flower.privacy.plan_rules import colluding_nodes, secret_echo_problems, secure_contributor_problems
 from fl_dp_flower.privacy.records import AccountantConfig
 from fl_dp_flower.privacy.secure_aggregation import NOT_YET_CERTIFIABLE, SECURE_AGGREGATION_THREAT
 from fl_dp_flower.reporting.ledger.events import MEMBERS_EVENT, NODE_ID_EVENTS
@@ -92,10 +92,8 @@ def check_plan(settings: DPSettings, config: AccountantConfig, federation: Feder
     the integer sum's grid (the real-valued sum's bound is for planning only), and for a secret sample
     whose ``reply_checks`` accept echoes other than the plan (docs/MATH.md §22)."""
     tolerance = reply_checks.echo_tolerance if isinstance(reply_checks, ReplyChecks) else 1.0  # a wrong type: later
-    if federation.sample_secrecy == "secret" and tolerance != 1.0:
-        raise ValueError(f"echo_tolerance = {tolerance!r} with sample_secrecy 'secret': an accepted echo other than "
-                         "the plan is accounted least privately, and the round record's values then name the rounds "
-                         "its node took part in; use echo_tolerance = 1 (a deviating reply is dropped as a refusal)")
+    for problem in secret_echo_problems(federation.sample_secrecy, tolerance):
+        raise ValueError(problem)
     if config.threat_model == SECURE_AGGREGATION_THREAT:
         if config.sum_grid_step is None:
             raise ValueError(f"threat_model '{SECURE_AGGREGATION_THREAT}' without sum_grid_step is for planning only "

@@ -241,6 +241,9 @@ def test_privacy_plans_every_preset_and_names_each_bounds_adversary(capsys):
 
     names = {*BOUND_NAMES, SAMPLED_BOUND, CONDITIONED_BOUND, BATCH_SAMPLED_BOUND, SECURE_AGGREGATION_BOUND}
     assert names <= set(cli._ADVERSARY)
+    from fl_dp_flower.reporting.console import AMPLIFIED_BOUNDS
+
+    assert set(cli._AMPLIFIED) == AMPLIFIED_BOUNDS  # each bound marked "(unamplified)" has its explanation
     assert main(["privacy", "--preset", "cross-silo", "--threat-model", "curious-server"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "(unamplified), epsilon = " in out
