@@ -35,6 +35,10 @@ from fl_dp_flower.vocabulary import (Algorithm, BatchSampling, ClientSampling, C
                          Schedule, ThreatModel, UnfinishedRoundPolicy, Weighting, model_problem)
 from fl_dp_flower.privacy.terms import SCHEDULE_CONSTANTS, default_cyclic_c, default_iterative_z, resolve_constant
 
+#: the fields the library's cross-field rules name, written as their run-config keys in this config's errors
+LIBRARY_RULE_FIELDS = (*SMOOTHNESS_FIELDS, "sample_secrecy", "echo_tolerance", "clients_per_round", "min_replies",
+                       "client_sampling", "weighting", "clients_per_node")
+
 __all__ = ["AUTO_SIGMA", "AppConfig", "ConfigError", "with_auto_sigma", "default_cyclic_c", "default_iterative_z", "describe_range",
            "unknown_key_message"]
 
@@ -280,29 +284,21 @@ class AppConfig(ServerUpdateConfig, SecureAggregationConfig, ReplyChecksConfig, 
                     f"'{key}' = {value!r}: must be 0 (use {constant.formula.split(' = ')[0]}) or >= {constant.formula} = "
                     f"{minimum:.6g} for 'local-steps' = {self.local_steps} (smaller constants give no valid bound)"
                 )
-        for problem in smoothness_problems(self.threat_model, self.clipping, self.local_steps, self.smoothness,
-                                           self.assume_smooth_losses):
-            problems.append(config_messages.dash_names(problem, SMOOTHNESS_FIELDS))
-        problems += [p.replace("threat_model", "'threat-model'").replace("sample_secrecy", "'sample-secrecy'").replace(
-            "batch_rate (Poisson batch sampling)", "'batch-sampling' = 'poisson'").replace(
-            "population must", "'num-partitions' x 'clients-per-node' (the population) must").replace(
-            "clients =", "'clients-per-round' =") for p in secrecy_problems(
-            self.threat_model, self.sample_secrecy, planned_population(self.sample_secrecy, self.client_sampling,
-            self.clients_per_round, self.num_partitions, self.clients_per_node), self.clients_per_round,
-            self.batch_rate if self.batch_sampling == "poisson" else None)]
-        problems += [config_messages.dash_names(p, ("echo_tolerance", "sample_secrecy"))
-                     for p in secret_echo_problems(self.sample_secrecy, self.echo_tolerance)]
-        if self.client_sampling == "poisson":
-            problems += [p.replace("threat_model", "'threat-model'").replace("sampling_rate (Poisson client sampling)",
-                                                                              "'client-sampling' = 'poisson'")
-                         for p in sampling_problems(self.threat_model, self.sampling_rate)]
-        problems += batch_sampling_problems(self.threat_model, self.clipping, self.batch_rate if self.batch_sampling == "poisson" else None, self.clients_per_node)  # noqa: E501 (docs/MATH.md §23.4)
-        for problem in colluder_problems(self.threat_model, self.colluding_clients):
-            problems.append(problem.replace("threat_model", "'threat-model'").replace("colluders", "'colluding-clients'"))
-        problems += [config_messages.dash_names(problem, ("clients_per_round", "min_replies", "client_sampling",
-                                                          "weighting", "sample_secrecy"))
-                     for problem in round_problems(self.clients_per_round, self.min_replies, self.client_sampling,
-                                                   self.weighting, self.sample_secrecy)]
+        batch_rate = self.batch_rate if self.batch_sampling == "poisson" else None
+        population = planned_population(self.sample_secrecy, self.client_sampling, self.clients_per_round,
+                                        self.num_partitions, self.clients_per_node)
+        library_problems = [  # the library owns these rules; their messages name its fields and terms
+            *smoothness_problems(self.threat_model, self.clipping, self.local_steps, self.smoothness,
+                                 self.assume_smooth_losses),
+            *secrecy_problems(self.threat_model, self.sample_secrecy, population, self.clients_per_round, batch_rate),
+            *secret_echo_problems(self.sample_secrecy, self.echo_tolerance),
+            *(sampling_problems(self.threat_model, self.sampling_rate) if self.client_sampling == "poisson" else []),
+            *batch_sampling_problems(self.threat_model, self.clipping, batch_rate, self.clients_per_node),  # §23.4
+            *colluder_problems(self.threat_model, self.colluding_clients),
+            *round_problems(self.clients_per_round, self.min_replies, self.client_sampling, self.weighting,
+                            self.sample_secrecy),
+        ]
+        problems += [config_messages.run_config_words(problem, LIBRARY_RULE_FIELDS) for problem in library_problems]
         if self.clients_per_node > 1:
             if self.weighting != "uniform":
                 problems.append(f"'weighting' = {self.weighting!r}: cohort mode ('clients-per-node' = "

@@ -30,6 +30,25 @@ def dash_names(message: str, names: Iterable[str]) -> str:
     return re.sub(rf"(?<!')\b({pattern})\b(?!')", lambda m: f"'{dash(m.group(1))}'", message)
 
 
+#: the library's words for settings the run config names otherwise: the population is num-partitions x
+#: clients-per-node, a coalition's size is colluding-clients, a Poisson rate is its sampling key
+LIBRARY_TERMS = (
+    ("batch_rate (Poisson batch sampling)", "'batch-sampling' = 'poisson'"),
+    ("sampling_rate (Poisson client sampling)", "'client-sampling' = 'poisson'"),
+    ("population must", "'num-partitions' x 'clients-per-node' (the population) must"),
+    ("clients =", "'clients-per-round' ="),
+    ("colluders", "'colluding-clients'"),
+)
+
+
+def run_config_words(message: str, names: Iterable[str]) -> str:
+    """A library rule's message in the run config's words: each of :data:`LIBRARY_TERMS` (a whole term, not part
+    of a word or a quoted key), then each of ``names`` (field names) as its quoted dash key (:func:`dash_names`)."""
+    for term, words in LIBRARY_TERMS:
+        message = re.sub(rf"(?<![\w'-]){re.escape(term)}(?![\w'-])", words, message)
+    return dash_names(message, names)
+
+
 def describe_range(fields: Mapping[str, FieldInfo], field_name: str) -> str:
     """Human-readable allowed values of one field (underscore name)."""
     info = fields[field_name]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import tomllib
 from pathlib import Path
 
@@ -270,3 +271,25 @@ def test_dash_names_quotes_each_field_once():
     assert dash_names("server_lr x server_lr_end, 'server_lr'", ["server_lr", "server_lr_end"]) == (
         "'server-lr' x 'server-lr-end', 'server_lr'")  # the longer name wins; a quoted one stays
     assert dash_names("lr = 1", []) == "lr = 1"
+
+
+@pytest.mark.parametrize("overrides", [
+    {"batch-sampling": "poisson"},
+    {"batch-sampling": "poisson", "clipping": "per-sample", "clients-per-node": 4},
+    {"threat-model": "final-model", "colluding-clients": 2},
+    {"client-sampling": "poisson", "threat-model": "final-model", "assume-smooth-losses": True, "colluding-clients": 0},
+    {"sample-secrecy": "secret", "threat-model": "curious-server", "echo-tolerance": 2.0},
+    {"num-partitions": 1, "sample-secrecy": "secret", "clients-per-round": 5},
+    {"client-sampling": "poisson", "weighting": "examples"},
+    {"assume-smooth-losses": True, "clipping": "per-sample", "local-steps": 3, "smoothness": 0.0},
+])
+def test_the_library_rules_are_worded_in_run_config_keys(overrides):
+    """A refused cross-field rule of the library names run-config keys, never the library's field names or terms."""
+    with pytest.raises(ConfigError) as err:
+        AppConfig.from_run_config(overrides)
+    message = str(err.value)
+    leaked = {word for word in re.findall(r"(?<!')\b[a-z]+(?:_[a-z]+)+\b(?!')", message)} - {"n_i"}
+    assert not leaked, message
+    for term in ("batch_rate", "sampling_rate", "colluders", "population must"):
+        assert term not in message, message
+    assert next(iter(overrides)) in message  # the first key the case sets is named
