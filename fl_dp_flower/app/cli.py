@@ -273,14 +273,15 @@ def _notes(args: argparse.Namespace) -> list[str]:
 
 def _privacy(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Every bound after the planned rounds, the run's per-round certified epsilon, and the notes."""
-    from fl_dp_flower.privacy.planning import plan, planned_run  # numpy/scipy: only now
+    from fl_dp_flower.privacy.planning import plan, plan_and_run  # numpy/scipy: only now
     from fl_dp_flower.reporting.durable import json_safe
 
     config = planned_accountant_config(args, parser)
     replay = args.rounds <= PER_ROUND_LIMIT
     try:
-        result = plan(config, args.rounds).to_dict()
-        run = planned_run(config, args.rounds, args.config.budget_epsilon) if replay else None
+        planned, run = plan_and_run(config, args.rounds, args.config.budget_epsilon) if replay else (
+            plan(config, args.rounds), None)
+        result = planned.to_dict()
     except ValueError as exc:
         parser.error(flagged(str(exc)))
     result["sigma"] = config.sigma

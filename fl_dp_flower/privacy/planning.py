@@ -84,14 +84,23 @@ class Calibration:
                 "sound": self.sound, "assumes": list(self.assumes), "relation": RELATION}
 
 
+def _replays(config: AccountantConfig) -> bool:
+    """Whether the plan is the accountant's replay of the planned rounds (not a closed form)."""
+    return (config.sampling_rate is not None or config.sum_grid_step is not None or config.sample_secrecy == "secret"
+            or config.batch_rate is not None)
+
+
+def _report_plan(report: PrivacyReport, rounds: int, delta: float) -> Plan:
+    return Plan(rounds=rounds, delta=delta, bounds=dict(report.bounds), certified_bound=report.certified_bound,
+                add_remove=dict(report.add_remove))
+
+
 def _replayed_plan(config: AccountantConfig, rounds: int) -> Plan:
     """The plan of a Poisson-sampled run: the accountant's own report after the planned rounds (the
     expected count floor(q N) each), the amplified ``sampled`` bound included (docs/MATH.md §19.5)."""
     accountant = PrivacyAccountant(config)
     accountant.extend(config.planned_round(t) for t in range(1, rounds + 1))
-    r = accountant.report()
-    return Plan(rounds=rounds, delta=config.delta, bounds=dict(r.bounds), certified_bound=r.certified_bound,
-                add_remove=dict(r.add_remove))
+    return _report_plan(accountant.report(), rounds, config.delta)
 
 
 def _sampled_sigma(config: AccountantConfig, rounds: int, target_epsilon: float) -> float:
@@ -146,8 +155,7 @@ def _search_sigma(fits: Any, hi: float) -> float:
 def plan(config: AccountantConfig, rounds: int) -> Plan:
     """Every bound after ``rounds`` identical planned rounds, at ``config.delta``."""
     int_at_least("rounds", rounds, 1)
-    if (config.sampling_rate is not None or config.sum_grid_step is not None or config.sample_secrecy == "secret"
-            or config.batch_rate is not None):
+    if _replays(config):
         return _replayed_plan(config, rounds)
     mus = planned_bounds(config, rounds)
     sound = {name: paper_is_sound(config.algorithm, config.schedule) if name == "paper" else True
@@ -246,6 +254,15 @@ def planned_run(config: AccountantConfig, rounds: int, target_epsilon: float | N
         accountant.extend([record])
         reports.append(after)
     return PlannedRun(rounds_planned=rounds, target_epsilon=target_epsilon, reports=tuple(reports))
+
+
+def plan_and_run(config: AccountantConfig, rounds: int, target_epsilon: float | None = None) -> tuple[Plan, PlannedRun]:
+    """:func:`plan` and :func:`planned_run` of the same rounds with one replay: where the plan is the accountant's
+    replay and every planned round trains, it is the run's last report (the same accountant on the same records)."""
+    run = planned_run(config, rounds, target_epsilon)
+    if _replays(config) and not run.stopped_by_budget:
+        return _report_plan(run.reports[-1], rounds, config.delta), run
+    return plan(config, rounds), run
 
 
 #: Significant digits of a calibrated sigma (rounded up: the planned epsilon stays <= the target).
