@@ -158,6 +158,20 @@ class ReplyGuard:
                                    "bound assumes at most c deviating clients; the run stops")
         return kept
 
+    def seen_uploads(self, server_round: int, observed: list[Usable], planned: Applied,
+                     record_of: Callable[[list[Usable]], RoundRecord]) -> list[Usable]:
+        """The dropped replies whose uploads a curious server holds (``observed``: parsed, then dropped; docs/MATH.md
+        §23.2) that the accountant can account (``record_of``: the round's record with them added). The round is
+        charged at the largest batch rate any of them echoed too, and a round with no usable reply is charged as a
+        round of them (not applied) rather than left unaccounted: the server saw them. An honest node's reply
+        echoes the plan, which the accountant accounts; replies whose echoes make it fail are no honest node's."""
+        kept = self._accountable(observed, [], planned, record_of) if observed else []
+        if kept:
+            self.log.warning("round %d: the server holds the dropped upload(s) of node(s) %s (a curious server sees "
+                             "them): the round is charged for them too", server_round,
+                             ", ".join(str(u.node_id) for u in kept))
+        return kept
+
     def _accountable(self, usable: list[Usable], dropped: Dropped, planned: Applied,
                      record_of: Callable[[list[Usable]], RoundRecord]) -> list[Usable]:
         deviating = {id(u) for u in usable if mismatches(planned, u.applied)}
