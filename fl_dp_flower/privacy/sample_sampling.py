@@ -65,7 +65,9 @@ def batch_assumption(rate: float, client_sampled: bool = False) -> str:
     ``client_sampled``: clients are Poisson-sampled too, and the bound says it claims nothing for that."""
     text = (f"honest node: each local step's batch Poisson-sampled on the node (each sample independently, "
             f"rate q = B/n <= {rate:g}), from randomness that never leaves the node and is unknown to the "
-            "adversary (a fixed seed makes it predictable: experiments only)")
+            "adversary (a fixed seed makes it predictable: experiments only); nothing else the node sends or does "
+            "depends on the batches drawn (a realized batch's size shows in its training time: the reply's timing, "
+            "and whether it arrives before round-timeout, must not reveal it)")
     return f"{text}; {NO_CLIENT_CREDIT}" if client_sampled else text
 
 

@@ -1,4 +1,6 @@
-"""An unfinished round of a Poisson-batched curious-server run (docs/MATH.md §20.5, §23.2): the sites' rates
+"""Review R1 of the ``batch_sampled`` bound (docs/MATH.md §23).
+
+An unfinished round of a Poisson-batched curious-server run (docs/MATH.md §20.5, §23.2): the sites' rates
 B/n_i were never recorded, and the planned ``batch_rate`` is no bound on them (a site with fewer samples than
 planned echoes a larger rate and is accounted at it), so a resume charges the open round without amplification.
 
@@ -14,7 +16,7 @@ import pytest
 
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.privacy.records import AccountantConfig, RoundRecord
-from fl_dp_flower.privacy.sample_sampling import unrecorded_round_rate
+from fl_dp_flower.privacy.sample_sampling import BATCH_SAMPLED_BOUND, unrecorded_round_rate
 from fl_dp_flower.reporting import PrivacyLedger
 from fl_dp_flower.reporting.resume import resume_ledger
 
@@ -50,3 +52,11 @@ def test_a_resumed_curious_server_round_is_charged_without_amplification(tmp_pat
 def test_all_rounds_keeps_the_planned_rate_for_a_round_that_released_nothing(tmp_path):
     cfg, accountant, _ = _resume_open_round(tmp_path, "all-rounds")
     assert accountant.records[1].batch_rate == cfg.batch_rate == unrecorded_round_rate(cfg)
+
+
+def test_the_printed_assumption_says_the_batches_must_not_show_in_the_reply_s_timing():
+    """The amplification hides which batches took the target; a Poisson batch's realized size sets the node's
+    training time, so its reply's timing (and a timeout) would reveal it: the printed assumption says so."""
+    cfg = AccountantConfig(threat_model="all-rounds", **PLAN)
+    assumes = PrivacyAccountant.from_records(cfg, [cfg.planned_round(1)]).report().bounds[BATCH_SAMPLED_BOUND].assumes
+    assert any("timing" in a and "round-timeout" in a and "batches drawn" in a for a in assumes)
