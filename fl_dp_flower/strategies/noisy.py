@@ -42,7 +42,7 @@ from fl_dp_flower.reporting.rounds import PrivacySink, RoundOutcome, dp_metrics,
 from fl_dp_flower.settings import DPSettings, FederationSettings
 
 from .budget import UPLOAD_OBSERVING, BudgetExhausted, check_before_broadcast, check_replies
-from .guard import ReplyGuard, all_finite
+from .guard import ReplyGuard, all_finite, unreplied_charge
 from .pending import ModelNotFinite, PendingRound
 from .preflight import check_budget_delta, log_preflight, nothing_accounted
 from .sampling import NodeRefusals, NodeSampling, check_plan
@@ -192,18 +192,17 @@ class NoisyStrategyMixin(NodeSampling):
         reference, planned = pending.reference, pending.planned
         asked = {m.metadata.dst_node_id: m.metadata.message_id for m in pending.sent}
         dropped: list[tuple[int, str, bool]] = []
-        observed: list[Usable] | None = [] if self.accountant.config.threat_model in UPLOAD_OBSERVING else None
-        usable = self._screen_replies(list(replies), pending, dropped, observed)
-        seen = self.guard.seen_uploads(server_round, observed or [], planned, lambda us: self._record(  # MATH §23.2
-            server_round, planned, [*usable, *us], self._weights([*usable, *us]), applied=True, quiet=True))
+        seen: list[Usable] = []  # curious-server: the dropped uploads the server holds (docs/MATH.md §23.2)
+        usable = self._screen_replies(list(replies), pending, dropped, seen)
         self.residual_energies.extend((server_round, u.node_id, u.residual_energy) for u in usable)
         for node, reason, refused in dropped:
             log.warning("round %d: dropped reply of node %d: %s%s", server_round, node, reason, " (refusal)" * refused)
         self._track_refusals(server_round, usable, dropped)
-        missing = len(asked) - len(usable) - len(dropped)
+        missing = len(set(asked) - {u.node_id for u in usable} - {node for node, _, _ in dropped})
         if missing > 0:
             log.warning("round %d: %d of %d sampled nodes did not reply in time", server_round, missing, len(asked))
-        if not usable and not seen and not self.federation.poisson:  # a Poisson round is accounted even so
+        late = missing > 0 and self.accountant.config.threat_model in UPLOAD_OBSERVING  # may hold late uploads
+        if not usable and not seen and not late and not self.federation.poisson:  # Poisson: accounted even so
             log.warning("round %d: no usable reply; nothing aggregated or accounted", server_round)
             self._event("round-void", {"round": planned.round_index + 1, "reason": "no usable reply"})
             self._void_drop += self._screening_rules(planned).drop_probability  # a drop may have voided it
@@ -218,7 +217,8 @@ class NoisyStrategyMixin(NodeSampling):
             self.diverged = f"round {server_round}: the aggregated global model has non-finite values"
             log.error("%s: the global model is kept and the run stops after recording the round", self.diverged)
             arrays, aggregated = None, False
-        record = self._record(server_round, planned, charged, weights, applied=aggregated, seen=seen)
+        record = unreplied_charge(self._record(server_round, planned, charged, weights, applied=aggregated, seen=seen)
+                                  if charged or self.federation.poisson else None, self.accountant.config, missing, planned.round_index + 1)
         if self.budget is not None:
             try:
                 check_replies(self.accountant, self.budget, record)

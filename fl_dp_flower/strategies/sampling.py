@@ -258,9 +258,10 @@ class NodeSampling:
         """The round's reply checks, one pipeline for ``aggregate_train`` and the secure-aggregation admission:
         :func:`.replies.screen` (echoes, arrays), partition claims, then the accountant (``guard.accountable``,
         which may raise :class:`~.guard.UnaccountableSum`); the usable replies, the others appended to ``dropped``.
-        ``observed``: when given, the dropped replies whose upload and echoes parsed are appended to it (uploads the
-        server holds although they are not aggregated: what a curious server saw, docs/MATH.md §23.2)."""
+        ``observed`` (curious-server only): receives the dropped replies whose upload and echoes parsed and that the
+        accountant can account (uploads the server holds although it does not aggregate them, docs/MATH.md §23.2)."""
         strategy: Any = self  # NoisyStrategyMixin: settings, guard, _screening_rules, _record, _weights
+        observed = observed if strategy.accountant.config.threat_model == "curious-server" else None
         usable, found = screen(replies, asked={m.metadata.dst_node_id: m.metadata.message_id for m in pending.sent},
                                reference=pending.reference, arrays_key=strategy.arrayrecord_key,
                                fedprox=strategy.settings.algorithm == "fedprox", slots=pending.slots,
@@ -271,8 +272,11 @@ class NodeSampling:
         usable = strategy.guard.check_partitions(usable, dropped, pending.server_round)
         kept: list[Usable] = strategy.guard.accountable(usable, dropped, pending.planned, lambda us: strategy._record(
             pending.server_round, pending.planned, us, strategy._weights(us), applied=True, quiet=True))
-        if observed is not None:
-            observed.extend(u for u in screened if not any(u is k for k in kept))
+        if observed is not None:  # the held uploads the accountant can account (guard.seen_uploads)
+            observed[:] = strategy.guard.seen_uploads(pending.server_round, [*observed, *(
+                u for u in screened if not any(u is k for k in kept))], pending.planned, lambda us: strategy._record(
+                pending.server_round, pending.planned, [*kept, *us], strategy._weights([*kept, *us]), applied=True,
+                quiet=True))
         return kept
 
     def _secure_admission(self, echoes: dict[int, dict[str, Any]]) -> list[tuple[int, str]]:
