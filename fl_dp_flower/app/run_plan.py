@@ -139,6 +139,10 @@ def check_resume(config: Any, ledger: Path) -> None:
         contents = PrivacyLedger.check_resumable(ledger, accountant_config=config.accountant_config().to_dict())
     except ValueError as err:
         raise UsageError(f"--resume: {err}; resume with the preset and settings the run started with") from None
+    from fl_dp_flower.app.data_split import data_split_changes
+    moved = data_split_changes(contents.header, config.to_run_config())
+    if moved is not None:
+        raise UsageError(f"--resume: {moved}")
     if contents.open_round is not None and config.resume_unfinished_round == "refuse":
         raise UsageError(f"--resume: round {contents.open_round} of {ledger} was broadcast but has no complete round "
                          "line, so its privacy may be spent; to continue, add resume-unfinished-round='account' "

@@ -76,6 +76,7 @@ from fl_dp_flower.reporting.logfilter import FlowerDumps
 from fl_dp_flower.reporting.rounds import RoundSink, member_events
 from fl_dp_flower.app.strategy import make_strategy
 from fl_dp_flower.strategies import ModelNotFinite, NoisyStrategyMixin, NotEnoughNodes
+from fl_dp_flower.app.data_split import data_split_changes
 from fl_dp_flower.training.data import DEFAULT_DATA_SEED, load_dataset, load_validation
 from fl_dp_flower.training.local_update import evaluate_model
 from fl_dp_flower.training.models import build_model
@@ -164,6 +165,10 @@ def _open_ledger(config: AppConfig, run_dir: Path) -> tuple[PrivacyLedger, Priva
         return ledger, PrivacyAccountant(acct_cfg), None
     _require_ledger(path)
     contents = PrivacyLedger.check_resumable(path, accountant_config=acct_cfg.to_dict())
+    moved = data_split_changes(contents.header, config.to_run_config())  # review R1: the split is kept
+    if moved is not None:
+        log.error("cannot resume %s: %s", path, moved)
+        raise RunFailed(f"cannot resume {path}: {moved}", logged=True)
     ckpt_round, arrays = _checkpoint(run_dir, contents)
     try:  # the library's one resume rule (reporting/resume.py): checks, then resume event, lost rounds, open round
         ledger, accountant, _ = resume_ledger(path, acct_cfg, checkpoint_round=ckpt_round,

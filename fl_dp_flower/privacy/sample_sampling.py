@@ -44,7 +44,7 @@ from .validate import int_at_least, positive
 
 __all__ = ["AMPLIFIED_THREAT_MODELS", "BATCH_SAMPLED_BOUND", "BatchSampledAccount", "BatchSampledComposition",
            "DISCRETIZATION", "NO_CLIENT_CREDIT", "batch_assumption", "batch_sampled_sigma", "composed_epsilon", "inclusion_rate",
-           "round_pair"]
+           "round_pair", "unrecorded_round_rate"]
 
 #: the name of the amplified bound in a report's ``bounds``
 BATCH_SAMPLED_BOUND = "batch_sampled"
@@ -65,7 +65,9 @@ def batch_assumption(rate: float, client_sampled: bool = False) -> str:
     ``client_sampled``: clients are Poisson-sampled too, and the bound says it claims nothing for that."""
     text = (f"honest node: each local step's batch Poisson-sampled on the node (each sample independently, "
             f"rate q = B/n <= {rate:g}), from randomness that never leaves the node and is unknown to the "
-            "adversary (a fixed seed makes it predictable: experiments only)")
+            "adversary (a fixed seed makes it predictable: experiments only); nothing else the node sends or does "
+            "depends on the batches drawn (a realized batch's size shows in its training time: the reply's timing, "
+            "and whether it arrives before round-timeout, must not reveal it)")
     return f"{text}; {NO_CLIENT_CREDIT}" if client_sampled else text
 
 
@@ -76,6 +78,17 @@ def inclusion_rate(rate: float, local_steps: int) -> float:
         raise ValueError(f"rate must be in (0, 1], got {q!r}")
     k = int_at_least("local_steps", local_steps, 1)
     return 1.0 if q == 1.0 else min(1.0, -math.expm1(k * math.log1p(-q)))
+
+
+def unrecorded_round_rate(config: AccountantConfig) -> float | None:
+    """The batch rate to charge a round whose replies were never recorded (an unfinished round a resume
+    accounts, docs/MATH.md §20.5): the planned ``batch_rate`` is no bound on the rates B/n_i the sites drew at
+    (a site with fewer samples than planned echoes a larger one, and is accounted at it), so where the adversary
+    saw the uploads (``curious-server``) the round is charged without amplification (None: q = 1). Under
+    ``all-rounds`` the round's aggregate was never broadcast (nothing was released), so the planned rate stays."""
+    if config.batch_rate is None or config.threat_model != "curious-server":
+        return config.batch_rate
+    return None
 
 
 def round_pair(record: RoundRecord, terms: RoundTerms, threat_model: str) -> tuple[float, float]:

@@ -23,6 +23,7 @@ from typing import Any, Literal
 from fl_dp_flower.errors import FlDpError
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.privacy.records import AccountantConfig
+from fl_dp_flower.privacy.sample_sampling import unrecorded_round_rate
 from fl_dp_flower.privacy.screening_charge import DEFAULT_CHECK_LEVEL
 
 from .ledger import NOT_APPLIED_EVENT, RESUME_EVENT, UNFINISHED_ROUND_EVENT, LedgerContents, PrivacyLedger
@@ -131,7 +132,8 @@ def resume_ledger(path: str | os.PathLike[str], config: AccountantConfig, *, che
     record = None
     if open_round is not None:
         record = replace(config.planned_round(open_round, unfinished_contributors(config, contents), applied=False),
-                         screening_drop=unfinished_screening_drop(config, contents, legacy_screening_levels))
+                         screening_drop=unfinished_screening_drop(config, contents, legacy_screening_levels),
+                         batch_rate=unrecorded_round_rate(config))  # the sites' rates were never recorded
     report = accountant.peek(record) if record is not None else None  # raises before any write if it cannot
 
     ledger = PrivacyLedger.resume(path, accountant_config=config.to_dict())  # the first write

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -35,7 +36,7 @@ from flwr.app import ArrayRecord
 from fl_dp_flower import protocol
 from fl_dp_flower.errors import FlDpError
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
-from fl_dp_flower.privacy.records import RoundRecord
+from fl_dp_flower.privacy.records import AccountantConfig, RoundRecord
 from fl_dp_flower.reporting.ledger.events import PARTITION_CLAIMED_EVENT
 
 from .echo import Applied
@@ -50,6 +51,25 @@ ACCOUNTANT_ERRORS = (ValueError, ArithmeticError)  # OverflowError is an Arithme
 def all_finite(arrays: ArrayRecord) -> bool:
     """Whether every value of ``arrays`` is finite."""
     return all(bool(np.all(np.isfinite(array_values(a)))) for a in arrays.values())
+
+
+def unreplied_charge(record: RoundRecord | None, config: AccountantConfig, missing: int, round_: int) -> RoundRecord:
+    """``record`` as a curious server's round is charged when ``missing`` asked nodes sent no reply in time
+    (docs/MATH.md §23.2): a late reply still reaches the SuperLink (the train messages live for Flower's default TTL,
+    hours, not ``round-timeout``), so the server may hold uploads the strategy never saw. Their batch rates are
+    unknown, so the round is charged without amplification (q = 1); a round that got nothing at all is charged as
+    the planned round of the unreplied nodes, not applied (the budget check took it as spent at the broadcast).
+    Other threat models, or no missing reply: ``record`` unchanged (``record``: None when nothing arrived, round
+    ``round_``; the caller only asks then for a curious server's round with missing replies)."""
+    if config.threat_model != "curious-server" or missing <= 0:
+        if record is None:
+            raise ValueError(f"round {round_}: no record to charge (nothing arrived and no reply is missing)")
+        return record
+    if record is None or not record.weights:
+        planned = config.planned_round(round_, missing, applied=False)
+        record = planned if record is None else replace(planned, node_ids=record.node_ids, population=record.population,
+                                                        sampled=record.sampled, screening_drop=record.screening_drop)
+    return replace(record, batch_rate=None)
 
 
 class UnaccountableSum(FlDpError, RuntimeError):
@@ -156,6 +176,20 @@ class ReplyGuard:
             raise UnaccountableSum(f"a secure sum of {len(dropped)} upload(s) was revealed but every reply was "
                                    "dropped (" + "; ".join(f"node {n}: {why}" for n, why, _ in dropped) + "): the "
                                    "bound assumes at most c deviating clients; the run stops")
+        return kept
+
+    def seen_uploads(self, server_round: int, observed: list[Usable], planned: Applied,
+                     record_of: Callable[[list[Usable]], RoundRecord]) -> list[Usable]:
+        """The dropped replies whose uploads a curious server holds (``observed``: parsed, then dropped; docs/MATH.md
+        §23.2) that the accountant can account (``record_of``: the round's record with them added). The round is
+        charged at the largest batch rate any of them echoed too, and a round with no usable reply is charged as a
+        round of them (not applied) rather than left unaccounted: the server saw them. An honest node's reply
+        echoes the plan, which the accountant accounts; replies whose echoes make it fail are no honest node's."""
+        kept = self._accountable(observed, [], planned, record_of) if observed else []
+        if kept:
+            self.log.warning("round %d: the server holds the dropped upload(s) of node(s) %s (a curious server sees "
+                             "them): the round is charged for them too", server_round,
+                             ", ".join(str(u.node_id) for u in kept))
         return kept
 
     def _accountable(self, usable: list[Usable], dropped: Dropped, planned: Applied,

@@ -41,13 +41,13 @@ from fl_dp_flower.privacy.records import RoundRecord
 from fl_dp_flower.reporting.rounds import PrivacySink, RoundOutcome, dp_metrics, without_dp_metrics
 from fl_dp_flower.settings import DPSettings, FederationSettings
 
-from .budget import BudgetExhausted, check_before_broadcast, check_replies
-from .guard import ReplyGuard, all_finite
+from .budget import UPLOAD_OBSERVING, BudgetExhausted, check_before_broadcast, check_replies
+from .guard import ReplyGuard, all_finite, unreplied_charge
 from .pending import ModelNotFinite, PendingRound
 from .preflight import check_budget_delta, log_preflight, nothing_accounted
 from .sampling import NodeRefusals, NodeSampling, check_plan
 from .echo import Applied
-from .replies import average_metrics, batch_rate, member_id, mismatches, reconcile
+from .replies import Usable, average_metrics, batch_rate, member_id, mismatches, reconcile
 from .screening import ReplyChecks, ScreeningRules, rules_for
 from .server_opt import ServerUpdate
 
@@ -192,29 +192,33 @@ class NoisyStrategyMixin(NodeSampling):
         reference, planned = pending.reference, pending.planned
         asked = {m.metadata.dst_node_id: m.metadata.message_id for m in pending.sent}
         dropped: list[tuple[int, str, bool]] = []
-        usable = self._screen_replies(list(replies), pending, dropped)
+        seen: list[Usable] = []  # curious-server: the dropped uploads the server holds (docs/MATH.md §23.2)
+        usable = self._screen_replies(list(replies), pending, dropped, seen)
         self.residual_energies.extend((server_round, u.node_id, u.residual_energy) for u in usable)
         for node, reason, refused in dropped:
             log.warning("round %d: dropped reply of node %d: %s%s", server_round, node, reason, " (refusal)" * refused)
         self._track_refusals(server_round, usable, dropped)
-        missing = len(asked) - len(usable) - len(dropped)
+        missing = len(set(asked) - {u.node_id for u in usable} - {node for node, _, _ in dropped})
         if missing > 0:
             log.warning("round %d: %d of %d sampled nodes did not reply in time", server_round, missing, len(asked))
-        if not usable and not self.federation.poisson:  # a Poisson round is accounted even so (sampling.py)
+        late = missing > 0 and self.accountant.config.threat_model in UPLOAD_OBSERVING  # may hold late uploads
+        if not usable and not seen and not late and not self.federation.poisson:  # Poisson: accounted even so
             log.warning("round %d: no usable reply; nothing aggregated or accounted", server_round)
             self._event("round-void", {"round": planned.round_index + 1, "reason": "no usable reply"})
             self._void_drop += self._screening_rules(planned).drop_probability  # a drop may have voided it
             return None, None
 
-        weights = self._weights(usable)
+        charged = usable or seen  # a curious server saw the dropped uploads: charged, never aggregated
+        weights = self._weights(charged)
         arrived = sum(len(u.members) for u in usable)
-        aggregated = arrived >= self.federation.min_replies
+        aggregated = bool(usable) and arrived >= self.federation.min_replies
         arrays = self._aggregate(usable, weights, reference) if aggregated else None
         if arrays is not None and not all_finite(arrays):  # not applied; accounted; then the run fails
             self.diverged = f"round {server_round}: the aggregated global model has non-finite values"
             log.error("%s: the global model is kept and the run stops after recording the round", self.diverged)
             arrays, aggregated = None, False
-        record = self._record(server_round, planned, usable, weights, applied=aggregated)
+        record = unreplied_charge(self._record(server_round, planned, charged, weights, applied=aggregated, seen=seen)
+                                  if charged or self.federation.poisson else None, self.accountant.config, missing, planned.round_index + 1)
         if self.budget is not None:
             try:
                 check_replies(self.accountant, self.budget, record)
@@ -248,8 +252,9 @@ class NoisyStrategyMixin(NodeSampling):
         return rules_for(planned, self.settings, self.accountant.config, self.reply_checks)
 
     def _record(self, server_round: int, planned: Applied, usable: list, weights: tuple[float, ...], *,
-                applied: bool, quiet: bool = False) -> RoundRecord:
-        """The least private record of the replies; ``quiet``: a trial (ReplyGuard), nothing logged."""
+                applied: bool, quiet: bool = False, seen: Sequence[Usable] = ()) -> RoundRecord:
+        """The least private record of the replies; ``quiet``: a trial (ReplyGuard), nothing logged; ``seen``:
+        dropped uploads a curious server holds (their batch rates count towards the round's)."""
         c = self.settings
         if not quiet:
             self._last_mismatch = 0
@@ -267,7 +272,7 @@ class NoisyStrategyMixin(NodeSampling):
             prox_alpha=worst.prox_alpha, applied=applied,
             node_ids=self._published_ids(planned.round_index + 1, tuple(m for u in usable for m in u.members), quiet=quiet),
             screening_drop=min(1.0, self._screening_rules(planned).drop_probability + self._void_drop),
-            batch_rate=batch_rate(usable) if c.batch_sampling == "poisson" else None, **self._sampling_fields())
+            batch_rate=batch_rate([*usable, *seen]) if c.batch_sampling == "poisson" else None, **self._sampling_fields())
 
     # ------------------------------------------------------------ round closing
     def configure_evaluate(

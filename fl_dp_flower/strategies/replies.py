@@ -94,7 +94,7 @@ def addressee(msg: Message, by_message_id: Mapping[str, int]) -> int:
 def screen(
     replies: list[Message], *, asked: Mapping[int, str], reference: ArrayRecord, arrays_key: str, fedprox: bool,
     slots: Mapping[int, Sequence[int]] | None = None, clients_per_node: int = 1,
-    rules: ScreeningRules | None = None,
+    rules: ScreeningRules | None = None, rejected: list[Usable] | None = None,
 ) -> tuple[list[Usable], list[tuple[int, str, bool]]]:
     """Split replies into usable ones and ``(node_id, reason, is_refusal)`` of dropped ones.
 
@@ -109,6 +109,8 @@ def screen(
     its own instruction: a refusal, an error reply of its ClientApp, a malformed reply (records, keys,
     values, ``num-examples``), a rejected one; false for what the node did not send (the SuperLink's
     error replies for a node that is gone or too late, a reply sent by another node) and for a duplicate.
+    ``rejected``: when given, every dropped reply the node sent itself whose upload and echoes parsed is appended
+    to it (an upload the server holds although it is not used: a curious server saw it, docs/MATH.md §23.2).
     """
     usable: list[Usable] = []
     dropped: list[tuple[int, str, bool]] = []
@@ -120,6 +122,7 @@ def screen(
         node = addressee(msg, by_message_id)
         own = node in asked and int(msg.metadata.src_node_id) == node  # the node's answer to its instruction
         counts = False  # whether a drop counts towards the node's exclusion
+        parsed: Usable | None = None  # the reply as parsed, once its upload and echoes are (``rejected``)
         try:
             if msg.has_error():
                 counts = own and msg.error.code not in SUPERLINK_ERROR_CODES
@@ -146,7 +149,9 @@ def screen(
             if n > MAX_NUM_EXAMPLES:
                 raise ValueError(f"num-examples = {n!r} exceeds 2**53 (not a plausible count)")
             applied = parse_applied(metrics, fedprox=fedprox)
+            parsed = Usable(node, arrays, metrics, applied, int(n), (node,))
             members = _members(metrics, node, None if slots is None else slots.get(node, ()), clients_per_node)
+            parsed = replace(parsed, members=members)
             partition = None
             if protocol.PARTITION_ID in metrics:
                 partition = int(metric_number(metrics, protocol.PARTITION_ID, integer=True, minimum=0, strict=False))
@@ -156,9 +161,13 @@ def screen(
                 energy = check_reply(arrays, reference, len(members), applied, rules, w_norm)
         except Rejected as err:
             dropped.append((node, str(err), True))  # a screening rule: counts towards exclusion
+            if parsed is not None and rejected is not None:
+                rejected.append(parsed)
             continue
         except ValueError as err:
             dropped.append((node, str(err), counts))
+            if parsed is not None and rejected is not None:
+                rejected.append(parsed)
             continue
         seen.add(node)
         usable.append(Usable(node, arrays, metrics, applied, int(n), members, energy, partition))

@@ -253,20 +253,31 @@ class NodeSampling:
         return {n: f"{protocol.PARTITION_ID} = {p} claimed by nodes {', '.join(map(str, nodes))}"
                 for p, nodes in contested.items() for n in nodes}
 
-    def _screen_replies(self, replies: list[Message], pending: Any, dropped: list[tuple[int, str, bool]]) -> list[Usable]:
+    def _screen_replies(self, replies: list[Message], pending: Any, dropped: list[tuple[int, str, bool]],
+                        observed: list[Usable] | None = None) -> list[Usable]:
         """The round's reply checks, one pipeline for ``aggregate_train`` and the secure-aggregation admission:
         :func:`.replies.screen` (echoes, arrays), partition claims, then the accountant (``guard.accountable``,
-        which may raise :class:`~.guard.UnaccountableSum`); the usable replies, the others appended to ``dropped``."""
+        which may raise :class:`~.guard.UnaccountableSum`); the usable replies, the others appended to ``dropped``.
+        ``observed`` (curious-server only): receives the dropped replies whose upload and echoes parsed and that the
+        accountant can account (uploads the server holds although it does not aggregate them, docs/MATH.md §23.2)."""
         strategy: Any = self  # NoisyStrategyMixin: settings, guard, _screening_rules, _record, _weights
+        observed = observed if strategy.accountant.config.threat_model == "curious-server" else None
         usable, found = screen(replies, asked={m.metadata.dst_node_id: m.metadata.message_id for m in pending.sent},
                                reference=pending.reference, arrays_key=strategy.arrayrecord_key,
                                fedprox=strategy.settings.algorithm == "fedprox", slots=pending.slots,
                                clients_per_node=self.federation.clients_per_node,
-                               rules=strategy._screening_rules(pending.planned))
+                               rules=strategy._screening_rules(pending.planned), rejected=observed)
         dropped.extend(found)
+        screened = usable
         usable = strategy.guard.check_partitions(usable, dropped, pending.server_round)
-        return strategy.guard.accountable(usable, dropped, pending.planned, lambda us: strategy._record(  # type: ignore[no-any-return]
+        kept: list[Usable] = strategy.guard.accountable(usable, dropped, pending.planned, lambda us: strategy._record(
             pending.server_round, pending.planned, us, strategy._weights(us), applied=True, quiet=True))
+        if observed is not None:  # the held uploads the accountant can account (guard.seen_uploads)
+            observed[:] = strategy.guard.seen_uploads(pending.server_round, [*observed, *(
+                u for u in screened if not any(u is k for k in kept))], pending.planned, lambda us: strategy._record(
+                pending.server_round, pending.planned, [*kept, *us], strategy._weights([*kept, *us]), applied=True,
+                quiet=True))
+        return kept
 
     def _secure_admission(self, echoes: dict[int, dict[str, Any]]) -> list[tuple[int, str]]:
         """Secure aggregation, before a sum is unmasked: the contributors the round's screening would drop

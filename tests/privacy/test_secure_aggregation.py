@@ -211,3 +211,24 @@ def test_without_the_integer_grid_the_number_is_marked_planning_only_where_it_is
     graded = PrivacyAccountant(with_grid)
     graded.step(with_grid.planned_round(1))
     assert not graded.get_privacy_spent().planning_only and "planning_only" not in graded.report().to_dict()["certified"]
+
+
+def test_the_integer_sum_s_delta_at_its_epsilon_is_dp_accounting_s_rdp_conversion():
+    """Review R1, independent of the package's conversion: dp-accounting's RDP accountant converts the report's
+    curve to the same epsilon and, back, to the same delta (the clamp's share aside, 1e-6 of delta); a round of
+    fewer contributors costs more (the sum the budget check charges at min-replies)."""
+    from dp_accounting.rdp.rdp_privacy_accountant import compute_delta, compute_epsilon
+
+    config = AccountantConfig(clients=4000, sigma=0.55, lr=2.0, local_steps=1, clip_norm=1.0, batch_size=1, delta=1e-5,
+                              threat_model="secure-aggregation", colluders=1, sum_grid_step=2.0**-16,
+                              sum_dimension=61706)
+    accountant = PrivacyAccountant.from_records(config, [config.planned_round(t) for t in range(1, 61)])
+    report = accountant.report()
+    orders, rdp = report.rdp_curve
+    eps = report.certified.epsilon
+    assert eps == pytest.approx(compute_epsilon(orders, rdp, 1e-5 * (1 - 1e-6))[0], rel=1e-12)
+    assert accountant.get_delta(eps) == pytest.approx(compute_delta(orders, rdp, eps)[0], rel=1e-9)
+    assert accountant.get_delta(eps) <= 1e-5
+    costs = [PrivacyAccountant.from_records(config, [config.planned_round(1, m)]).report().certified.epsilon
+             for m in (5, 10, 100)]
+    assert costs == sorted(costs, reverse=True) and costs[0] == pytest.approx(23.37, abs=5e-3)
