@@ -41,7 +41,7 @@ from .training.local_update import LocalUpdateStats, LossFn, local_update
 from .training.noise import FIXED_SEED_WARNING, add_gaussian_noise_, make_noise_source
 from .training.secure_sum import SumGrid, encode_update
 
-__all__ = ["check_batch_fits", "check_loss_runs", "check_model_fits", "check_no_buffers", "derived_seed", "dp_train",
+__all__ = ["check_batch_fits", "check_dp_instruction", "check_loss_runs", "check_model_fits", "check_no_buffers", "derived_seed", "dp_train",
            "log_nonfinite", "member_streams", "node_data", "noisy_local_update",
            "private_update", "secure_sum_update", "shared_statistics", "sum_grid", "train_reply"]
 
@@ -230,6 +230,16 @@ def node_data(x: Any, y: Any, dtype: torch.dtype = torch.float32) -> tuple[torch
     return xt, yt
 
 
+def check_dp_instruction(msg: Message, config_key: str = "config") -> None:
+    """Refuse, naming the server's strategy, a train message that carries no ``dp.*`` setting at all: a plain
+    Flower strategy (``FedAvg``) sent it, so there is neither noise to apply nor an accountant to count it."""
+    records = msg.content.config_records
+    if config_key in records and not any(str(key).startswith("dp.") for key in records[config_key]):
+        raise Refused(f"the train instruction carries no dp.* settings (ConfigRecord {config_key!r} has "
+                      f"{sorted(records[config_key])[:5]}): the ServerApp's strategy must be fl_dp_flower's "
+                      "NoisyFedAvg or NoisyFedProx (a plain Flower strategy neither asks for noise nor accounts it)")
+
+
 def check_model_fits(model: nn.Module, msg: Message, arrays_key: str = "arrays") -> None:
     """Refuse, naming model_fn, a train message whose global model does not fit ``model`` (another key,
     a missing one, another shape): the ServerApp's initial model and the ClientApp's ``model_fn`` must
@@ -298,6 +308,7 @@ def dp_train(model_fn: ModelFn, data_fn: DataFn, loss_fn: LossFn = F.cross_entro
 
     def train(msg: Message, context: Context) -> Message:
         try:
+            check_dp_instruction(msg, config_key)
             instruction = TrainInstruction.from_message(msg, config_key)
             check_node(instruction, context.node_config)
             grid = sum_grid(msg, config_key)

@@ -11,11 +11,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp.strategy import FedAvg
 from torch import nn
 
 from fl_dp_flower import TrainInstruction, dp_train
 from fl_dp_flower.client import check_loss_runs
 from fl_dp_flower.protocol import Refused
+from fl_dp_flower.testing import LocalGrid, task_identity
 from tests.test_public_api import TinyNet, load_data
 
 INSTRUCTION = TrainInstruction(round_index=0, algorithm="fedavg", schedule="constant", lr=0.1, local_steps=2,
@@ -88,3 +91,20 @@ def test_the_checks_pass_data_that_trains():
     with pytest.raises(Refused, match="labels span \\[-1, 1\\]"):
         x, y = load_data(Context(0, 1, {"partition-id": 1}, RecordDict(), {}))
         check_loss_runs(TinyNet(), x, y - 1, F.cross_entropy, 8)
+
+
+def test_a_plain_flower_strategy_is_refused_naming_the_strategy_to_use():
+    """FedAvg on the server and dp_train on the clients: before, the node said "train config is missing
+    'dp.round-index'"; now it names the strategy (nothing is trained, nothing accounted: no number at all)."""
+    app = ClientApp()
+    app.train()(dp_train(TinyNet, load_data))
+    grid = LocalGrid(app, 2)
+    with task_identity():
+        result = FedAvg(fraction_evaluate=0.0).start(grid=grid, initial_arrays=ArrayRecord(TinyNet().state_dict()),
+                                                     num_rounds=1)
+    assert result.train_metrics_clientapp == {}
+    msg = Message(RecordDict({"arrays": ArrayRecord(TinyNet().state_dict()), "config": ConfigRecord({"lr": 0.1})}),
+                  1, MessageType.TRAIN)
+    ctx = Context(run_id=0, node_id=1, node_config={"partition-id": 0}, state=RecordDict(), run_config={})
+    reason = _reason(dp_train(TinyNet, load_data)(msg, ctx))
+    assert "carries no dp.* settings (ConfigRecord 'config' has ['lr'])" in reason and "NoisyFedAvg" in reason
