@@ -94,3 +94,51 @@ def test_the_own_loop_trains_like_dp_train(page, caplog):
         apps.main(LocalGrid(own.client_app, 4), _context())
     assert len(_rounds(page / "outputs" / "ledger.jsonl")) == 10
     assert "dropped reply" not in caplog.text
+
+
+def _mistakes():
+    """The construction-time rows of the page's mistakes table: (row, call, error, message)."""
+    from fl_dp_flower import Budget, DPSettings, FederationSettings, NoisyFedAvg, PrivacyAccountant, open_ledger
+
+    good = dict(sigma=0.5, clip_norm=1.0, local_steps=5, batch_size=32, lr=0.1)
+    settings, federation = DPSettings(**good), FederationSettings(clients_per_round=3)
+    plan = settings.accountant_config(clients=3)
+    poisson = FederationSettings(clients_per_round=4, client_sampling="poisson", sampling_rate=0.5)
+
+    def resume_with_other_sigma(tmp: Path):
+        ledger, _ = open_ledger(tmp / "ledger.jsonl", plan)
+        ledger.close()
+        open_ledger(tmp / "ledger.jsonl", DPSettings(**{**good, "sigma": 0.7}).accountant_config(clients=3), resume=True)
+
+    return [
+        ("sigma=-1", lambda tmp: DPSettings(**{**good, "sigma": -1}), ValueError, "sigma must be a finite number > 0"),
+        ('"0.5"', lambda tmp: DPSettings(**{**good, "sigma": "0.5"}), ValueError, "sigma must be a number > 0"),
+        ("lr=0", lambda tmp: DPSettings(**{**good, "lr": 0}), ValueError, "lr must be a finite number > 0"),
+        ('schedule="linear"', lambda tmp: DPSettings(**{**good, "schedule": "linear"}), ValueError,
+         "schedule must be one of"),
+        ("sampling_rate=1.5", lambda tmp: FederationSettings(client_sampling="poisson", sampling_rate=1.5), ValueError,
+         r"sampling_rate must be in \(0, 1\]"),
+        ("delta=0.5", lambda tmp: settings.accountant_config(clients=3, delta=0.5), ValueError,
+         r"delta must be a number in \(0, 0.1\)"),
+        ("other settings", lambda tmp: NoisyFedAvg(DPSettings(**{**good, "sigma": 1.0}), PrivacyAccountant(plan),
+                                                   federation=federation), ValueError,
+         r"sigma: accountant 0.5 != settings 1.0"),
+        ("no accountant", lambda tmp: NoisyFedAvg(settings, None, federation=federation), TypeError,
+         "accountant must be a fl_dp_flower PrivacyAccountant"),
+        ("tuple budget", lambda tmp: NoisyFedAvg(settings, PrivacyAccountant(plan), federation=federation,
+                                                 budget=(8, 1e-5)), TypeError, "budget must be a Budget or None"),
+        ("budget delta", lambda tmp: NoisyFedAvg(settings, PrivacyAccountant(plan), federation=federation,
+                                                 budget=Budget(8, 1e-6)), ValueError, "budget delta 1e-06 != the accountant's"),
+        ("poisson with clients=", lambda tmp: settings.accountant_config(clients=2, population=4, sampling_rate=0.5),
+         ValueError, r"name the population: accountant_config\(population=N, sampling_rate=q\)"),
+        ("poisson without sampling_rate", lambda tmp: NoisyFedAvg(settings, PrivacyAccountant(
+            settings.accountant_config(clients=3)), federation=poisson), ValueError, "expected 0.5"),
+        ("resume, other sigma", resume_with_other_sigma, ValueError, r"differs in key\(s\) \['sigma'\]"),
+    ]
+
+
+@pytest.mark.parametrize("row, call, error, message", _mistakes(), ids=[m[0] for m in _mistakes()])
+def test_the_mistakes_table_errors_name_the_field(row, call, error, message, tmp_path):
+    """What the page's table says each mistake gives, raised before round 1."""
+    with pytest.raises(error, match=message):
+        call(tmp_path)
