@@ -108,3 +108,29 @@ def test_a_plain_flower_strategy_is_refused_naming_the_strategy_to_use():
     ctx = Context(run_id=0, node_id=1, node_config={"partition-id": 0}, state=RecordDict(), run_config={})
     reason = _reason(dp_train(TinyNet, load_data)(msg, ctx))
     assert "carries no dp.* settings (ConfigRecord 'config' has ['lr'])" in reason and "NoisyFedAvg" in reason
+
+
+class DropoutNet(nn.Module):  # a user's model with dropout (parameters only)
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.5), nn.Linear(16, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+@pytest.mark.parametrize("batch_sampling", ["fixed", "poisson"])
+def test_per_sample_clipping_trains_a_model_with_dropout_within_the_clipping_bound(batch_sampling):
+    """Before, torch.func.vmap raised "called random operation while in randomness error mode" out of dp_train."""
+    from fl_dp_flower.training.local_update import local_update
+
+    torch.manual_seed(0)
+    model = DropoutNet()
+    start = [p.detach().clone() for p in model.parameters()]
+    x, y = load_data(Context(0, 1, {"partition-id": 0}, RecordDict(), {}))
+    lr, steps, clip = 0.5, 3, 0.1
+    stats = local_update(model, x * 50, y, step_sizes=[lr] * steps, clip_norm=clip, clipping="per-sample", batch_size=8,
+                         generator=torch.Generator().manual_seed(1), batch_sampling=batch_sampling)
+    moved = torch.sqrt(sum(((p.detach() - s) ** 2).sum() for p, s in zip(model.parameters(), start)))
+    assert stats.steps == steps and 0 < float(moved) <= steps * lr * clip * (1 + 1e-6)
+    assert stats.clipped_fraction > 0  # the bound was exercised, not met trivially
