@@ -41,8 +41,8 @@ from .training.local_update import LocalUpdateStats, LossFn, local_update
 from .training.noise import FIXED_SEED_WARNING, add_gaussian_noise_, make_noise_source
 from .training.secure_sum import SumGrid, encode_update
 
-__all__ = ["check_batch_fits", "check_no_buffers", "derived_seed", "dp_train", "log_nonfinite", "member_streams",
-           "node_data", "noisy_local_update",
+__all__ = ["check_batch_fits", "check_dp_instruction", "check_loss_runs", "check_model_fits", "check_no_buffers", "derived_seed", "dp_train",
+           "log_nonfinite", "member_streams", "node_data", "noisy_local_update",
            "private_update", "secure_sum_update", "shared_statistics", "sum_grid", "train_reply"]
 
 log = logging.getLogger(__name__)
@@ -230,6 +230,62 @@ def node_data(x: Any, y: Any, dtype: torch.dtype = torch.float32) -> tuple[torch
     return xt, yt
 
 
+def check_dp_instruction(msg: Message, config_key: str = "config") -> None:
+    """Refuse, naming the server's strategy, a train message that carries no ``dp.*`` setting at all: a plain
+    Flower strategy (``FedAvg``) sent it, so there is neither noise to apply nor an accountant to count it."""
+    records = msg.content.config_records
+    if config_key in records and not any(str(key).startswith("dp.") for key in records[config_key]):
+        raise Refused(f"the train instruction carries no dp.* settings (ConfigRecord {config_key!r} has "
+                      f"{sorted(records[config_key])[:5]}): the ServerApp's strategy must be fl_dp_flower's "
+                      "NoisyFedAvg or NoisyFedProx (a plain Flower strategy neither asks for noise nor accounts it)")
+
+
+def check_model_fits(model: nn.Module, msg: Message, arrays_key: str = "arrays") -> None:
+    """Refuse, naming model_fn, a train message whose global model does not fit ``model`` (another key,
+    a missing one, another shape): the ServerApp's initial model and the ClientApp's ``model_fn`` must
+    build the same network."""
+    records = msg.content.array_records
+    if arrays_key not in records:
+        raise Refused(f"the train message has no ArrayRecord {arrays_key!r} (it has {sorted(records)}): "
+                      "dp_train's arrays_key must name the key the strategy sends (NoisyFedAvg: 'arrays')")
+    mine = {key: tuple(value.shape) for key, value in model.state_dict().items()}
+    theirs = {key: tuple(array.shape) for key, array in records[arrays_key].items()}
+    if mine == theirs:
+        return
+    problems = [f"missing in the server's model: {sorted(set(mine) - set(theirs))[:5]}"] if set(mine) - set(theirs) else []
+    if set(theirs) - set(mine):
+        problems.append(f"not in model_fn()'s: {sorted(set(theirs) - set(mine))[:5]}")
+    problems += [f"{key}: server {theirs[key]} != model_fn() {mine[key]}"
+                 for key in mine if key in theirs and mine[key] != theirs[key]][:5]
+    raise Refused(f"the server's global model does not fit model_fn() ({type(model).__name__}): "
+                  f"{'; '.join(problems)}. The ServerApp's initial_arrays and the ClientApp's model_fn must build "
+                  "the same model")
+
+
+def check_loss_runs(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn, samples: int) -> None:
+    """Refuse, naming data_fn, model_fn and loss_fn, data the model cannot train on: the model or the loss
+    fails on the first ``samples`` samples (shapes, dtypes), or labels lie outside the outputs' classes
+    (cross-entropy, checked over every label: a bad label later in the data would fail mid-round)."""
+    device = next(model.parameters()).device
+    shapes = f"x has shape {tuple(x.shape)} ({x.dtype}), y {tuple(y.shape)} ({y.dtype})"
+    with torch.no_grad():
+        try:
+            out = model(x[:samples].to(device))
+        except (RuntimeError, IndexError, ValueError, TypeError) as err:
+            raise Refused(f"model_fn()(x) fails on data_fn's x ({type(err).__name__}: {str(err).strip()[:300]}); "
+                          f"{shapes}") from None
+        if loss_fn is F.cross_entropy and not y.is_floating_point() and out.ndim == 2:
+            low, high, classes = int(y.min()), int(y.max()), out.shape[1]
+            if low < 0 or high >= classes:
+                raise Refused(f"data_fn's labels span [{low}, {high}] but model_fn()'s output has {classes} classes: "
+                              f"cross-entropy needs labels in [0, {classes - 1}]")
+        try:
+            loss_fn(out, y[:samples].to(device))
+        except (RuntimeError, IndexError, ValueError, TypeError) as err:
+            raise Refused(f"loss_fn(model_fn()(x), y) fails on data_fn's data ({type(err).__name__}: "
+                          f"{str(err).strip()[:300]}); {shapes}") from None
+
+
 def _client_index(context: Context) -> int:
     return int(context.node_config.get("partition-id", context.node_id))
 
@@ -243,13 +299,16 @@ def dp_train(model_fn: ModelFn, data_fn: DataFn, loss_fn: LossFn = F.cross_entro
     (parameters only, see :func:`check_no_buffers`; checked here once). data_fn(context): this
     node's training data ``(x, y)`` as tensors or numpy arrays (converted: :func:`node_data`; an empty or
     mismatched partition is refused, naming data_fn). loss_fn(outputs, targets): the batch mean loss.
-    A refused instruction gets a refusal reply (counted by the server's ``max-node-refusals``).
+    A refused instruction gets a refusal reply (counted by the server's ``max-node-refusals``); so do,
+    before any step, a global model that does not fit ``model_fn()`` (:func:`check_model_fits`) and data
+    the loss cannot take, e.g. labels outside the model's classes (:func:`check_loss_runs`).
     """
     check_no_buffers(model_fn())
     where = torch.device(device) if device is not None else None
 
     def train(msg: Message, context: Context) -> Message:
         try:
+            check_dp_instruction(msg, config_key)
             instruction = TrainInstruction.from_message(msg, config_key)
             check_node(instruction, context.node_config)
             grid = sum_grid(msg, config_key)
@@ -257,11 +316,13 @@ def dp_train(model_fn: ModelFn, data_fn: DataFn, loss_fn: LossFn = F.cross_entro
             model = model_fn()
             x, y = node_data(*data_fn(context), dtype=next(model.parameters()).dtype)
             check_batch_fits(instruction, len(y))
+            check_model_fits(model, msg, arrays_key)
+            model.load_state_dict(msg.content.array_records[arrays_key].to_torch_state_dict())
+            model.to(where or torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+            check_loss_runs(model, x, y, loss_fn, instruction.batch_size)
         except Refused as err:
             log.warning("Refusing train instruction: %s", err)
             return refusal(msg, err)
-        model.load_state_dict(msg.content.array_records[arrays_key].to_torch_state_dict())
-        model.to(where or torch.device("cuda" if torch.cuda.is_available() else "cpu"))
         started = time.perf_counter()
         stats, secure = private_update(model, x, y, instruction, grid, client=_client_index(context), loss_fn=loss_fn)
         return train_reply(msg, instruction, model, stats, num_examples=len(y), share_metrics=share,

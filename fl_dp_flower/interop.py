@@ -20,18 +20,29 @@ checks it every round, and it is required here so that mistake fails at construc
     strategy = DifferentialPrivacyClientSideFixedClipping(FedAvg(...), noise_multiplier=1.0,
                                                          clipping_norm=1.0, num_sampled_clients=10,
                                                          accountant=accountant)
+
+Flower's client-side wrapper certifies clipped updates whether or not the ClientApps run ``fixedclipping_mod``
+(the server is never told); :class:`CheckedClientSideFixedClipping` is the same wrapper that checks every
+reply's update norm before aggregating, so a ClientApp without the mod stops the run instead of voiding
+the number.
 """
 
 from __future__ import annotations
 
 import math
 
-from flwr.serverapp import NeighboringRelation, PrivacyConfig, PrivacySpent, SamplingMethod
+from collections.abc import Iterable
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.serverapp import Grid, NeighboringRelation, PrivacyConfig, PrivacySpent, SamplingMethod
+from flwr.serverapp.strategy import DifferentialPrivacyClientSideFixedClipping
 from flwr.supercore.privacy_accounting import GaussianPrivacyEvent
 
+from .errors import FlDpError
 from .privacy import gdp
 
-__all__ = ["FlowerGDPAccountant"]
+__all__ = ["CheckedClientSideFixedClipping", "FlowerGDPAccountant", "UnclippedUpdate"]
 
 ACCOUNTING_METHOD = "gaussian-dp"
 STATE_KIND = "fl-dp-flower/gaussian-dp"
@@ -145,3 +156,57 @@ class FlowerGDPAccountant:
             mu_squared += self._cost(event, n)
             restored[float(z)] = restored.get(float(z), 0) + n
         self._releases, self._mu_squared = restored, mu_squared
+
+
+class UnclippedUpdate(FlDpError, ValueError):
+    """A reply to Flower's client-side fixed-clipping wrapper whose update exceeds the clipping norm."""
+
+
+def update_norm(reply: list[np.ndarray], broadcast: list[np.ndarray]) -> tuple[float, float]:
+    """(L2 norm of reply - broadcast, the rounding it may carry): a client's update clipped to C and added to the
+    model in the weights' dtype reads back within eps (|reply| + |broadcast|) of a vector of norm C, eps the
+    dtype's machine epsilon (the error of each value is at most eps times its size)."""
+    if len(reply) != len(broadcast):
+        raise UnclippedUpdate(f"a reply has {len(reply)} arrays, the broadcast model {len(broadcast)}")
+    squares, sizes = 0.0, 0.0
+    eps = 0.0
+    for new, old in zip(reply, broadcast, strict=True):
+        if new.shape != old.shape:
+            raise UnclippedUpdate(f"a reply's array has shape {new.shape}, the broadcast model's {old.shape}")
+        a, b = new.astype(np.float64), old.astype(np.float64)
+        squares += float(np.sum((a - b) ** 2))
+        sizes += float(np.sum(a * a)) + float(np.sum(b * b))
+        eps = max([eps, *(float(np.finfo(x.dtype).eps) for x in (new, old) if x.dtype.kind == "f")])
+    return math.sqrt(squares), eps * 2 * math.sqrt(sizes)
+
+
+class CheckedClientSideFixedClipping(DifferentialPrivacyClientSideFixedClipping):
+    """Flower's ``DifferentialPrivacyClientSideFixedClipping`` that checks what its accountant certifies: before
+    aggregating, every reply's update (reply minus the broadcast model) must have L2 norm at most
+    ``clipping_norm`` (plus float rounding), which only ``fixedclipping_mod`` in the ClientApp guarantees.
+    Otherwise :class:`UnclippedUpdate` (naming the node) stops the run before the round's aggregate is released;
+    Flower's own wrapper would aggregate the unclipped update and certify it as clipped. Arguments as Flower's."""
+
+    _broadcast: list[np.ndarray] | None = None
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        self._broadcast = arrays.to_numpy_ndarrays()
+        return super().configure_train(server_round, arrays, config, grid)
+
+    def aggregate_train(self, server_round: int,
+                        replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        replies = list(replies)
+        if self._broadcast is None:
+            raise RuntimeError("aggregate_train before configure_train: no broadcast model to check updates against")
+        for reply in replies:
+            if reply.has_error():
+                continue
+            for record in reply.content.array_records.values():
+                norm, slack = update_norm(record.to_numpy_ndarrays(), self._broadcast)
+                if norm > self.clipping_norm * (1 + 1e-6) + slack:
+                    raise UnclippedUpdate(
+                        f"round {server_round}: node {reply.metadata.src_node_id}'s update has L2 norm {norm:.6g} > "
+                        f"clipping_norm {self.clipping_norm:g}: its ClientApp does not clip (add fixedclipping_mod: "
+                        "ClientApp(mods=[fixedclipping_mod])); nothing of this round was aggregated or accounted")
+        return super().aggregate_train(server_round, replies)

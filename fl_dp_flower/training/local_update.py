@@ -90,7 +90,8 @@ def _per_sample_grad(model, names, params, xb, yb, loss_fn, clip_norm, chunk, di
         loss = loss_fn(out, y.unsqueeze(0))
         return loss, loss
 
-    per_sample = vmap(grad(sample_loss, has_aux=True), in_dims=(None, 0, 0))
+    # randomness="different": a model with dropout draws each sample's own mask, as a plain forward pass would
+    per_sample = vmap(grad(sample_loss, has_aux=True), in_dims=(None, 0, 0), randomness="different")
     p = {n: t.detach() for n, t in zip(names, params)}
     total = [torch.zeros_like(t) for t in params]
     loss_sum, clipped, nonfinite = 0.0, 0, 0
