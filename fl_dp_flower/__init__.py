@@ -40,6 +40,7 @@ _PUBLIC = {
     "Budget": "fl_dp_flower.privacy.accountant",
     "plan": "fl_dp_flower.privacy.planning",
     "calibrate": "fl_dp_flower.privacy.planning",
+    "calibrate_sigma": "fl_dp_flower.privacy.planning",
     "preflight_notes": "fl_dp_flower.privacy.preflight",
     "PrivacySink": "fl_dp_flower.reporting.rounds",
     "RoundOutcome": "fl_dp_flower.reporting.rounds",
@@ -73,6 +74,7 @@ __all__ = [
     "SecAggGrid",
     "TrainInstruction",
     "calibrate",
+    "calibrate_sigma",
     "dp_train",
     "open_ledger",
     "plan",
@@ -88,7 +90,7 @@ if TYPE_CHECKING:
     from fl_dp_flower.errors import FlDpError
     from fl_dp_flower.interop import FlowerGDPAccountant
     from fl_dp_flower.privacy.accountant import Budget, PrivacyAccountant
-    from fl_dp_flower.privacy.planning import calibrate, plan
+    from fl_dp_flower.privacy.planning import calibrate, calibrate_sigma, plan
     from fl_dp_flower.privacy.preflight import preflight_notes
     from fl_dp_flower.protocol import TrainInstruction
     from fl_dp_flower.reporting.rounds import (ConsoleSink, LedgerSink, PrivacySink, PrometheusSink, RoundOutcome,

@@ -10,6 +10,9 @@ norm, both in the units of the model's weights; ``lr`` is the schedule's constan
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import numbers
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -23,7 +26,7 @@ __all__ = ["DPSettings", "FederationSettings", "round_problems", "server_step_pr
 
 
 def round_problems(clients_per_round: int, min_replies: int, client_sampling: str, weighting: str,
-                   sample_secrecy: str = "public") -> list[str]:
+                   sample_secrecy: str = "public", sampling_rate: float = 1.0) -> list[str]:
     """A round's cross-field rules (each value already in its own range), as messages naming the
     :class:`FederationSettings` fields; the one owner of these rules (the reference app names its dash keys in
     them)."""
@@ -31,6 +34,10 @@ def round_problems(clients_per_round: int, min_replies: int, client_sampling: st
     if min_replies > clients_per_round:
         problems.append(f"min_replies = {min_replies!r}: must be an integer in [1, clients_per_round = "
                         f"{clients_per_round}]")
+    if client_sampling == "fixed" and sampling_rate != 1.0:
+        problems.append(f"sampling_rate = {sampling_rate!r}: only client_sampling = 'poisson' uses it (each client "
+                        "independently with probability q), while fixed-size sampling draws exactly clients_per_round "
+                        "clients: leave sampling_rate at 1.0 or set client_sampling = 'poisson'")
     if client_sampling == "poisson" and weighting != "uniform":
         problems.append(f"weighting = {weighting!r}: client_sampling = 'poisson' needs 'uniform' (the aggregate divides "
                         "the summed updates by q N)")
@@ -58,6 +65,15 @@ def server_step_problems(server_optimizer: str, server_lr: float, server_lr_end:
         problems.append(f"server_weight_decay x server_lr must be < 1 (the decay factor 1 - server_lr x "
                         f"server_weight_decay stays positive), got {server_weight_decay!r} x {server_lr!r}")
     return problems
+
+
+def _as_ints(settings: Any, *names: str) -> None:
+    """Store each integer field given as another integral type (numpy's int64, ...) as a Python int, so every layer
+    below sees an int; a bool or non-integral value is left for the field's own check to refuse."""
+    for name in names:
+        value = getattr(settings, name)
+        if isinstance(value, numbers.Integral) and not isinstance(value, (bool, int)):
+            object.__setattr__(settings, name, int(value))
 
 
 @dataclass(frozen=True)
@@ -89,6 +105,7 @@ class DPSettings:
     batch_sampling: str = "fixed"
 
     def __post_init__(self) -> None:
+        _as_ints(self, "local_steps", "batch_size", "seed")
         positive("sigma", self.sigma)
         choice("batch_sampling", self.batch_sampling, BATCH_SAMPLINGS)
         if self.batch_sampling == "poisson" and self.clipping != "per-sample":
@@ -125,6 +142,7 @@ class DPSettings:
         round (``clients`` with ``sampling_rate`` is refused: it once meant floor(q N) here and N elsewhere).
         """
         choice("threat_model", threat_model, THREAT_MODELS)
+        _check_extra_fields(extra)
         q = extra.get("sampling_rate")
         if q is not None and (population is None or clients is not None):
             raise ValueError("with sampling_rate (Poisson client sampling) name the population: accountant_config("
@@ -164,6 +182,27 @@ class DPSettings:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+#: what accountant_config(...) takes itself, and what it sets from the settings (not an extra field)
+_OWN_ARGUMENTS = ("clients", "population", "delta", "threat_model", "smoothness")
+_FROM_SETTINGS = ("algorithm", "schedule", "lr", "local_steps", "clip_norm", "sigma", "prox_alpha", "clipping",
+                  "batch_size")
+
+
+def _check_extra_fields(extra: dict[str, Any]) -> None:
+    """Refuse an ``accountant_config`` keyword that is no AccountantConfig field (or one the settings set), naming
+    it, the closest fields and every field it takes."""
+    fields = [f.name for f in dataclasses.fields(AccountantConfig) if f.name not in _FROM_SETTINGS]
+    takes = sorted({*fields, *_OWN_ARGUMENTS})
+    for key in extra:
+        if key in _FROM_SETTINGS:
+            raise TypeError(f"accountant_config() sets {key!r} from the DPSettings (DPSettings.{key}); change it "
+                            "there")
+        if key not in fields:
+            close = difflib.get_close_matches(key, takes, n=2, cutoff=0.5)
+            hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+            raise TypeError(f"accountant_config() got an unknown keyword {key!r}: {hint}it takes {', '.join(takes)}")
 
 
 def planned_population(secrecy: str, sampling: str, clients_per_round: int, partitions: int,
@@ -233,6 +272,8 @@ class FederationSettings:
     release_tail_fraction: float = 0.5
 
     def __post_init__(self) -> None:
+        _as_ints(self, "clients_per_round", "min_replies", "clients_per_node", "num_server_rounds", "max_node_refusals",
+                 "seed")
         int_at_least("clients_per_round", self.clients_per_round, 1)
         int_at_least("min_replies", self.min_replies, 1)
         int_at_least("clients_per_node", self.clients_per_node, 1)
@@ -246,7 +287,7 @@ class FederationSettings:
             raise ValueError(f"sampling_rate must be in (0, 1], got {self.sampling_rate!r}")
         choice("sample_secrecy", self.sample_secrecy, SAMPLE_SECRECIES)
         if problems := round_problems(self.clients_per_round, self.min_replies, self.client_sampling, self.weighting,
-                                      self.sample_secrecy):
+                                      self.sample_secrecy, self.sampling_rate):
             raise ValueError("; ".join(problems))
         self._check_post_processing()
 

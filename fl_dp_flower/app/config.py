@@ -37,7 +37,7 @@ from fl_dp_flower.privacy.terms import SCHEDULE_CONSTANTS, default_cyclic_c, def
 
 #: the fields the library's cross-field rules name, written as their run-config keys in this config's errors
 LIBRARY_RULE_FIELDS = (*SMOOTHNESS_FIELDS, "sample_secrecy", "echo_tolerance", "clients_per_round", "min_replies",
-                       "client_sampling", "weighting", "clients_per_node")
+                       "client_sampling", "sampling_rate", "weighting", "clients_per_node")
 
 __all__ = ["AUTO_SIGMA", "AppConfig", "ConfigError", "with_auto_sigma", "default_cyclic_c", "default_iterative_z", "describe_range",
            "unknown_key_message"]
@@ -296,7 +296,7 @@ class AppConfig(ServerUpdateConfig, SecureAggregationConfig, ReplyChecksConfig, 
             *batch_sampling_problems(self.threat_model, self.clipping, batch_rate, self.clients_per_node),  # §23.4
             *colluder_problems(self.threat_model, self.colluding_clients),
             *round_problems(self.clients_per_round, self.min_replies, self.client_sampling, self.weighting,
-                            self.sample_secrecy),
+                            self.sample_secrecy, self.sampling_rate),
         ]
         problems += [config_messages.run_config_words(problem, LIBRARY_RULE_FIELDS) for problem in library_problems]
         if self.clients_per_node > 1:

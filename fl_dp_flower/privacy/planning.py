@@ -205,6 +205,11 @@ def calibrate(config: AccountantConfig, rounds: int, target_epsilon: float,
         name = calibrated.certified_bound
         sigma = config.sigma * reference.bounds[name].mu / mu_star
         calibrated = plan(dataclasses.replace(config, sigma=sigma), rounds)
+    for _ in range(64):  # sigma * mu_ref / mu* can land a rounding error above the target: step sigma up
+        if calibrated.bounds[name].epsilon <= target_epsilon:
+            break
+        sigma = math.nextafter(sigma * (1.0 + 1e-15), math.inf)
+        calibrated = plan(dataclasses.replace(config, sigma=sigma), rounds)
     value = calibrated.bounds[name]
     return Calibration(sigma=sigma, bound=name, mu=value.mu, epsilon=value.epsilon, sound=value.sound,
                        assumes=value.assumes)

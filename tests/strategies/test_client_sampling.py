@@ -269,7 +269,9 @@ def test_config_refuses_what_sampling_cannot_certify(tmp_path):
         AccountantConfig(sampling_rate=0.0)
     with pytest.raises(ValueError, match="final-model"):
         AccountantConfig(threat_model="final-model", colluders=0, assume_smooth_losses=True, sampling_rate=0.5)
-    fixed = tiny_config(tmp_path, **{"sampling-rate": 0.5})  # ignored with fixed-size sampling
+    with pytest.raises(ConfigError, match="'sampling-rate' = 0.5: only 'client-sampling' = 'poisson' uses it"):
+        tiny_config(tmp_path, **{"sampling-rate": 0.5})  # was silently ignored with fixed-size sampling
+    fixed = tiny_config(tmp_path)
     assert fixed.accountant_config().sampling_rate is None and fixed.accountant_config().clients == 3
 
 

@@ -153,7 +153,7 @@ def test_run_certifies_the_amplified_bound_and_reveals_no_draw(tmp_path):
 
 @pytest.mark.parametrize("overrides, text", [
     ({"clipping": "per-batch"}, "per-sample"),
-    ({"clients-per-node": 2, "clients-per-round": 6}, "clients_per_node = 1"),
+    ({"clients-per-node": 2, "clients-per-round": 6}, "'clients-per-node' = 1"),
     ({"client-sampling": "poisson", "sampling-rate": 0.5, "clipping": "per-batch"}, "per-sample"),
     ({"threat-model": "final-model", "colluding-clients": 0, "assume-smooth-losses": True}, "all-rounds"),
 ])
