@@ -21,7 +21,7 @@ class ReplyChecks:
     echo_tolerance (echo-tolerance, >= 1): factor by which echoed settings may differ from the plan
     (accepted deviations are accounted least privately); noise_check_alpha (noise-check-alpha, in
     [0, 1), 0 = off): false-alarm rate of the residual-noise check; update_bound_alpha
-    (update-bound-alpha, in (0, 1)): tail probability of the update-magnitude bound;
+    (update-bound-alpha, in [0, 1), 0 = off): tail probability of the update-magnitude bound;
     examples_cap_ratio (examples-cap-ratio, >= 1): weighting "examples" caps each claim at this many
     times the round's median.
     """
@@ -34,7 +34,7 @@ class ReplyChecks:
     def __post_init__(self) -> None:
         checks = (("echo_tolerance", self.echo_tolerance, 1.0 <= self.echo_tolerance < math.inf, ">= 1 and finite"),
                   ("noise_check_alpha", self.noise_check_alpha, 0.0 <= self.noise_check_alpha < 1.0, "in [0, 1)"),
-                  ("update_bound_alpha", self.update_bound_alpha, 0.0 < self.update_bound_alpha < 1.0, "in (0, 1)"),
+                  ("update_bound_alpha", self.update_bound_alpha, 0.0 <= self.update_bound_alpha < 1.0, "in [0, 1)"),
                   ("examples_cap_ratio", self.examples_cap_ratio, self.examples_cap_ratio >= 1.0, ">= 1"))
         for name, value, ok, span in checks:
             if not ok:

@@ -30,6 +30,7 @@ from fl_dp_flower.privacy.accountant import Budget
 from fl_dp_flower.privacy.records import (SMOOTHNESS_FIELDS, AccountantConfig, batch_sampling_problems, colluder_problems, sampling_problems, secrecy_problems,
                               smoothness_problems)
 from fl_dp_flower.privacy.plan_rules import secret_echo_problems
+from fl_dp_flower.privacy.screening_charge import budget_charge_problems
 from fl_dp_flower.settings import DPSettings, FederationSettings, planned_population, round_problems
 from fl_dp_flower.vocabulary import (Algorithm, BatchSampling, ClientSampling, Clipping, CohortNoise, Dataset, ModelName, NoiseMode, Partitioning,
                          Schedule, ThreatModel, UnfinishedRoundPolicy, Weighting, model_problem)
@@ -37,7 +38,8 @@ from fl_dp_flower.privacy.terms import SCHEDULE_CONSTANTS, default_cyclic_c, def
 
 #: the fields the library's cross-field rules name, written as their run-config keys in this config's errors
 LIBRARY_RULE_FIELDS = (*SMOOTHNESS_FIELDS, "sample_secrecy", "echo_tolerance", "clients_per_round", "min_replies",
-                       "client_sampling", "sampling_rate", "weighting", "clients_per_node")
+                       "client_sampling", "sampling_rate", "weighting", "clients_per_node", "noise_check_alpha",
+                       "update_bound_alpha")
 
 __all__ = ["AUTO_SIGMA", "AppConfig", "ConfigError", "with_auto_sigma", "default_cyclic_c", "default_iterative_z", "describe_range",
            "unknown_key_message"]
@@ -295,6 +297,8 @@ class AppConfig(ServerUpdateConfig, SecureAggregationConfig, ReplyChecksConfig, 
             *(sampling_problems(self.threat_model, self.sampling_rate) if self.client_sampling == "poisson" else []),
             *batch_sampling_problems(self.threat_model, self.clipping, batch_rate, self.clients_per_node),  # §23.4
             *colluder_problems(self.threat_model, self.colluding_clients),
+            *(budget_charge_problems(self.noise_check_alpha, self.update_bound_alpha, self.num_server_rounds,
+                                     self.target_epsilon, self.delta, self.threat_model) if self.target_epsilon > 0 else []),
             *round_problems(self.clients_per_round, self.min_replies, self.client_sampling, self.weighting,
                             self.sample_secrecy, self.sampling_rate),
         ]

@@ -34,11 +34,12 @@ class ReplyChecksConfig(BaseModel):
         "noise than it is accounted at and is dropped as a refusal. 0 = no check. An honest reply is "
         "dropped with probability at most this, depending on its data, so the rounds' sum of it and "
         "'update-bound-alpha' is charged to delta (x (1 + e^eps); docs/MATH.md §17.1)."))
-    update_bound_alpha: float = Field(ReplyChecks.update_bound_alpha, gt=0, lt=1, description=(
+    update_bound_alpha: float = Field(ReplyChecks.update_bound_alpha, ge=0, lt=1, description=(
         "Tail probability of the noise-norm bound in the update-magnitude check: a reply farther "
         "than M V sum(eta) + sigma sqrt(M chi2_d.isf(alpha)) from M times the broadcast model is "
         "dropped as a refusal (an honest reply with probability at most this: charged to delta with "
-        "'noise-check-alpha', docs/MATH.md §17.1)."))
+        "'noise-check-alpha', docs/MATH.md §17.1). 0 = no check. A budget ('target-epsilon') needs the "
+        "two levels' charge at its epsilon within a tenth of delta."))
     examples_cap_ratio: float = Field(ReplyChecks.examples_cap_ratio, ge=1, description=(
         "weighting 'examples': each node's num-examples is capped at this many times the round's "
         "(lower) median claim, with a WARNING; counts above 2**53 are malformed."))

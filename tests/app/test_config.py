@@ -86,7 +86,7 @@ BAD = [
     ("max-node-refusals", 0, "an integer >= 1"),
     ("echo-tolerance", 0.5, "a finite number >= 1"),
     ("noise-check-alpha", 1.0, "a finite number >= 0 and < 1"),
-    ("update-bound-alpha", 0.0, "a finite number > 0 and < 1"),
+    ("update-bound-alpha", -0.1, "a finite number >= 0 and < 1"),
     ("examples-cap-ratio", 0.9, "a finite number >= 1"),
     ("noise-mode", "crypto", "one of 'standard', 'secure'"),
     ("clients-per-node", 0, "an integer >= 1"),

@@ -105,7 +105,8 @@ def test_an_early_budget_stop_is_announced():
     target = (_closed_form_epsilon(2, 0.8) + _closed_form_epsilon(3, 0.8)) / 2
     need = calibrate_sigma(_config().accountant_config(), 5, target).sigma
     assert _closed_form_sigma(5, target) <= need < _closed_form_sigma(5, target) * (1 + 1e-3)
-    notes = preflight(_config(sigma=0.8, **{"target-epsilon": target, "num-server-rounds": 5}))
+    levels = {"noise-check-alpha": 1e-15, "update-bound-alpha": 1e-15}  # the budget's charge within delta / 10
+    notes = preflight(_config(sigma=0.8, **{"target-epsilon": target, "num-server-rounds": 5, **levels}))
     assert any("stops the run after round 2 of 5" in n and f"sigma >= {need:g}" in n for n in notes)
 
 
@@ -135,4 +136,4 @@ def test_a_target_epsilon_without_sigma_picks_sigma_in_the_launcher(tmp_path):
     main = plan("target-epsilon=4")  # the main preset's sigma 0.711 gives way
     assert main.sigma_calibration is not None and main.sigma != PRESETS["main"]["sigma"]
     assert main.sigma_calibration.report.certified.epsilon <= 4.0
-    assert plan("target-epsilon=40 sigma=0.8").sigma == 0.8 and plan("sigma=0.8").sigma_calibration is None
+    assert plan("target-epsilon=40 sigma=0.8 noise-check-alpha=0 update-bound-alpha=0").sigma == 0.8 and plan("sigma=0.8").sigma_calibration is None

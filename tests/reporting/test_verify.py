@@ -205,7 +205,7 @@ def test_watch_follows_a_real_run_in_tmux_and_exits_on_ctrl_c(tmp_path):
         wait_until(lambda: "waiting for a ledger" in screen(), 60, "the watch to start")
         script = ("from pathlib import Path; "
                   "from fl_dp_flower.app.testing import run_local, tiny_config; "
-                  f"run_local(tiny_config(Path({str(tmp_path)!r}), **{{'num-server-rounds': 8, 'target-epsilon': 1000.0}}))")
+                  f"run_local(tiny_config(Path({str(tmp_path)!r}), **{{'num-server-rounds': 8, 'target-epsilon': 1000.0, 'noise-check-alpha': 0.0, 'update-bound-alpha': 0.0}}))")
         run = subprocess.Popen([sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[2],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         seen: set[str] = set()
