@@ -142,6 +142,8 @@ cat > "$OUT/register-supernodes.sh" <<'EOF'
 # Register every SuperNode public key listed in supernodes.csv with the SuperLink.
 #   register-supernodes.sh CONNECTION     (a [superlink.CONNECTION] entry of $FLWR_HOME/config.toml)
 # Keys that are already registered are reported by the SuperLink and skipped (exit code kept 0).
+# Flower 1.41 answers a key revoked by `flwr supernode unregister` the same way ("Public key already
+# in use"): such a key can never be registered again; give that node a new key (docs/deployment.md §2.4).
 set -uo pipefail
 CONN=${1:?usage: register-supernodes.sh CONNECTION}
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -150,7 +152,9 @@ while IFS=, read -r name pid keyfile fp pub; do
     out=$(flwr supernode register "$HERE/$keyfile" "$CONN" --name "$name" 2>&1)
     status=$?
     echo "$name ($fp): $out"
-    if [[ $status -ne 0 ]] && ! grep -qi "already" <<<"$out"; then rc=1; fi
+    if [[ $status -ne 0 ]] && grep -qi "already" <<<"$out"; then
+        echo "  -> skipped: registered already, or revoked earlier (then it is 'unregistered' in flwr supernode ls and needs a new key)"
+    elif [[ $status -ne 0 ]]; then rc=1; fi
 done < <(tail -n +2 "$HERE/supernodes.csv")
 exit $rc
 EOF

@@ -26,14 +26,17 @@ ENV FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 \
 
 WORKDIR /app/build
 COPY --chown=app:app pyproject.toml README.md server_app.py client_app.py ./
+COPY --chown=app:app scripts/constraints.txt ./constraints.txt
 COPY --chown=app:app fl_dp_flower ./fl_dp_flower
 
 # 1. the app's dependencies from pyproject.toml, except flwr (the base image's flwr is kept;
-#    flwr[simulation] would pull Ray, which the deployment engine does not use)
+#    flwr[simulation] would pull Ray, which the deployment engine does not use), with torch and
+#    torchvision at the versions the project is tested with (scripts/constraints.txt; pyproject.toml
+#    only gives ranges, and a newer torch would otherwise be built into the image)
 # 2. this package itself, without re-resolving dependencies
 # 3. build-time smoke test: the exact flwr line and every module the Server/ClientApp import
 RUN python -c "import tomllib; deps = tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']; print('\n'.join(d for d in deps if not d.replace(' ', '').startswith('flwr')))" > /tmp/requirements.txt \
- && python -m pip install -r /tmp/requirements.txt \
+ && python -m pip install -c constraints.txt -r /tmp/requirements.txt \
  && python -m pip install --no-deps . \
  && rm -rf /app/build /tmp/requirements.txt \
  && python -c "import flwr, torch, fl_dp_flower.app.serverapp, fl_dp_flower.app.clientapp; assert flwr.__version__.startswith('1.41'), flwr.__version__; print('flwr', flwr.__version__, 'torch', torch.__version__)"

@@ -325,7 +325,9 @@ class Runner:
                 self.plan.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
                 write_marker(self.plan.run_dir, "running", run_id=self.run_id)
                 self.say(f"started run {self.run_id}; certified = the sound bound for threat model "
-                         f"'{c.threat_model}', epsilon at delta {c.delta:g}; Flower's log goes to "
+                         f"'{c.threat_model}', epsilon at delta {c.delta:g} (plus the screening drops' charge, "
+                         "docs/MATH.md §17.1: a round line names the delta when that charge is not negligible); "
+                         "Flower's log goes to "
                          f"{self.plan.run_dir / 'flower.log'}")
                 info = self.follow()
                 for attempt in range(2, RAY_ATTEMPTS + 1):

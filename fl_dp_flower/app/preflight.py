@@ -5,7 +5,8 @@
 - a budget that no round fits: a :class:`~fl_dp_flower.app.config.ConfigError` naming 'target-epsilon',
   the first round's epsilon and the sigma that fits (the run would otherwise start, train nothing
   and fail);
-- a noise level that drowns the learning signal: a heuristic warning (see :func:`noise_to_signal`).
+- a noise level that drowns the learning signal: a heuristic warning (see :func:`noise_to_signal`);
+- screening levels whose delta charge swamps ``delta`` at the planned epsilon (:func:`screening_note`).
 
 After the run, :func:`chance_level_warning` says when the final accuracy is near chance.
 Standard library, pydantic and the privacy math only (no torch): the launcher calls it.
@@ -15,8 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 
 from fl_dp_flower.app.config import AUTO_SIGMA, AppConfig, ConfigError
+from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.privacy.preflight import MIN_SIGNAL_TO_NOISE, budget_plan
 from fl_dp_flower.privacy.preflight import noise_to_signal as library_noise_to_signal
 
@@ -49,6 +52,7 @@ def preflight(config: AppConfig) -> list[str]:
     acct = config.accountant_config()
     rounds = config.num_server_rounds
     cal = config.sigma_calibration
+    budget = None
     if cal is not None:
         cert = cal.report.certified
         notes.append(f"sigma = {AUTO_SIGMA!r}: calibrated sigma = {cal.sigma:g} so that {rounds} planned rounds "
@@ -69,6 +73,9 @@ def preflight(config: AppConfig) -> list[str]:
                          f"{budget.rounds_trained} of {rounds} (planned certified epsilon "
                          f"{_eps(budget.epsilon_trained)}); sigma >= {need:g} (or sigma = "
                          f"{AUTO_SIGMA!r}) trains all {rounds} rounds")
+    screening = screening_note(config, budget.rounds_trained if budget is not None else rounds)
+    if screening:
+        notes.append(screening)
     signal, noise = noise_to_signal(config)
     if signal < MIN_SIGNAL_TO_NOISE * noise:
         notes.append(f"warning: the planned noise drowns the learning signal: over {rounds} rounds the updates "
@@ -77,6 +84,40 @@ def preflight(config: AppConfig) -> list[str]:
                      "near chance (a heuristic: more clients per round, more rounds or a larger lr x clip-norm "
                      "help; a smaller sigma costs privacy)")
     return notes
+
+
+#: the screening charge may add this fraction of delta before the preflight warns
+SCREENING_TOLERANCE = 0.01
+#: above this planned epsilon (e^eps overflows the levels' range) the preflight does not warn: no level helps
+MAX_ACTIONABLE_EPSILON = 600.0
+
+
+def screening_note(config: AppConfig, rounds: int) -> str | None:
+    """A warning when the screening checks' charge to delta (docs/MATH.md §17.1: (1 + e^eps) x the rounds'
+    noise-check-alpha + update-bound-alpha) at the certified epsilon after ``rounds`` planned rounds exceeds
+    SCREENING_TOLERANCE x delta: the run would print every epsilon at delta + that charge (up to 1, which
+    certifies nothing; measured: the deployment example at the default levels, delta 1e-5 + 1 from round 2).
+    None otherwise. The library's own accounting of planned rounds carrying the levels. Not checked for
+    amplified runs (Poisson client sampling or Poisson batches), whose replay costs seconds (14 s for the
+    cross-device preset): their round lines, ``watch`` and Prometheus show the delta with the charge."""
+    level = config.noise_check_alpha + config.update_bound_alpha
+    acct = config.accountant_config()
+    if rounds < 1 or level <= 0.0 or acct.sampling_rate is not None or acct.batch_rate is not None:
+        return None
+    accountant = PrivacyAccountant(acct)
+    accountant.extend(dataclasses.replace(acct.planned_round(t), screening_drop=level) for t in range(1, rounds + 1))
+    report = accountant.report()
+    eps = report.certified.epsilon
+    if report.delta_total <= (1.0 + SCREENING_TOLERANCE) * config.delta or eps > MAX_ACTIONABLE_EPSILON:
+        return None  # negligible, or no level helps at an epsilon that guarantees nothing anyway (quick preset)
+    text = (f"warning: the reply checks' screening levels (noise-check-alpha {config.noise_check_alpha:g}, "
+            f"update-bound-alpha {config.update_bound_alpha:g}) are charged to delta as (1 + e^eps) x their sum "
+            f"over the rounds (docs/MATH.md §17.1): at the planned certified epsilon {_eps(eps)} after {rounds} "
+            f"rounds every epsilon would hold at delta {config.delta:g} + {report.delta_total - config.delta:.2g}"
+            + (" (certifies nothing)" if report.delta_total >= 1.0 else ""))
+    each = SCREENING_TOLERANCE * config.delta / (2.0 * rounds * (1.0 + math.exp(eps)))
+    return text + (f"; set noise-check-alpha and update-bound-alpha to {10.0 ** math.floor(math.log10(each)):g} "
+                   "or less (docs/deployment.md §2.6)")
 
 
 def log_preflight(config: AppConfig, log: logging.Logger) -> None:

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from fl_dp_flower import FlDpError
-from fl_dp_flower.reporting.ledger import LEDGER_FILE, NODE_EXCLUDED_EVENT
+from fl_dp_flower.reporting.ledger import LEDGER_FILE, NODE_EXCLUDED_EVENT, RESUME_EVENT
+from fl_dp_flower.reporting.ledger.events import PARTITION_CLAIMED_EVENT
 from fl_dp_flower.strategies.noisy import NodeRefusals, NoisyStrategyMixin
 
 log = logging.getLogger("flwr").getChild(__name__)  # Flower's handlers: shows in `flwr log`
@@ -94,8 +95,9 @@ def disk_full_message(err: OSError, run_dir: Path) -> str:
 def restore_exclusions(strategy: NoisyStrategyMixin, events: list[dict[str, Any]]) -> None:
     """Nodes excluded (``node-excluded`` ledger events) before a resume stay excluded: a node that
     refused ``max-node-refusals`` rounds in a row of this run is not sampled again by its resume; the
-    partition claims of the run are restored too (``strategy.guard.restore``)."""
-    strategy.guard.restore(events)
+    partition claims of the run are restored too (``strategy.guard.restore``), those of the partition ids
+    contested within one of its segments (:func:`contested_claims`)."""
+    strategy.guard.restore(contested_claims(events))
     for event in events:
         if event.get("event") != NODE_EXCLUDED_EVENT:
             continue
@@ -107,3 +109,28 @@ def restore_exclusions(strategy: NoisyStrategyMixin, events: list[dict[str, Any]
     if strategy.excluded_nodes:
         log.error("resume: nodes excluded earlier in this run stay excluded (not sampled): %s",
                   "; ".join(f"node {n} ({why})" for n, why in sorted(strategy.excluded_nodes.items())))
+
+
+def contested_claims(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``events`` without the ``partition-claimed`` events of partition ids that no segment of the run
+    contests. A segment is what one ServerApp ran: the ledger's ``resume`` events separate them. Every
+    segment claims each partition again (single claims are not carried over: node ids need not survive a
+    restart), so merged over the whole ledger, one site under its per-segment ids (Flower's simulation gives
+    every run new ones; a replaced SuperNode key gives a new id) would contest its own partition from the
+    second resume on and every reply would be dropped (measured: the quick preset, Ctrl-C, two resumes).
+    A secret sample's claims come from its members file, which has no segment marks: they stay as they are."""
+    segments: list[list[dict[str, Any]]] = [[]]
+    for event in events:
+        if event.get("event") == RESUME_EVENT:
+            segments.append([])
+        segments[-1].append(event)
+    out = []
+    for segment in segments:
+        nodes: dict[Any, set[Any]] = {}
+        for event in segment:
+            if event.get("event") == PARTITION_CLAIMED_EVENT:
+                data = event.get("data") or {}
+                nodes.setdefault(data.get("partition_id"), set()).add(data.get("node_id"))
+        out += [e for e in segment if e.get("event") != PARTITION_CLAIMED_EVENT
+                or len(nodes[(e.get("data") or {}).get("partition_id")]) > 1]
+    return out

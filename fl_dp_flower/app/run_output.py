@@ -51,7 +51,21 @@ def round_line(entry: dict, index: int, rounds: list, total: int) -> str:
     paper_text = "" if paper.get("sound") else f" | paper {num(paper['epsilon'])} (not a guarantee)"
     return (f"round {done:>3}/{total} | clients {report['clients']:>3} | acc "
             f"{'  -  ' if acc is None else f'{acc:.3f}'} | certified eps {num(cert['epsilon'])} "
-            f"({cert['bound']}){paper_text}{eta}")
+            f"({cert['bound']}){_large_delta(report)}{paper_text}{eta}")
+
+
+def _large_delta(report: dict[str, Any]) -> str:
+    """" at delta ..." when the screening drops' charge (docs/MATH.md §17.1) is not negligible, i.e. the
+    certified epsilon does not hold at the run's delta (the header names that delta); "" otherwise."""
+    screening = report.get("screening") or {}
+    if screening.get("delta_total", report["delta"]) <= SCREENING_NEGLIGIBLE * report["delta"]:
+        return ""
+    return f" at delta {_delta(report)}"
+
+
+#: a screening charge up to this factor of delta is left out of the round lines (the final "privacy
+#: spent" line always gives the delta with the charge)
+SCREENING_NEGLIGIBLE = 1.01
 
 
 def spent_text(ledger: Path) -> str:

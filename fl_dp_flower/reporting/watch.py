@@ -81,6 +81,8 @@ class RunView:
                 data = {**data, "nodes": ", ".join(map(str, sorted(nodes, key=str)))}
             if name == ev.RESUME_EVENT and isinstance(data.get("plan"), dict):
                 self.resumed_plan = dict(data["plan"])  # a resume may plan fewer or more rounds
+            if name == ev.RESUME_EVENT:  # as the resumed server (app/recovery.py): contests stay, single claims go
+                self.claims = {p: nodes for p, nodes in self.claims.items() if len(nodes) > 1}
             self.ended = name in ev.CLOSING_EVENTS or (self.ended and name != ev.RESUME_EVENT)
             text = _EVENT_TEXT.get(name, lambda d: f"{name} {d}")(data)
             self.events.append((str(entry.get("time", ""))[11:19], text))

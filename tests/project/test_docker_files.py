@@ -238,10 +238,21 @@ def test_superexec_services_and_gpu_reservations():
         else:  # ServerApp executor: outputs on a named volume, Prometheus published
             source, mode = mnt["/app/outputs"]
             assert mode == "rw" and source in data["volumes"]
-            assert "9464:9464" in svc["ports"]
+            assert "127.0.0.1:9464:9464" in svc["ports"]  # plain HTTP: this host only (docs/deployment.md §3)
     ids = [svc["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"]
            for p, n, svc in services("flower-superexec") if p.name == "compose.yml" and "deploy" in svc]
     assert len(ids) == 2 and ids[0] != ids[1]  # one GPU per ClientApp executor
+
+
+def test_only_the_superlink_port_is_published_beyond_this_host():
+    """The SuperLink's 8000 must reach the GPU hosts; everything else (the ServerApp's plain-HTTP metrics,
+    Prometheus' UI) is published on 127.0.0.1 only: the prometheus service scrapes over the compose network."""
+    for path, name, svc in services():
+        for port in svc.get("ports", []):
+            if executable(svc) == "flower-superlink":
+                assert port == "8000:8000", (path.name, name, port)
+            else:
+                assert port.startswith("127.0.0.1:"), (path.name, name, port)
 
 
 def test_certificate_and_key_mounts_are_read_only():
@@ -273,8 +284,17 @@ def test_dockerfile_has_no_runtime_dependency_installation(path):
 def test_superexec_image_installs_the_app_at_build_time():
     code = (DOCKER / "superexec.Dockerfile").read_text()
     assert "py3.11" in code  # pyproject: requires-python >=3.11,<3.12
-    assert "pip install -r /tmp/requirements.txt" in code and "pip install --no-deps ." in code
+    assert "pip install -c constraints.txt -r /tmp/requirements.txt" in code and "pip install --no-deps ." in code
     assert "import flwr, torch, fl_dp_flower.app.serverapp, fl_dp_flower.app.clientapp" in code
+    # torch/torchvision at the tested versions (scripts/constraints.txt), not the newest the ranges allow
+    assert "COPY --chown=app:app scripts/constraints.txt ./constraints.txt" in code
+    ignore = (DOCKER / "superexec.Dockerfile.dockerignore").read_text().splitlines()
+    assert "!scripts/constraints.txt" in ignore  # in the build context
+    pins = dict(line.split("==") for line in (ROOT / "scripts" / "constraints.txt").read_text().splitlines()
+                if "==" in line and not line.startswith("#"))
+    assert {"torch", "torchvision"} <= set(pins)
+    install = (ROOT / "docs" / "deployment.md").read_text()
+    assert f"torch=={pins['torch']} torchvision=={pins['torchvision']}" in install  # §2.1's CPU install line
 
 
 # ------------------------------------------------------------------ gen-certs.sh

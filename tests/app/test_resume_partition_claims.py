@@ -1,0 +1,40 @@
+"""A resume restores only the partition ids that some segment of the run contested (app/recovery.py).
+
+Measured before the fix: the quick preset stopped with Ctrl-C and resumed twice. Flower's simulation gives
+every run new node ids, so each partition had one claim per segment; merged over the ledger, the second
+resume found every partition "claimed" by three nodes, dropped every reply and failed with "the run
+accounted no round". The same happens in a deployment to a site whose SuperNode key was replaced."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+from fl_dp_flower.app.recovery import contested_claims, restore_exclusions
+from fl_dp_flower.strategies.guard import ReplyGuard
+
+
+def claim(partition: int, node: int) -> dict:
+    return {"kind": "event", "event": "partition-claimed", "data": {"partition_id": partition, "node_id": node, "round": 1}}
+
+
+RESUME = {"kind": "event", "event": "resume", "data": {"rounds_accounted": 4}}
+
+
+def restored(events: list[dict]) -> dict[int, tuple[int, ...]]:
+    strategy = SimpleNamespace(guard=ReplyGuard(None, logging.getLogger("test")), refusals={}, excluded_nodes={})
+    restore_exclusions(strategy, events)  # type: ignore[arg-type]
+    return strategy.guard.contested
+
+
+def test_one_site_under_new_ids_in_each_segment_is_not_contested():
+    events = [claim(0, 11), claim(1, 12), RESUME, claim(0, 21), claim(1, 22), RESUME, claim(0, 31), claim(1, 32)]
+    assert restored(events) == {}
+    assert restored(events[:2] + events[3:5] + events[6:]) == {0: (11, 21, 31), 1: (12, 22, 32)}  # the old merge
+
+
+def test_a_partition_contested_within_a_segment_stays_contested():
+    events = [claim(0, 11), claim(0, 99), claim(1, 12), RESUME, claim(0, 21), claim(1, 22), claim(1, 98)]
+    assert restored(events) == {0: (11, 99), 1: (22, 98)}
+    kept = [e["data"]["node_id"] for e in contested_claims(events) if e["event"] == "partition-claimed"]
+    assert kept == [11, 99, 22, 98]
