@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 
 from fl_dp_flower.app.config import AUTO_SIGMA, AppConfig, ConfigError
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
 from fl_dp_flower.privacy.preflight import MIN_SIGNAL_TO_NOISE, budget_plan
 from fl_dp_flower.privacy.preflight import noise_to_signal as library_noise_to_signal
+from fl_dp_flower.privacy.screening_charge import NOTED_CHARGE_SHARE, fitting_level
 
 #: Per dataset: number of classes and trainable parameters of its model (training/models.py:
 #: LeNet-5 for MNIST, ResNet-18 with GroupNorm for CIFAR-10; tests/app/test_preflight.py checks them).
@@ -86,20 +86,16 @@ def preflight(config: AppConfig) -> list[str]:
     return notes
 
 
-#: the screening charge may add this fraction of delta before the preflight warns
-SCREENING_TOLERANCE = 0.01
-#: above this planned epsilon (e^eps overflows the levels' range) the preflight does not warn: no level helps
-MAX_ACTIONABLE_EPSILON = 600.0
-
-
 def screening_note(config: AppConfig, rounds: int) -> str | None:
     """A warning when the screening checks' charge to delta (docs/MATH.md §17.1: (1 + e^eps) x the rounds'
     noise-check-alpha + update-bound-alpha) at the certified epsilon after ``rounds`` planned rounds exceeds
-    SCREENING_TOLERANCE x delta: the run would print every epsilon at delta + that charge (up to 1, which
+    NOTED_CHARGE_SHARE x delta: the run would print every epsilon at delta + that charge (up to 1, which
     certifies nothing; measured: the deployment example at the default levels, delta 1e-5 + 1 from round 2).
-    None otherwise. The library's own accounting of planned rounds carrying the levels. Not checked for
-    amplified runs (Poisson client sampling or Poisson batches), whose replay costs seconds (14 s for the
-    cross-device preset): their round lines, ``watch`` and Prometheus show the delta with the charge."""
+    None otherwise. A budget whose charge passes MAX_PLANNED_CHARGE_SHARE is refused by the config itself
+    (privacy.screening_charge.budget_charge_problems). The library's own accounting of planned rounds carrying the
+    levels. Not checked for amplified runs (Poisson client sampling or Poisson batches), whose replay costs
+    seconds (14 s for the cross-device preset): their round lines, ``watch`` and Prometheus show the delta with
+    the charge."""
     level = config.noise_check_alpha + config.update_bound_alpha
     acct = config.accountant_config()
     if rounds < 1 or level <= 0.0 or acct.sampling_rate is not None or acct.batch_rate is not None:
@@ -108,16 +104,15 @@ def screening_note(config: AppConfig, rounds: int) -> str | None:
     accountant.extend(dataclasses.replace(acct.planned_round(t), screening_drop=level) for t in range(1, rounds + 1))
     report = accountant.report()
     eps = report.certified.epsilon
-    if report.delta_total <= (1.0 + SCREENING_TOLERANCE) * config.delta or eps > MAX_ACTIONABLE_EPSILON:
+    each = fitting_level(NOTED_CHARGE_SHARE, config.delta, rounds, eps)
+    if report.delta_total <= (1.0 + NOTED_CHARGE_SHARE) * config.delta or each == 0.0:
         return None  # negligible, or no level helps at an epsilon that guarantees nothing anyway (quick preset)
     text = (f"warning: the reply checks' screening levels (noise-check-alpha {config.noise_check_alpha:g}, "
             f"update-bound-alpha {config.update_bound_alpha:g}) are charged to delta as (1 + e^eps) x their sum "
             f"over the rounds (docs/MATH.md §17.1): at the planned certified epsilon {_eps(eps)} after {rounds} "
             f"rounds every epsilon would hold at delta {config.delta:g} + {report.delta_total - config.delta:.2g}"
             + (" (certifies nothing)" if report.delta_total >= 1.0 else ""))
-    each = SCREENING_TOLERANCE * config.delta / (2.0 * rounds * (1.0 + math.exp(eps)))
-    return text + (f"; set noise-check-alpha and update-bound-alpha to {10.0 ** math.floor(math.log10(each)):g} "
-                   "or less (docs/deployment.md §2.6)")
+    return text + (f"; set noise-check-alpha and update-bound-alpha to {each:g} or less (docs/deployment.md §2.6)")
 
 
 def log_preflight(config: AppConfig, log: logging.Logger) -> None:

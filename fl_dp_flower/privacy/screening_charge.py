@@ -18,8 +18,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["CHARGED_THREAT_MODELS", "DEFAULT_CHECK_LEVEL", "MAX_PLANNED_CHARGE_SHARE", "budget_charge_problems",
-           "screening_charge"]
+__all__ = ["CHARGED_THREAT_MODELS", "DEFAULT_CHECK_LEVEL", "MAX_PLANNED_CHARGE_SHARE", "NOTED_CHARGE_SHARE",
+           "budget_charge_problems", "fitting_level", "planned_charge", "screening_charge"]
 
 #: default noise-check-alpha and update-bound-alpha: the main job's charge, (1 + e^3.825) x 100 x 2e-12 =
 #: 9.4e-9, is 0.09 % of its delta 1e-5 (at 1e-9 each it was 9.4e-6, almost doubling delta)
@@ -31,29 +31,42 @@ CHARGED_THREAT_MODELS = ("all-rounds", "final-model")
 #: the largest screening charge a budgeted run may plan, as a share of its delta: the guarantee it reaches,
 #: (target epsilon, delta + charge), then stays within 10 % of the budget's delta (docs/MATH.md §17.1)
 MAX_PLANNED_CHARGE_SHARE = 0.1
+#: the planned charge above which the preflight warns (a run without a budget), as a share of delta
+NOTED_CHARGE_SHARE = 0.01
+
+
+def planned_charge(levels: float, rounds: int, epsilon: float) -> float:
+    """The charge (1 + e^eps) x rounds x levels (levels: noise_check_alpha + update_bound_alpha a round) at
+    ``epsilon``, uncapped (so that a warning can say by how much it swamps delta; inf past e^700)."""
+    return math.inf if epsilon > 700.0 else (1.0 + math.exp(epsilon)) * rounds * levels
+
+
+def fitting_level(share: float, delta: float, rounds: int, epsilon: float) -> float:
+    """The largest power of ten each of the two levels may take so that the charge at ``epsilon`` over ``rounds`` is
+    at most ``share`` x delta (0 past e^700: no level helps; 0 turns a check off)."""
+    each = share * delta / (2.0 * planned_charge(1.0, rounds, epsilon))
+    return 0.0 if each <= 0.0 or not math.isfinite(each) else 10.0 ** math.floor(math.log10(each))
 
 
 def budget_charge_problems(noise_check_alpha: float, update_bound_alpha: float, rounds: int, epsilon: float,
                            delta: float, threat_model: str) -> list[str]:
     """What a budget of (``epsilon``, ``delta``) over ``rounds`` asks of the screening levels: the charge at the
-    budget's epsilon, (1 + e^eps) x rounds x (noise_check_alpha + update_bound_alpha), at most
-    :data:`MAX_PLANNED_CHARGE_SHARE` x delta (the run stops before its certified epsilon passes the budget's, so
-    this bounds the charge it reaches; every round counts, as under Poisson sampling). At the default levels a
-    budget of epsilon 20 or more over tens of rounds exceeds it: a certificate of (20, 1e-5 + 0.1) is no
-    (20, 1e-5) one."""
+    budget's epsilon, :func:`planned_charge`, at most :data:`MAX_PLANNED_CHARGE_SHARE` x delta (the run stops
+    before its certified epsilon passes the budget's, so this bounds the charge it reaches; every round counts, as
+    under Poisson sampling). At the default levels a budget of epsilon 20 or more over tens of rounds exceeds it:
+    a certificate of (20, 1e-5 + 0.1) is no (20, 1e-5) one."""
     levels = noise_check_alpha + update_bound_alpha
     if threat_model not in CHARGED_THREAT_MODELS or levels <= 0.0:
         return []
-    charge = _charge(rounds * levels, epsilon)
+    charge = planned_charge(levels, rounds, epsilon)
     if charge <= MAX_PLANNED_CHARGE_SHARE * delta:
         return []
-    growth = 1.0 + math.exp(min(epsilon, 700.0))
-    fits = MAX_PLANNED_CHARGE_SHARE * delta / (rounds * growth * 2.0)
     return [f"at the budget's epsilon {epsilon:g}, noise_check_alpha + update_bound_alpha = {levels:.3g} over {rounds} "
-            f"rounds add (1 + e^eps) x {rounds} x {levels:.3g} = {growth * rounds * levels:.3g} to delta for screening "
-            f"drops (docs/MATH.md §17.1), more than {MAX_PLANNED_CHARGE_SHARE:g} x delta = "
-            f"{MAX_PLANNED_CHARGE_SHARE * delta:.3g}: set noise_check_alpha and update_bound_alpha <= {fits:.2g} each "
-            "(smaller levels loosen the checks, 0 turns one off: docs/MATH.md §17) or plan a smaller epsilon"]
+            f"rounds add (1 + e^eps) x {rounds} x {levels:.3g} = {charge:.3g} to delta for screening drops "
+            f"(docs/MATH.md §17.1), more than {MAX_PLANNED_CHARGE_SHARE:g} x delta = "
+            f"{MAX_PLANNED_CHARGE_SHARE * delta:.3g}: set noise_check_alpha and update_bound_alpha <= "
+            f"{fitting_level(MAX_PLANNED_CHARGE_SHARE, delta, rounds, epsilon):g} each (smaller levels loosen the "
+            "checks, 0 turns one off: docs/MATH.md §17) or plan a smaller epsilon"]
 
 
 def screening_charge(drop_probability: float, epsilon: float, delta: float, threat_model: str,

@@ -101,3 +101,19 @@ def test_no_charge_where_the_drop_is_not_a_leak_or_nothing_was_screened():
 def test_a_bad_screening_drop_names_the_field(bad):
     with pytest.raises(ValueError, match="screening_drop"):
         replace(MAIN.planned_round(1), screening_drop=bad)
+
+
+def test_a_budget_is_refused_where_its_screening_charge_passes_a_tenth_of_delta():
+    """The deployment example (target epsilon 35, 10 rounds) at the default levels would certify (35, 1e-5 + 1)."""
+    from fl_dp_flower.privacy.screening_charge import budget_charge_problems, fitting_level, planned_charge
+
+    assert budget_charge_problems(1e-12, 1e-12, 100, 4.0, 1e-5, "all-rounds") == []  # the main job: 1.1e-8
+    assert budget_charge_problems(1e-12, 1e-12, 60, 8.0, 1e-5, "all-rounds") == []  # the frontier's eps 8: 3.6e-7
+    (problem,) = budget_charge_problems(1e-12, 1e-12, 10, 35.0, 1e-5, "all-rounds")
+    assert "= 3.17e+04 to delta" in problem and "update_bound_alpha <= 1e-23 each" in problem
+    level = fitting_level(0.1, 1e-5, 10, 35.0)
+    assert planned_charge(2 * level, 10, 35.0) <= 1e-6 < planned_charge(20 * level, 10, 35.0)  # the largest power of 10
+    assert budget_charge_problems(level, level, 10, 35.0, 1e-5, "all-rounds") == []
+    assert budget_charge_problems(1e-12, 1e-12, 10, 35.0, 1e-5, "curious-server") == []  # not charged there
+    assert budget_charge_problems(0.0, 0.0, 10, 1000.0, 1e-5, "all-rounds") == []  # both checks off: no charge
+    assert fitting_level(0.1, 1e-5, 10, 1000.0) == 0.0  # no level helps past e^700

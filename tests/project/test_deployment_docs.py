@@ -26,7 +26,7 @@ from flwr.cli.app import app as flwr_app
 from flwr.common.config import parse_config_args
 
 from doc_commands import DOCS, ROOT, _joined_blocks, documented_run_configs, parse_overrides, pyproject_defaults
-from fl_dp_flower.app.config import AppConfig
+from fl_dp_flower.app.config import AppConfig, ConfigError
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
 
 DEPLOYMENT = ROOT / "docs" / "deployment.md"
@@ -148,8 +148,10 @@ def test_a_documented_budget_certifies_at_a_useful_delta(doc):
 
 
 def test_the_default_screening_levels_swamp_delta_at_the_examples_epsilon():
-    """What the check above catches: the same example at the default levels holds at delta = 1."""
-    text = BUDGETED[0].text
-    text = re.sub(r"\s(noise-check-alpha|update-bound-alpha)=\S+", "", text)
-    delta_total, _ = certified_delta_total(text)
+    """What the check above catches: the same example at the default levels holds at delta = 1 (without its budget),
+    and with its budget the config refuses it before round 1."""
+    text = re.sub(r"\s(noise-check-alpha|update-bound-alpha)=\S+", "", BUDGETED[0].text)
+    with pytest.raises(ConfigError, match="at the budget's epsilon 35"):
+        certified_delta_total(text)
+    delta_total, _ = certified_delta_total(re.sub(r"\starget-epsilon=\S+", "", text))
     assert delta_total == 1.0
