@@ -57,3 +57,35 @@ def test_the_strategy_logs_the_preflight_before_round_1(caplog):
     said = next(i for i, m in enumerate(messages) if "preflight: warning: budget epsilon" in m)
     assert "stops the run after round 2 of 4" in messages[said]
     assert strategy.accountant.num_releases == 2
+
+
+def test_a_budget_no_round_fits_is_refused_before_round_1():
+    """Review U1: the strategy warned, then started and trained nothing; now start() refuses before any broadcast."""
+    import pytest
+
+    from fl_dp_flower.strategies.pending import BudgetFitsNoRound
+
+    first = planned_run(PLAN, 1).reports[0].certified.epsilon
+    strategy = NoisyFedAvg(SETTINGS, PrivacyAccountant(PLAN), budget=Budget(first / 2, PLAN.delta),
+                           federation=FederationSettings(clients_per_round=NODES, num_server_rounds=4))
+    app = ClientApp()
+    app.train()(dp_train(TinyNet, load_data))
+    grid = LocalGrid(app, NODES)
+    with task_identity(), pytest.raises(BudgetFitsNoRound, match="fits no round: the first planned round alone"):
+        strategy.start(grid=grid, initial_arrays=ArrayRecord(TinyNet().state_dict()))
+    assert strategy.accountant.num_releases == 0
+
+
+def test_a_budget_whose_screening_charge_swamps_delta_is_refused_at_construction():
+    """Review U1: Budget(100, 1e-5) ran and privacy_spent() said delta 1.0; the screening checks' charge at the
+    budget's epsilon, (1 + e^eps) x rounds x levels (docs/MATH.md §17.1), now has to stay within delta / 10."""
+    import pytest
+
+    from fl_dp_flower.reply_checks import ReplyChecks
+
+    federation = FederationSettings(clients_per_round=NODES, num_server_rounds=5)
+    with pytest.raises(ValueError, match=r"at the budget's epsilon 35, noise_check_alpha \+ update_bound_alpha"):
+        NoisyFedAvg(SETTINGS, PrivacyAccountant(PLAN), budget=Budget(35.0, PLAN.delta), federation=federation)
+    NoisyFedAvg(SETTINGS, PrivacyAccountant(PLAN), budget=Budget(35.0, PLAN.delta), federation=federation,
+                reply_checks=ReplyChecks(noise_check_alpha=1e-23, update_bound_alpha=1e-23))
+    NoisyFedAvg(SETTINGS, PrivacyAccountant(PLAN), budget=Budget(4.0, PLAN.delta), federation=federation)

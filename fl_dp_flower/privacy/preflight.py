@@ -18,7 +18,10 @@ from .records import AccountantConfig
 from .schedules import step_sizes
 from .validate import int_at_least, positive
 
-__all__ = ["MIN_SIGNAL_TO_NOISE", "BudgetPlan", "budget_plan", "noise_to_signal", "preflight_notes"]
+__all__ = ["MIN_SIGNAL_TO_NOISE", "NO_ROUND_FITS", "BudgetPlan", "budget_plan", "noise_to_signal", "preflight_notes"]
+
+#: the words of the note of a budget that fits no round (the library's strategy refuses such a run before round 1)
+NO_ROUND_FITS = "fits no round"
 
 #: Below this signal-to-noise ratio (:func:`noise_to_signal`) the preflight warns that learning is unlikely.
 MIN_SIGNAL_TO_NOISE = 0.25
@@ -79,7 +82,7 @@ def preflight_notes(config: AccountantConfig, rounds: int, *, target_epsilon: fl
         positive("target_epsilon", target_epsilon)
         budget = budget_plan(config, rounds, target_epsilon)
         if budget is not None and budget.rounds_trained == 0:
-            notes.append(f"warning: budget epsilon {target_epsilon:g} fits no round: the first planned round alone "
+            notes.append(f"warning: budget epsilon {target_epsilon:g} {NO_ROUND_FITS}: the first planned round alone "
                          f"certifies epsilon {budget.epsilon_trained:.4g} at sigma {config.sigma:g} (delta "
                          f"{config.delta:g}), so nothing will be trained; sigma >= {budget.sigma_needed:g} trains all "
                          f"{rounds} rounds")

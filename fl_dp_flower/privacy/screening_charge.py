@@ -61,12 +61,14 @@ def budget_charge_problems(noise_check_alpha: float, update_bound_alpha: float, 
     charge = planned_charge(levels, rounds, epsilon)
     if charge <= MAX_PLANNED_CHARGE_SHARE * delta:
         return []
+    level = fitting_level(MAX_PLANNED_CHARGE_SHARE, delta, rounds, epsilon)
+    fix = (f"set noise_check_alpha and update_bound_alpha <= {level:g} each (smaller levels loosen the checks, 0 turns "
+           "one off: docs/MATH.md §17)" if level > 0 else "no positive level fits at this epsilon: turn both checks "
+           "off (0: docs/MATH.md §17)")
     return [f"at the budget's epsilon {epsilon:g}, noise_check_alpha + update_bound_alpha = {levels:.3g} over {rounds} "
             f"rounds add (1 + e^eps) x {rounds} x {levels:.3g} = {charge:.3g} to delta for screening drops "
             f"(docs/MATH.md §17.1), more than {MAX_PLANNED_CHARGE_SHARE:g} x delta = "
-            f"{MAX_PLANNED_CHARGE_SHARE * delta:.3g}: set noise_check_alpha and update_bound_alpha <= "
-            f"{fitting_level(MAX_PLANNED_CHARGE_SHARE, delta, rounds, epsilon):g} each (smaller levels loosen the "
-            "checks, 0 turns one off: docs/MATH.md §17) or plan a smaller epsilon"]
+            f"{MAX_PLANNED_CHARGE_SHARE * delta:.3g}: {fix} or plan a smaller epsilon"]
 
 
 def screening_charge(drop_probability: float, epsilon: float, delta: float, threat_model: str,

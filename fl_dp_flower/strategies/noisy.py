@@ -44,7 +44,7 @@ from fl_dp_flower.settings import DPSettings, FederationSettings
 from .budget import UPLOAD_OBSERVING, BudgetExhausted, check_before_broadcast, check_replies
 from .guard import ReplyGuard, all_finite, unreplied_charge
 from .pending import ModelNotFinite, PendingRound
-from .preflight import check_budget_delta, log_preflight, nothing_accounted
+from .preflight import check_budget, log_preflight, nothing_accounted
 from .sampling import NodeRefusals, NodeSampling, check_plan
 from .echo import Applied
 from .replies import Usable, average_metrics, batch_rate, member_id, mismatches, reconcile
@@ -78,7 +78,7 @@ class NoisyStrategyMixin(NodeSampling):
         check_plan(settings, accountant.config, federation, reply_checks)
         if budget is not None and not isinstance(budget, Budget):
             raise TypeError(f"budget must be a Budget or None, got {type(budget).__name__}")
-        check_budget_delta(budget, accountant.config)
+        check_budget(budget, accountant.config, federation.num_server_rounds, reply_checks)
         for sink in sinks:
             if not isinstance(sink, PrivacySink):
                 raise TypeError(f"sink {sink!r} lacks on_event(kind, data) / on_round(outcome) (PrivacySink)")

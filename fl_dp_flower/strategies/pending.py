@@ -32,6 +32,11 @@ class ModelNotFinite(FlDpError, RuntimeError):
     """The aggregated global model has non-finite values: the run cannot continue."""
 
 
+class BudgetFitsNoRound(FlDpError, ValueError):
+    """A library run's budget is exceeded by its first planned round: refused before round 1 (the run would start,
+    train nothing and stop), with the sigma that trains every planned round."""
+
+
 class NothingAccounted(FlDpError, RuntimeError):
     """A library run asked for rounds and accounted none, with no budget stop: every round was void
     (no usable reply: refusals, errors, timeouts). Raised by ``start`` after the ``end`` event, so a

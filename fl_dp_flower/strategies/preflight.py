@@ -10,12 +10,14 @@ import logging
 from flwr.app import ArrayRecord
 
 from fl_dp_flower.privacy.accountant import Budget, PrivacyAccountant
-from fl_dp_flower.privacy.preflight import preflight_notes
+from fl_dp_flower.privacy.preflight import NO_ROUND_FITS, preflight_notes
 from fl_dp_flower.privacy.records import AccountantConfig
+from fl_dp_flower.privacy.screening_charge import budget_charge_problems
+from fl_dp_flower.reply_checks import ReplyChecks
 
-from .pending import NothingAccounted
+from .pending import BudgetFitsNoRound, NothingAccounted
 
-__all__ = ["check_budget_delta", "log_preflight", "nothing_accounted"]
+__all__ = ["check_budget", "check_budget_delta", "log_preflight", "nothing_accounted"]
 
 
 def check_budget_delta(budget: Budget | None, config: AccountantConfig) -> None:
@@ -24,6 +26,20 @@ def check_budget_delta(budget: Budget | None, config: AccountantConfig) -> None:
         raise ValueError(f"budget delta {budget.delta!r} != the accountant's delta {config.delta!r}: the certified "
                          "epsilon is reported at the accountant's delta; plan the accountant with the budget's delta "
                          "(accountant_config(..., delta=...)) or give Budget that delta")
+
+
+def check_budget(budget: Budget | None, config: AccountantConfig, rounds: int, reply_checks: object) -> None:
+    """A budget the run cannot honour is refused before round 1: another delta than the accountant's
+    (:func:`check_budget_delta`), or screening levels whose charge to delta at the budget's epsilon over ``rounds``
+    rounds passes a tenth of delta (privacy.screening_charge.budget_charge_problems; docs/MATH.md §17.1)."""
+    check_budget_delta(budget, config)
+    checks = ReplyChecks() if reply_checks is None else reply_checks
+    if budget is None or not isinstance(checks, ReplyChecks):  # a wrong type is refused by the strategy
+        return
+    problems = budget_charge_problems(checks.noise_check_alpha, checks.update_bound_alpha, rounds, budget.epsilon,
+                                      config.delta, config.threat_model)
+    if problems:
+        raise ValueError("; ".join(problems) + " (ReplyChecks(noise_check_alpha=..., update_bound_alpha=...))")
 
 
 def log_preflight(accountant: PrivacyAccountant, budget: Budget | None, initial_arrays: ArrayRecord, rounds: int,
@@ -35,6 +51,8 @@ def log_preflight(accountant: PrivacyAccountant, budget: Budget | None, initial_
     notes = preflight_notes(accountant.config, rounds, target_epsilon=budget.epsilon if budget else None,
                             dimension=dimension)
     for note in notes:
+        if NO_ROUND_FITS in note:  # the run would start, train nothing and stop: refused instead
+            raise BudgetFitsNoRound(note.removeprefix("warning: "))
         log.warning("preflight: %s", note)
     return notes
 
