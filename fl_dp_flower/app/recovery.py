@@ -118,7 +118,8 @@ def contested_claims(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     restart), so merged over the whole ledger, one site under its per-segment ids (Flower's simulation gives
     every run new ones; a replaced SuperNode key gives a new id) would contest its own partition from the
     second resume on and every reply would be dropped (measured: the quick preset, Ctrl-C, two resumes).
-    A secret sample's claims come from its members file, which has no segment marks: they stay as they are."""
+    A secret sample's claims come from its members file, whose ``resume`` marks (``MembersSink.mark_resume``)
+    separate its segments the same way."""
     segments: list[list[dict[str, Any]]] = [[]]
     for event in events:
         if event.get("event") == RESUME_EVENT:

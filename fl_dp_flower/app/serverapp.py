@@ -73,7 +73,7 @@ from fl_dp_flower.reporting.ledger import FAILED_EVENT, LedgerContents, read_led
 from fl_dp_flower.reporting.resume import ResumeRefused, resume_ledger
 from fl_dp_flower.reporting.ledger.events import MEMBERS_FILE
 from fl_dp_flower.reporting.logfilter import FlowerDumps
-from fl_dp_flower.reporting.rounds import RoundSink, member_events
+from fl_dp_flower.reporting.rounds import MembersSink, RoundSink, member_events
 from fl_dp_flower.app.strategy import make_strategy
 from fl_dp_flower.strategies import ModelNotFinite, NoisyStrategyMixin, NotEnoughNodes
 from fl_dp_flower.app.data_split import data_split_changes
@@ -258,6 +258,8 @@ def _run_server(grid: Grid, config: AppConfig, fraction_evaluate: float,
         if config.resume:
             restore_exclusions(strategy, read_ledger(run_dir / LEDGER).events  # a secret sample's: members file
                                + (member_events(run_dir / MEMBERS_FILE) if config.sample_secrecy == "secret" else []))
+            if config.sample_secrecy == "secret":  # this segment's claims apart from the last one's
+                MembersSink(run_dir / MEMBERS_FILE).mark_resume(accountant.num_releases)
             checkpoint.restore(strategy)  # the server optimizer and average (server_opt.py); the model was read above
         else:
             checkpoint.attach(strategy)

@@ -28,7 +28,7 @@ from fl_dp_flower.privacy.records import AccountantConfig
 
 from .console import format_round_line
 from .ledger import PrivacyLedger
-from .ledger.events import FILE_MODE, MEMBERS_EVENT, NODE_ID_EVENTS
+from .ledger.events import FILE_MODE, MEMBERS_EVENT, NODE_ID_EVENTS, RESUME_EVENT
 from .prometheus import PrivacyMetricsExporter
 from .resume import UnfinishedRound, resume_ledger
 
@@ -162,6 +162,14 @@ class MembersSink:
     def on_event(self, kind: str, data: dict[str, Any]) -> None:
         if kind != MEMBERS_EVENT:
             return
+        self._append(data)
+
+    def mark_resume(self, rounds_accounted: int) -> None:
+        """Start a new segment of the file (a resumed ServerApp): ``member_events`` returns the mark as a ``resume``
+        event, so partition claims are contested within one segment only, as the ledger's (app/recovery.py)."""
+        self._append({"event": RESUME_EVENT, "data": {"rounds_accounted": rounds_accounted}})
+
+    def _append(self, data: dict[str, Any]) -> None:
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE)
         try:
             os.fchmod(fd, FILE_MODE)
@@ -176,8 +184,9 @@ class MembersSink:
 
 def member_events(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """The node-naming events of a secret-sample run (``node-excluded``, ``node-capped``, ``partition-claimed``)
-    from its members file, shaped as ledger events (``{"event": kind, "data": data}``), in file order: what a
-    resume restores (exclusions, contested partition ids). A torn last line (a
+    from its members file, shaped as ledger events (``{"event": kind, "data": data}``), in file order, with the
+    ``resume`` marks between a run's segments (``MembersSink.mark_resume``): what a resume restores (exclusions,
+    partition ids contested within a segment). A torn last line (a
     crash mid-write) is skipped, as the ledger reader skips its torn tail; an empty list without the file."""
     if not os.path.exists(path):
         return []
@@ -191,7 +200,7 @@ def member_events(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
             if i == len(lines) - 1:
                 break
             raise ValueError(f"{os.fspath(path)}: line {i + 1} is not JSON") from None
-        if isinstance(entry, dict) and entry.get("event") in NODE_ID_EVENTS:
+        if isinstance(entry, dict) and entry.get("event") in (*NODE_ID_EVENTS, RESUME_EVENT):
             events.append(entry)
     return events
 

@@ -38,3 +38,22 @@ def test_a_partition_contested_within_a_segment_stays_contested():
     assert restored(events) == {0: (11, 99), 1: (22, 98)}
     kept = [e["data"]["node_id"] for e in contested_claims(events) if e["event"] == "partition-claimed"]
     assert kept == [11, 99, 22, 98]
+
+
+def test_a_secret_samples_members_file_is_segmented_by_its_resume_marks(tmp_path):
+    """A secret sample's claims live in members.jsonl, which had no segment marks: merged, the second resume of a
+    one-site-per-partition run found every partition contested (review D1). The ServerApp marks each resume there."""
+    from fl_dp_flower.reporting.ledger.events import MEMBERS_EVENT
+    from fl_dp_flower.reporting.rounds import MembersSink, member_events
+
+    sink = MembersSink(tmp_path / "members.jsonl")
+    for segment, ids in enumerate(((11, 12), (21, 22), (31, 32))):
+        if segment:
+            sink.mark_resume(4 * segment)
+        for partition, node in enumerate(ids):
+            sink.on_event(MEMBERS_EVENT, {"event": "partition-claimed",
+                                          "data": {"partition_id": partition, "node_id": node, "round": 1}})
+    events = member_events(tmp_path / "members.jsonl")
+    assert [e["event"] for e in events].count("resume") == 2
+    assert restored(events) == {}
+    assert restored([e for e in events if e["event"] != "resume"]) == {0: (11, 21, 31), 1: (12, 22, 32)}

@@ -160,6 +160,8 @@ def test_a_secret_sample_keeps_node_naming_events_out_of_the_ledger_and_a_resume
     assert resumed.strategy.excluded_nodes.keys() == {refusing}
     assert resumed.strategy.set_aside_nodes.keys() == {base, liar}
     assert [r.round for r in resumed.accountant.records] == [1, 2, 3, 4]
+    marks = [e["data"] for e in member_events(out.run_dir / MEMBERS_FILE) if e["event"] == "resume"]
+    assert marks == [{"rounds_accounted": 2}]  # the resumed segment's claims apart from the first one's
     ledger_text = (out.run_dir / LEDGER).read_text()
     assert not any(str(i) in ledger_text for i in nodes + clients)
     v = verify_ledger(out.run_dir / LEDGER)
