@@ -47,7 +47,7 @@ from .pending import ModelNotFinite, PendingRound
 from .preflight import check_budget_delta, log_preflight, nothing_accounted
 from .sampling import NodeRefusals, NodeSampling, check_plan
 from .echo import Applied
-from .replies import Usable, average_metrics, batch_rate, member_id, mismatches, reconcile
+from .replies import Usable, average_metrics, batch_rate, charged_echoes, member_id, mismatches, reconcile
 from .screening import ReplyChecks, ScreeningRules, rules_for
 from .server_opt import ServerUpdate
 
@@ -182,9 +182,7 @@ class NoisyStrategyMixin(NodeSampling):
         for sink in self.sinks:
             sink.on_event(kind, data)
 
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Aggregate usable replies, account the round, merge ``dp-*`` metrics."""
         pending = self._round
         if pending is None or pending.server_round != server_round:
@@ -253,8 +251,8 @@ class NoisyStrategyMixin(NodeSampling):
 
     def _record(self, server_round: int, planned: Applied, usable: list, weights: tuple[float, ...], *,
                 applied: bool, quiet: bool = False, seen: Sequence[Usable] = ()) -> RoundRecord:
-        """The least private record of the replies; ``quiet``: a trial (ReplyGuard), nothing logged; ``seen``:
-        dropped uploads a curious server holds (their batch rates count towards the round's)."""
+        """The least private record of the replies (``seen``: dropped uploads a curious server holds, replies.py's
+        charged_echoes, batch_rate); ``quiet``: a trial (ReplyGuard), nothing logged."""
         c = self.settings
         if not quiet:
             self._last_mismatch = 0
@@ -265,7 +263,8 @@ class NoisyStrategyMixin(NodeSampling):
                     log.error("round %d: node %d applied other settings than sent (%s); accounting the least "
                               "private values", server_round, u.node_id, "; ".join(diff))
             self.echo_mismatches += self._last_mismatch
-        worst, etas = reconcile(planned, [u.applied for u in usable], c.schedule, c.clipping == "per-sample")
+        worst, etas = reconcile(planned, charged_echoes(usable, seen, self._screening_rules(planned)), c.schedule,
+                                c.clipping == "per-sample")
         return RoundRecord(
             round=planned.round_index + 1, algorithm=c.algorithm, step_sizes=etas, clip_norm=worst.clip_norm,
             sigma=worst.sigma, weights=weights, clipping=c.clipping, batch_size=worst.batch_size,
