@@ -44,7 +44,7 @@ from fl_dp_flower.settings import DPSettings, FederationSettings
 from .budget import UPLOAD_OBSERVING, BudgetExhausted, check_before_broadcast, check_replies
 from .guard import ReplyGuard, all_finite, unreplied_charge
 from .pending import ModelNotFinite, PendingRound
-from .preflight import check_budget_delta, log_preflight, nothing_accounted
+from .preflight import check_budget_delta, check_final_model_outputs, log_preflight, nothing_accounted
 from .sampling import NodeRefusals, NodeSampling, check_plan
 from .echo import Applied
 from .replies import Usable, average_metrics, batch_rate, charged_echoes, member_id, mismatches, reconcile
@@ -327,6 +327,7 @@ class NoisyStrategyMixin(NodeSampling):
         if num_rounds is None:
             num_rounds = max(self.federation.num_server_rounds - self.accountant.num_releases, 0)
         timeout = self.federation.round_timeout if timeout is None else timeout
+        check_final_model_outputs(self.accountant.config.threat_model, getattr(self, "fraction_evaluate", 0.0), evaluate_fn)
         self.global_arrays = initial_arrays
         self._user_evaluate_fn, self._closed = evaluate_fn, None
         if not self.app_managed:  # library use (the reference app logs its own)
