@@ -207,8 +207,9 @@ def _check_complete(data: bytes, v: Verification, expected_heads: dict[str, str]
     # the last line of a ledger cut right after it
     if v.ended:
         if not expected_heads:  # review R2: the chain has no key, so a cut ledger can be closed by a forged end
-            v.notes.append("no published head was checked: the chain proves order, not completeness (a ledger cut "
-                           "after any round and closed with a hand-written end event also passes); compare the head "
+            v.notes.append("no published head was checked: the chain has no key and proves order, not completeness "
+                           "(a ledger cut after any round, or rewritten from any line on, and re-chained with a "
+                           "hand-written end event also passes); compare the head "
                            "printed below with the one the run published (its log, summary.json 'ledger_head', "
                            "Prometheus fl_dp_ledger_head_info) or pass it with --expected-head")
         return

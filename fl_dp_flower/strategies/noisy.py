@@ -271,7 +271,7 @@ class NoisyStrategyMixin(NodeSampling):
             prox_alpha=worst.prox_alpha, applied=applied,
             node_ids=self._published_ids(planned.round_index + 1, tuple(m for u in usable for m in u.members), quiet=quiet),
             screening_drop=min(1.0, self._screening_rules(planned).drop_probability + self._void_drop),
-            batch_rate=batch_rate([*usable, *seen]) if c.batch_sampling == "poisson" else None, **self._sampling_fields())
+            batch_rate=batch_rate([*usable, *seen]) if c.batch_sampling == "poisson" else None, **self._sampling_fields(usable))
 
     # ------------------------------------------------------------ round closing
     def configure_evaluate(
