@@ -10,7 +10,7 @@ What it checks, line by line, and where it stops (the first line that fails is r
    to detect a ledger cut short or rewritten from some line on.
 3. **Rounds.** Every round's record is parsed and replayed through a fresh accountant, in order,
    and every number of its report (each bound's mu, epsilon and soundness, the certified bound
-   and its epsilon, clients, round counts) must match what was recorded (relative 1e-9).
+   and its epsilon, clients, round counts, the screening charge on delta) must match what was recorded (relative 1e-9).
    Rounds recorded as not applied (``"applied": false``) and rounds named by a
    ``rounds-not-applied`` event (from that event on) leave the final-model bound, as the server
    counted them. A header without ``colluders`` (written before the field) is recomputed with
@@ -29,7 +29,14 @@ What it checks, line by line, and where it stops (the first line that fails is r
    one lies beside the ledger) must be the hash of one of the ledger's lines (the last one, or an
    earlier one when the run went on after publishing it). Without any published head, a ledger
    that does not end with the run's ``end`` (or ``failed``) event fails unless ``live`` says the
-   run is still running (or crashed and awaits its resume): its tail may have been cut.
+   run is still running (or crashed and awaits its resume): its tail may have been cut. A published head given
+   for a ledger without a chain (schema 1) fails (no line of it can match; a downgraded ledger would otherwise
+   skip this check), and a closed ledger verified without any published head gets a note that its completeness
+   is unproven (a cut ledger closed by a hand-written ``end`` event chains too).
+6. **Open round** (a note). A ledger ending with a round that was broadcast and neither recorded nor voided
+   (a live run, or one stopped mid-round) certifies without it; under ``curious-server`` and
+   ``secure-aggregation`` its uploads may have reached the server, so the note says the run may have spent
+   more (``resume-unfinished-round = 'account'`` charges it).
 
 What it does not prove: that clients really added the noise they reported, ran the steps they
 echoed, or that the server recorded every client it heard from; it proves that the published
@@ -57,6 +64,7 @@ from .ledger import (
     RESUME_EVENT,
     NOT_APPLIED_EVENT,
     ROUND_OPEN_EVENT,
+    ROUND_VOID_EVENT,
     SCHEMAS,
     TORN_TAIL_EVENT,
     line_hash,
@@ -81,6 +89,8 @@ class Verification:
     chained: bool = False
     head: str | None = None
     ended: bool = False
+    threat_model: str | None = None
+    open_round: int | None = None  # a round broadcast (round-open) with neither a round line nor a round-void after it
     heads_checked: list[str] = field(default_factory=list)
     failure_line: int | None = None
     failure: str | None = None
@@ -121,6 +131,12 @@ def _report_difference(recorded: Any, recomputed: dict[str, Any]) -> str | None:
             continue  # written before these fields existed
         if not _close(recorded.get(key), recomputed[key]):
             return f"report {key}: recorded {recorded.get(key)!r}, recomputed {recomputed[key]!r}"
+    if "screening" in recorded or recomputed.get("screening"):  # the delta the certified epsilon holds at (§17.1)
+        required = {"drop_probability", "delta_total"} & set(recomputed.get("screening") or {})  # later keys: if written
+        for key in sorted(set(recorded.get("screening") or {}) | required):
+            got, want = (recorded.get("screening") or {}).get(key), (recomputed.get("screening") or {}).get(key)
+            if not _close(got, want):
+                return f"screening {key}: recorded {got!r}, recomputed {want!r}"
     for key in ("bound", "mu", "epsilon"):
         got = (recorded.get("certified") or {}).get(key)
         if not _close(got, recomputed["certified"][key]):
@@ -157,8 +173,14 @@ def verify_ledger(path: str | Path, *, expected_heads: dict[str, str] | None = N
     result = Verification(str(path))
     try:
         _verify(path, path.read_bytes(), result)
-        if result.ok and result.chained:
+        if result.ok and not result.chained and expected_heads:  # review R2: a downgraded ledger skipped the heads
+            result.fail(result.lines, "a published head was given but this ledger has no hash chain (schema "
+                                      f"{result.schema}): no line of it can match a head (a run that publishes one "
+                                      "writes a chained ledger), so lines may have been cut or rewritten unseen")
+        elif result.ok and result.chained:
             _check_complete(path.read_bytes(), result, expected_heads or {}, live)
+        if result.ok and result.open_round is not None:
+            result.notes.append(_open_round_note(result.open_round, result.threat_model))
         return result
     finally:
         result.seconds = time.perf_counter() - started
@@ -185,6 +207,12 @@ def _check_complete(data: bytes, v: Verification, expected_heads: dict[str, str]
     # completeness needs the end event: a head published mid-run (Prometheus, after a round) may be
     # the last line of a ledger cut right after it
     if v.ended:
+        if not expected_heads:  # review R2: the chain has no key, so a cut ledger can be closed by a forged end
+            v.notes.append("no published head was checked: the chain has no key and proves order, not completeness "
+                           "(a ledger cut after any round, or rewritten from any line on, and re-chained with a "
+                           "hand-written end event also passes); compare the head "
+                           "printed below with the one the run published (its log, summary.json 'ledger_head', "
+                           "Prometheus fl_dp_ledger_head_info) or pass it with --expected-head")
         return
     if live:
         v.notes.append("the ledger has no end event and the run is live (--live): no published head protects "
@@ -198,6 +226,16 @@ def _check_complete(data: bytes, v: Verification, expected_heads: dict[str, str]
                     "not completeness). Compare with the head the run published: pass --expected-head (from "
                     "its log, summary.json 'ledger_head' or Prometheus fl_dp_ledger_head_info), or --live if "
                     "the run is still running")
+
+
+def _open_round_note(round_: int, threat_model: str | None) -> str:
+    """What a ledger that ends with an open round (broadcast, never recorded nor voided) leaves out (review R2)."""
+    seen = threat_model in ("curious-server", "secure-aggregation")
+    return (f"round {round_} was broadcast but has no round line (the run is live, or it stopped mid-round): the "
+            "numbers above leave it out" + (f"; under {threat_model} its uploads (or their sum) may already have "
+                                            "reached the server, so the run may have spent more than certified here:"
+                                            if seen else ", and it released nothing to a global-model adversary;")
+            + " a resume with resume-unfinished-round = 'account' charges it as planned (docs/MATH.md §14.3a)")
 
 
 def _verify(path: Path, data: bytes, v: Verification) -> Verification:
@@ -232,6 +270,7 @@ def _verify(path: Path, data: bytes, v: Verification) -> Verification:
         v.notes.append("schema 1 ledger (written before the hash chain): edits and deletions of whole "
                        "lines cannot be detected, only numbers that do not follow from the records")
 
+    v.threat_model = config.threat_model
     accountant = PrivacyAccountant(config)
     opened: int | None = None  # round of the last round-open event not yet followed by its round
     ended = False
@@ -265,6 +304,8 @@ def _verify(path: Path, data: bytes, v: Verification) -> Verification:
                                       "the sample, so its sampled_secret epsilon does not hold (docs/MATH.md §22)")
             if event == ROUND_OPEN_EVENT:
                 opened = data_.get("round")
+            elif event == ROUND_VOID_EVENT and data_.get("round") == opened:
+                opened = None  # released nothing (no usable reply, or discarded by the budget)
             elif event == NOT_APPLIED_EVENT:
                 try:
                     marked = not_applied_rounds([entry])
@@ -311,6 +352,7 @@ def _verify(path: Path, data: bytes, v: Verification) -> Verification:
         v.rounds_verified += 1
         v.ended = False
         opened = None
+    v.open_round = opened if isinstance(opened, int) and not isinstance(opened, bool) else None
     complete = [r for r, e in zip(raw_lines, parsed) if e is not None]
     v.head = line_hash(complete[-1]) if v.chained and complete else None
     return v

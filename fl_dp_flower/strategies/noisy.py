@@ -44,10 +44,10 @@ from fl_dp_flower.settings import DPSettings, FederationSettings
 from .budget import UPLOAD_OBSERVING, BudgetExhausted, check_before_broadcast, check_replies
 from .guard import ReplyGuard, all_finite, unreplied_charge
 from .pending import ModelNotFinite, PendingRound
-from .preflight import check_budget, log_preflight, nothing_accounted
+from .preflight import check_budget, check_final_model_outputs, log_preflight, nothing_accounted
 from .sampling import NodeRefusals, NodeSampling, check_plan
 from .echo import Applied
-from .replies import Usable, average_metrics, batch_rate, member_id, mismatches, reconcile
+from .replies import Usable, average_metrics, batch_rate, charged_echoes, member_id, mismatches, reconcile
 from .screening import ReplyChecks, ScreeningRules, rules_for
 from .server_opt import ServerUpdate
 
@@ -182,9 +182,7 @@ class NoisyStrategyMixin(NodeSampling):
         for sink in self.sinks:
             sink.on_event(kind, data)
 
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Aggregate usable replies, account the round, merge ``dp-*`` metrics."""
         pending = self._round
         if pending is None or pending.server_round != server_round:
@@ -253,8 +251,8 @@ class NoisyStrategyMixin(NodeSampling):
 
     def _record(self, server_round: int, planned: Applied, usable: list, weights: tuple[float, ...], *,
                 applied: bool, quiet: bool = False, seen: Sequence[Usable] = ()) -> RoundRecord:
-        """The least private record of the replies; ``quiet``: a trial (ReplyGuard), nothing logged; ``seen``:
-        dropped uploads a curious server holds (their batch rates count towards the round's)."""
+        """The least private record of the replies (``seen``: dropped uploads a curious server holds, replies.py's
+        charged_echoes, batch_rate); ``quiet``: a trial (ReplyGuard), nothing logged."""
         c = self.settings
         if not quiet:
             self._last_mismatch = 0
@@ -265,14 +263,15 @@ class NoisyStrategyMixin(NodeSampling):
                     log.error("round %d: node %d applied other settings than sent (%s); accounting the least "
                               "private values", server_round, u.node_id, "; ".join(diff))
             self.echo_mismatches += self._last_mismatch
-        worst, etas = reconcile(planned, [u.applied for u in usable], c.schedule, c.clipping == "per-sample")
+        worst, etas = reconcile(planned, charged_echoes(usable, seen, self._screening_rules(planned)), c.schedule,
+                                c.clipping == "per-sample")
         return RoundRecord(
             round=planned.round_index + 1, algorithm=c.algorithm, step_sizes=etas, clip_norm=worst.clip_norm,
             sigma=worst.sigma, weights=weights, clipping=c.clipping, batch_size=worst.batch_size,
             prox_alpha=worst.prox_alpha, applied=applied,
             node_ids=self._published_ids(planned.round_index + 1, tuple(m for u in usable for m in u.members), quiet=quiet),
             screening_drop=min(1.0, self._screening_rules(planned).drop_probability + self._void_drop),
-            batch_rate=batch_rate([*usable, *seen]) if c.batch_sampling == "poisson" else None, **self._sampling_fields())
+            batch_rate=batch_rate([*usable, *seen]) if c.batch_sampling == "poisson" else None, **self._sampling_fields(usable))
 
     # ------------------------------------------------------------ round closing
     def configure_evaluate(
@@ -328,6 +327,7 @@ class NoisyStrategyMixin(NodeSampling):
         if num_rounds is None:
             num_rounds = max(self.federation.num_server_rounds - self.accountant.num_releases, 0)
         timeout = self.federation.round_timeout if timeout is None else timeout
+        check_final_model_outputs(self.accountant.config.threat_model, getattr(self, "fraction_evaluate", 0.0), evaluate_fn)
         self.global_arrays = initial_arrays
         self._user_evaluate_fn, self._closed = evaluate_fn, None
         if not self.app_managed:  # library use (the reference app logs its own)

@@ -17,7 +17,7 @@ from fl_dp_flower.reply_checks import ReplyChecks
 
 from .pending import BudgetFitsNoRound, NothingAccounted
 
-__all__ = ["check_budget", "check_budget_delta", "log_preflight", "nothing_accounted"]
+__all__ = ["check_budget", "check_budget_delta", "check_final_model_outputs", "log_preflight", "nothing_accounted"]
 
 
 def check_budget_delta(budget: Budget | None, config: AccountantConfig) -> None:
@@ -40,6 +40,25 @@ def check_budget(budget: Budget | None, config: AccountantConfig, rounds: int, r
                                       config.delta, config.threat_model)
     if problems:
         raise ValueError("; ".join(problems) + " (ReplyChecks(noise_check_alpha=..., update_bound_alpha=...))")
+
+
+def check_final_model_outputs(threat_model: str, fraction_evaluate: float, evaluate_fn: object) -> None:
+    """Under the final-model threat model nothing derived from an intermediate global model may be published
+    (docs/MATH.md §15): its bound covers the released model only, and a per-round evaluation (``evaluate_fn``: its
+    metrics go into every round line, the Result and the sinks) or a federated evaluation (``fraction_evaluate`` > 0:
+    every round's model broadcast for evaluation, its clients' metrics aggregated) publishes a function of each
+    iterate, which only the all-rounds composition describes. The reference app evaluates such a run once, at the
+    end (app/threat.py); library use is refused the same way (review R2: before, accepted without a word)."""
+    if threat_model != "final-model":
+        return
+    if fraction_evaluate > 0:
+        raise ValueError(f"fraction_evaluate = {fraction_evaluate!r} must be 0 under threat_model 'final-model': a "
+                         "federated evaluation of every round's model publishes what its bound assumes hidden (use "
+                         "'all-rounds', or evaluate the released model once after the run)")
+    if evaluate_fn is not None:
+        raise ValueError("evaluate_fn must be None under threat_model 'final-model': a per-round evaluation publishes "
+                         "a function of every intermediate model (in each round line and the Result), which its bound "
+                         "assumes hidden (use 'all-rounds', or evaluate the released model once after the run)")
 
 
 def log_preflight(accountant: PrivacyAccountant, budget: Budget | None, initial_arrays: ArrayRecord, rounds: int,

@@ -31,7 +31,7 @@ from fl_dp_flower.vocabulary import Schedule
 
 from .echo import Applied, metric_number, parse_applied
 from .ndarrays import array_values
-from .screening import Rejected, ScreeningRules, check_batch, check_reply, reference_norm
+from .screening import Rejected, ScreeningRules, check_batch, check_echo, check_reply, reference_norm
 
 log = logging.getLogger("flwr").getChild(__name__)  # Flower's handlers: shows in `flwr log`
 
@@ -75,6 +75,22 @@ def batch_rate(usable: Sequence[Usable]) -> float:
     """The round's Poisson batch rate for the accountant (docs/MATH.md §23): the largest any contributing
     node echoed, and 1 (no amplification) as soon as one of them did not echo Poisson sampling."""
     return max((1.0 if u.applied.batch_rate is None else u.applied.batch_rate for u in usable), default=1.0)
+
+
+def charged_echoes(usable: Sequence[Usable], seen: Sequence[Usable], rules: ScreeningRules) -> list[Applied]:
+    """The echoes a round's settings are charged at (the least private of them and the plan): every kept reply's,
+    and those of the dropped uploads a curious server holds (``seen``, docs/MATH.md §23.2) that lie within the
+    plan's echo bounds, as a kept reply's deviation within ``echo-tolerance`` is charged (review R2: before, only
+    their batch rates counted). An echo outside the bounds is no honest node's: charging it would let one node raise
+    the run's epsilon at will, and it risks only that node's own data (each upload carries its own noise)."""
+    held = []
+    for u in seen:
+        try:
+            check_echo(u.applied, rules)
+        except Rejected:
+            continue
+        held.append(u.applied)
+    return [*(u.applied for u in usable), *held]
 
 
 def _signature(arrays: ArrayRecord) -> dict[str, tuple[tuple[int, ...], str]]:

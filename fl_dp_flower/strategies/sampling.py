@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -186,12 +186,22 @@ class NodeSampling:
             return average_arrays(usable, weights, reference)
         return fixed_denominator_sum(usable, reference, self.federation.sampling_rate * self._population)
 
-    def _sampling_fields(self) -> dict[str, int]:
-        """RoundRecord fields of a Poisson round or a secret sample's round (population N_t, clients drawn);
-        {} otherwise."""
-        if self.federation.poisson or self.secret_sample:
-            return {"population": self._population, "sampled": self._drawn}
-        return {}
+    def _sampling_fields(self, usable: Sequence[Usable] = ()) -> dict[str, int]:
+        """RoundRecord fields of a Poisson round or a secret sample's round (population N_t, clients drawn k_t);
+        {} otherwise. In cohort mode N_t leaves out the undrawn members of every asked node none of whose members
+        entered the sum (``usable``: the round's contributors). Review R2: a node that drops out takes all its
+        members with it, so given the published counts the others' chance of being in the round is
+        n_t / (N_t - M_lost) (the M_lost members of the lost nodes, d_lost of them drawn; n_t = k_t - d_lost), which
+        exceeds k_t / N_t when fewer than the average were drawn on the lost nodes; it is at most
+        k_t / (N_t - (M_lost - d_lost)), which the weight p_t = k_t / (N_t - c) then is (docs/MATH.md §19.1, §22).
+        Outside cohort mode a lost node's one member was drawn, and (k_t - 1) / (N_t - 1) <= k_t / N_t."""
+        if not (self.federation.poisson or self.secret_sample):
+            return {}
+        pending: Any = getattr(self, "_round", None)
+        slots = pending.slots if pending is not None else None
+        entered = {u.node_id for u in usable}
+        lost = sum(self.federation.clients_per_node - len(js) for n, js in (slots or {}).items() if n not in entered)
+        return {"population": self._population - lost, "sampled": self._drawn}
 
     @property
     def secret_sample(self) -> bool:
