@@ -80,7 +80,7 @@ class ModelCheckpoint:
         return None
 
     def on_round(self, outcome: RoundOutcome) -> None:
-        if self.ledger is not None and self.ledger.ledger.last_round != outcome.round:
+        if self.ledger is not None and self.ledger.last_round != outcome.round:
             raise RuntimeError(f"ModelCheckpoint: round {outcome.round}'s ledger line is not written yet; list the "
                                "ledger sink before the checkpoint in sinks (a model is saved only after its round "
                                "is recorded)")

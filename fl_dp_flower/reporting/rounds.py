@@ -21,6 +21,7 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from fl_dp_flower.privacy.accountant import PrivacyAccountant
@@ -28,6 +29,7 @@ from fl_dp_flower.privacy.records import AccountantConfig
 
 from .console import format_round_line
 from .ledger import PrivacyLedger
+from .ledger.writer import refuse_existing
 from .ledger.events import FILE_MODE, MEMBERS_EVENT, NODE_ID_EVENTS, RESUME_EVENT
 from .prometheus import PrivacyMetricsExporter
 from .resume import UnfinishedRound, resume_ledger
@@ -90,13 +92,51 @@ class PrivacySink(Protocol):
 
 class LedgerSink:
     """Events and round lines into a :class:`PrivacyLedger` (each line fsynced). :func:`open_ledger`
-    makes one with its accountant; ``close()`` (or ``with``) when the run ends."""
+    makes one with its accountant; ``close()`` (or ``with``) when the run ends.
+
+    A new run's sink (:meth:`deferred`) creates its ledger with the run's first line (the ``round-open``
+    written ahead of round 1's broadcast, or a ``budget-stop``), header and line in one creation: a run refused
+    before that (a strategy refusing its arguments, a budget refused by ``start()``) leaves no file, and the
+    corrected run just starts; a file never holds its header alone. Another run that created the same path in
+    between is refused at that first line, before anything is broadcast (a ledger is never overwritten)."""
 
     def __init__(self, ledger: PrivacyLedger) -> None:
-        self.ledger = ledger
+        self._ledger: PrivacyLedger | None = ledger
+        self._pending: tuple[Path, dict[str, Any], dict[str, Any]] | None = None
+
+    @classmethod
+    def deferred(cls, path: str | os.PathLike[str], config: AccountantConfig,
+                 run_config: dict[str, Any] | None = None) -> "LedgerSink":
+        """The sink of a new ledger at ``path`` (created by the first line, see the class docstring); refuses an
+        existing one now (FileExistsError, :func:`~fl_dp_flower.reporting.ledger.writer.refuse_existing`)."""
+        path = Path(path)
+        refuse_existing(path)
+        sink = cls.__new__(cls)
+        sink._ledger, sink._pending = None, (path, config.to_dict(), dict(run_config or {}))
+        return sink
+
+    @property
+    def ledger(self) -> PrivacyLedger:
+        """The open ledger (RuntimeError while a new run's ledger is not created yet: no line written)."""
+        if self._ledger is None:
+            assert self._pending is not None
+            raise RuntimeError(f"privacy ledger {self._pending[0]} is not created yet: a new run's ledger is created "
+                               "with its first line (round 1's round-open, before its broadcast)")
+        return self._ledger
+
+    @property
+    def last_round(self) -> int | None:
+        """Round of the last round line (None before any)."""
+        return self._ledger.last_round if self._ledger is not None else None
+
+    @property
+    def head_line_hash(self) -> str | None:
+        """The chain's head (None while nothing is written)."""
+        return self._ledger.head_line_hash if self._ledger is not None else None
 
     def close(self) -> None:
-        self.ledger.close()
+        if self._ledger is not None:
+            self._ledger.close()
 
     def __enter__(self) -> "LedgerSink":
         return self
@@ -104,15 +144,32 @@ class LedgerSink:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _create(self, first: dict[str, Any]) -> None:
+        assert self._pending is not None
+        path, accountant_config, app_config = self._pending
+        try:
+            self._ledger = PrivacyLedger.create(path, accountant_config=accountant_config, app_config=app_config,
+                                                first=first)
+        except FileExistsError as err:
+            raise FileExistsError(f"{err} It was created after open_ledger checked the path (another run writes the "
+                                  "same ledger): this run stops before its first broadcast.") from None
+        self._pending = None
+
     def on_event(self, kind: str, data: dict[str, Any]) -> None:
         if kind == MEMBERS_EVENT:  # a secret sample's ids never enter the ledger (MembersSink)
             return
-        self.ledger.append_event(kind, data)
+        if self._ledger is None:
+            self._create(PrivacyLedger.event_entry(kind, data))
+        else:
+            self._ledger.append_event(kind, data)
 
     def on_round(self, outcome: RoundOutcome) -> None:
         kept = {k: v for k, v in outcome.metrics.items() if not k.startswith("dp-") or k in LEDGER_DP_KEYS}
-        self.ledger.append_round(round=outcome.round, record=outcome.record.to_dict(),
-                                 report=outcome.report.to_dict(), metrics=kept)
+        line = dict(round=outcome.round, record=outcome.record.to_dict(), report=outcome.report.to_dict(), metrics=kept)
+        if self._ledger is None:
+            self._create(PrivacyLedger.round_entry(**line))
+        else:
+            self._ledger.append_round(**line)
 
 
 def open_ledger(path: str | os.PathLike[str], config: AccountantConfig, *, resume: bool = False,
@@ -120,8 +177,10 @@ def open_ledger(path: str | os.PathLike[str], config: AccountantConfig, *, resum
                 checkpoint: Any = None) -> tuple[LedgerSink, PrivacyAccountant]:
     """A ledger sink and its accountant.
 
-    New run (``resume=False``): creates the ledger (refuses an existing file: a ledger is never
-    overwritten) with ``config`` and ``run_config`` (your settings, for the record) in its header.
+    New run (``resume=False``): refuses an existing file now (a ledger is never overwritten); the ledger,
+    with ``config`` and ``run_config`` (your settings, for the record) in its header, is created with the
+    run's first line (:meth:`LedgerSink.deferred`), so a strategy that refuses its arguments, or a ``start()``
+    that refuses before round 1, leaves no file behind and the corrected run needs no clean-up.
 
     Resume (``resume=True``): checks the header's accountant config against ``config``, rebuilds the
     accountant from the round records, writes a ``resume`` event (what ``fl-dp-flower verify`` expects
@@ -138,8 +197,7 @@ def open_ledger(path: str | os.PathLike[str], config: AccountantConfig, *, resum
         raise FileExistsError(f"checkpoint {checkpoint.path} already exists but resume=False: it belongs to an "
                               "earlier run; resume that run (resume=True) or choose another checkpoint path")
     if not resume:
-        ledger = PrivacyLedger.create(path, accountant_config=config.to_dict(), app_config=dict(run_config or {}))
-        sink, accountant = LedgerSink(ledger), PrivacyAccountant(config)
+        sink, accountant = LedgerSink.deferred(path, config, run_config), PrivacyAccountant(config)
     else:
         saved = checkpoint.saved_round() if checkpoint is not None else 0
         resumed, accountant, _ = resume_ledger(path, config, checkpoint_round=saved, unfinished=unfinished_round)
@@ -237,7 +295,7 @@ class PrometheusSink:
     ``ledger``: its head hash is exported after each round)."""
 
     def __init__(self, exporter: PrivacyMetricsExporter, budget_epsilon: float | None = None,
-                 ledger: PrivacyLedger | None = None) -> None:
+                 ledger: PrivacyLedger | LedgerSink | None = None) -> None:
         self.exporter, self.budget_epsilon, self.ledger = exporter, budget_epsilon, ledger
 
     def on_event(self, kind: str, data: dict[str, Any]) -> None:

@@ -41,6 +41,7 @@ from fl_dp_flower.privacy.records import RoundRecord
 from fl_dp_flower.reporting.rounds import PrivacySink, RoundOutcome, dp_metrics, without_dp_metrics
 from fl_dp_flower.settings import DPSettings, FederationSettings
 
+from .construction import check_arguments, check_flower_keywords
 from .budget import UPLOAD_OBSERVING, BudgetExhausted, check_before_broadcast, check_replies
 from .guard import ReplyGuard, all_finite, unreplied_charge
 from .pending import ModelNotFinite, PendingRound
@@ -69,23 +70,11 @@ class NoisyStrategyMixin(NodeSampling):
 
     def _init_dp(self, settings: DPSettings, accountant: PrivacyAccountant, federation: FederationSettings,
                  budget: Budget | None, sinks: Sequence[PrivacySink], reply_checks: ReplyChecks | None) -> None:
-        if not isinstance(settings, DPSettings):
-            raise TypeError(f"settings must be a DPSettings, got {type(settings).__name__}")
-        if not isinstance(federation, FederationSettings):
-            raise TypeError(f"federation must be a FederationSettings, got {type(federation).__name__}")
-        if not isinstance(accountant, PrivacyAccountant):
-            raise TypeError(f"accountant must be a fl_dp_flower PrivacyAccountant, got {type(accountant).__name__}")
+        check_arguments(settings, accountant, federation, budget, sinks, reply_checks)  # TypeError naming the argument
         check_plan(settings, accountant.config, federation, reply_checks)
-        if budget is not None and not isinstance(budget, Budget):
-            raise TypeError(f"budget must be a Budget or None, got {type(budget).__name__}")
         check_budget(budget, accountant.config, federation.num_server_rounds, reply_checks)
-        for sink in sinks:
-            if not isinstance(sink, PrivacySink):
-                raise TypeError(f"sink {sink!r} lacks on_event(kind, data) / on_round(outcome) (PrivacySink)")
         self.settings = settings
         self.federation = federation
-        if reply_checks is not None and not isinstance(reply_checks, ReplyChecks):
-            raise TypeError(f"reply_checks must be a ReplyChecks or None, got {type(reply_checks).__name__}")
         self.reply_checks = reply_checks or ReplyChecks()
         self.accountant = accountant
         self.sinks: list[PrivacySink] = list(sinks)
@@ -375,6 +364,7 @@ class NoisyFedAvg(NoisyStrategyMixin, FedAvg):
                  federation: FederationSettings | None = None, budget: Budget | None = None,
                  sinks: Sequence[PrivacySink] = (), fraction_evaluate: float = 0.0,
                  reply_checks: ReplyChecks | None = None, **fedavg_kwargs: Any) -> None:
+        check_flower_keywords("NoisyFedAvg", fedavg_kwargs)  # those it sets itself, naming where they belong
         federation = federation or FederationSettings()
         m = federation.nodes_needed
         super().__init__(fraction_train=1.0, fraction_evaluate=fraction_evaluate, min_train_nodes=m,
@@ -392,6 +382,7 @@ class NoisyFedProx(NoisyStrategyMixin, FedProx):
                  reply_checks: ReplyChecks | None = None, **fedprox_kwargs: Any) -> None:
         if settings.algorithm != "fedprox":
             raise ValueError(f"NoisyFedProx needs settings.algorithm = 'fedprox', got {settings.algorithm!r}")
+        check_flower_keywords("NoisyFedProx", fedprox_kwargs)
         federation = federation or FederationSettings()
         m = federation.nodes_needed
         super().__init__(fraction_train=1.0, fraction_evaluate=fraction_evaluate, min_train_nodes=m,

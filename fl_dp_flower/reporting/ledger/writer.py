@@ -46,6 +46,30 @@ def _same(a: Any, b: Any) -> bool:
 
 
 
+def records_nothing(path: str | os.PathLike[str]) -> bool:
+    """Whether the ledger at ``path`` holds its header alone (no event, no round: no round was ever opened,
+    so nothing was broadcast or spent). Only a writer of an older version (or a caller of
+    :meth:`PrivacyLedger.create` without ``first``) leaves such a file, possibly still in use by a live run."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError:
+        return False
+    return bool(data) and data.count(b"\n") == 1 and data.endswith(b"\n")
+
+
+def refuse_existing(path: Path) -> None:
+    """FileExistsError for a new ledger at ``path`` when a non-empty file is there (a ledger is never
+    overwritten), saying how to continue it, and when it records nothing, that it may be deleted."""
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    hint = ""
+    if records_nothing(path):
+        hint = (" It holds only its header (no event, no round: nothing was broadcast or spent), as a run refused "
+                "before round 1 by an older version left it: if no run is using it, delete it.")
+    raise FileExistsError(f"privacy ledger {path} already exists; a ledger is never overwritten. Pass resume=True "
+                          f"to continue the run it records, or give the new run another ledger path.{hint}")
+
+
 class PrivacyLedger:
     """Append-only writer. Use :meth:`create` for a new run and :meth:`resume` to continue."""
 
@@ -67,28 +91,57 @@ class PrivacyLedger:
 
     @classmethod
     def create(cls, path: str | os.PathLike[str], *, accountant_config: dict[str, Any],
-               app_config: dict[str, Any]) -> "PrivacyLedger":
+               app_config: dict[str, Any], first: dict[str, Any] | None = None) -> "PrivacyLedger":
         """Create a new ledger with its header, whole or not at all (:func:`..durable.create_whole`: a full disk
-        leaves no ledger, never an empty one). Refuses an existing ledger; an existing *empty* one (a creation
-        an older version left half done: no header, so no round was ever opened) is replaced, with a WARNING."""
+        leaves no ledger, never an empty one). ``first``: the first line after the header (an entry of
+        :meth:`event_entry` / :meth:`round_entry`), written with the header in the same creation, so the file
+        never holds its header alone (what a deferred creation, :class:`~fl_dp_flower.reporting.rounds.LedgerSink`,
+        relies on). Refuses an existing ledger (:func:`refuse_existing`); an existing *empty* one (a creation an
+        older version left half done: no header, so no round was ever opened) is replaced, with a WARNING."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         now = utc_now()
         header = {"kind": "header", "schema": SCHEMA, "accountant_config": accountant_config,
                   "app_config": app_config, "created": now, "time": now, "prev": None}
-        line = _dumps(header)
+        lines = [_dumps(header)]
+        if first is not None:
+            lines.append(_dumps({**first, "prev": line_hash(lines[0])}))
+        refused: FileExistsError | None = None
         try:
-            replaced = create_whole(path, line)
-        except FileExistsError:
-            raise FileExistsError(
-                f"privacy ledger {path} already exists; a ledger is never overwritten. "
-                "Set resume = true to continue that run, or choose another run-name."
-            ) from None
+            replaced = create_whole(path, b"".join(lines))
+        except FileExistsError as err:
+            refused = err
+        if refused is not None:
+            refuse_existing(path)  # the FileExistsError saying what to do
+            raise refused
         if replaced:
             log.warning("privacy ledger %s was empty (0 bytes: its creation was interrupted before its header was "
                         "written, so no round was ever opened or spent): replaced by this run's ledger", path)
         fd = os.open(path, os.O_WRONLY | os.O_APPEND)
-        return cls(path, fd, _normalize(header), [], head=line_hash(line))
+        rounds = [_normalize(first)] if first is not None and first["kind"] == "round" else []
+        return cls(path, fd, _normalize(header), rounds, head=line_hash(lines[-1]))
+
+    @staticmethod
+    def event_entry(kind: str, data: dict[str, Any]) -> dict[str, Any]:
+        """The line of an event (``"budget-stop"``, ``"resume"``, ...), without its ``prev``."""
+        if not isinstance(kind, str) or not kind:
+            raise ValueError(f"event kind must be a non-empty string, got {kind!r}")
+        return {"kind": "event", "schema": SCHEMA, "event": kind, "data": data, "time": utc_now()}
+
+    @staticmethod
+    def round_entry(*, round: int, record: dict[str, Any], report: dict[str, Any], metrics: dict[str, Any],
+                    after: int | None = None) -> dict[str, Any]:
+        """The line of round ``round`` (validated: after round ``after``, a loadable record), without its ``prev``."""
+        if isinstance(round, bool) or not isinstance(round, int) or round < 1:
+            raise ValueError(f"round must be an integer >= 1, got {round!r}")
+        if after is not None and round <= after:
+            raise ValueError(f"round {round} is not after the last recorded round {after} "
+                             "(the ledger is append-only, rounds strictly increasing)")
+        rec = RoundRecord.from_dict(record)  # the ledger must stay loadable
+        if rec.round != round:
+            raise ValueError(f"record is for round {rec.round}, not round {round}")
+        return {"kind": "round", "schema": SCHEMA, "round": round, "record": record, "report": report,
+                "metrics": metrics, "time": utc_now()}
 
     @staticmethod
     def check_resumable(path: str | os.PathLike[str], *, accountant_config: dict[str, Any]) -> LedgerContents:
@@ -117,6 +170,9 @@ class PrivacyLedger:
                 hint += (" (a ledger written before 'assume-smooth-losses' existed took L-smooth losses for "
                          "granted: set assume-smooth-losses = true to continue it under its own rule, or start "
                          "a new run)")
+            if records_nothing(path):
+                hint += (f" ({path} holds only its header: no round was ever opened, nothing spent; if no run is "
+                         "using it, delete it and start a new run)")
             raise ValueError(
                 f"cannot resume {path}: accountant config differs in key(s) {diff} ({detail}){hint}"
             )
@@ -145,27 +201,16 @@ class PrivacyLedger:
     def append_round(self, *, round: int, record: dict[str, Any], report: dict[str, Any],
                      metrics: dict[str, Any]) -> None:
         """Append one round line (fsynced). ``round`` must exceed :attr:`last_round`."""
-        if isinstance(round, bool) or not isinstance(round, int) or round < 1:
-            raise ValueError(f"round must be an integer >= 1, got {round!r}")
-        if self.last_round is not None and round <= self.last_round:
-            raise ValueError(
-                f"round {round} is not after the last recorded round {self.last_round} "
-                f"in {self.path} (the ledger is append-only, rounds strictly increasing)"
-            )
-        rec = RoundRecord.from_dict(record)  # the ledger must stay loadable
-        if rec.round != round:
-            raise ValueError(f"record is for round {rec.round}, not round {round}")
-        entry = {"kind": "round", "schema": self.schema, "round": round, "record": record,
-                 "report": report, "metrics": metrics, "time": utc_now()}
-        self._write(entry)
-        self.rounds.append(_normalize(entry))
+        try:
+            entry = self.round_entry(round=round, record=record, report=report, metrics=metrics, after=self.last_round)
+        except ValueError as err:
+            raise ValueError(f"{err} (privacy ledger {self.path})") from None
+        self._write({**entry, "schema": self.schema})
+        self.rounds.append(_normalize({**entry, "schema": self.schema}))
 
     def append_event(self, kind: str, data: dict[str, Any]) -> None:
         """Append a non-round line, e.g. ``"budget-stop"``, ``"resume"``, ``"end"`` (fsynced)."""
-        if not isinstance(kind, str) or not kind:
-            raise ValueError(f"event kind must be a non-empty string, got {kind!r}")
-        self._write({"kind": "event", "schema": self.schema, "event": kind, "data": data,
-                     "time": utc_now()})
+        self._write({**self.event_entry(kind, data), "schema": self.schema})
 
     def _write(self, entry: dict[str, Any]) -> None:
         with self._lock:
