@@ -51,6 +51,7 @@ from .echo import Applied
 from .replies import Usable, average_metrics, batch_rate, charged_echoes, member_id, mismatches, reconcile
 from .screening import ReplyChecks, ScreeningRules, rules_for
 from .server_opt import ServerUpdate
+from .shared_stats import SharedStatisticsNote
 
 log = logging.getLogger("flwr").getChild(__name__)  # Flower's handlers: shows in `flwr log`
 
@@ -93,6 +94,7 @@ class NoisyStrategyMixin(NodeSampling):
         self.guard = ReplyGuard(accountant, log, self._event)  # partition claims, per-reply accountant errors
         self.residual_energies: list[tuple[int, int, float | None]] = []  # (round, node, E): tests, never published
         self.diverged: str | None = None
+        self.shared_statistics = SharedStatisticsNote(settings.batch_sampling == "poisson", log)  # share-metrics
         self.server_update = ServerUpdate(federation, accountant.config.threat_model)  # refused under final-model
 
     # ------------------------------------------------------------------ planning
@@ -181,6 +183,7 @@ class NoisyStrategyMixin(NodeSampling):
         dropped: list[tuple[int, str, bool]] = []
         seen: list[Usable] = []  # curious-server: the dropped uploads the server holds (docs/MATH.md §23.2)
         usable = self._screen_replies(list(replies), pending, dropped, seen)
+        self.shared_statistics.see(server_round, ((u.node_id, u.metrics) for u in usable))  # WARNING once per run
         self.residual_energies.extend((server_round, u.node_id, u.residual_energy) for u in usable)
         for node, reason, refused in dropped:
             log.warning("round %d: dropped reply of node %d: %s%s", server_round, node, reason, " (refusal)" * refused)

@@ -107,7 +107,8 @@ def test_create_refuses_existing_file(tmp_path):
     before = path.read_bytes()
     with pytest.raises(FileExistsError, match="resume") as err:
         PrivacyLedger.create(path, accountant_config=ACCT, app_config=APP)
-    assert str(path) in str(err.value) and "run-name" in str(err.value)
+    assert str(path) in str(err.value) and "resume=True" in str(err.value) and "another ledger path" in str(err.value)
+    assert "run-name" not in str(err.value)  # review O6: an app key; the library's words (the app adds its own)
     assert path.read_bytes() == before
 
 

@@ -64,8 +64,8 @@ def refuse_existing(path: Path) -> None:
         return
     hint = ""
     if records_nothing(path):
-        hint = (" It holds only its header (no event, no round: nothing was broadcast or spent), as a run refused "
-                "before round 1 by an older version left it: if no run is using it, delete it.")
+        hint = (" It holds only its header (no event, no round: nothing was broadcast or spent; e.g. a run refused "
+                "before round 1 by an earlier version): if no run is using it, delete it.")
     raise FileExistsError(f"privacy ledger {path} already exists; a ledger is never overwritten. Pass resume=True "
                           f"to continue the run it records, or give the new run another ledger path.{hint}")
 
