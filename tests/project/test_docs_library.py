@@ -107,7 +107,8 @@ def _mistakes():
 
     def resume_with_other_sigma(tmp: Path):
         ledger, _ = open_ledger(tmp / "ledger.jsonl", plan)
-        ledger.close()
+        with ledger:  # the ledger is created with its first line (a run that wrote nothing leaves no file)
+            ledger.on_event("round-open", {"round": 1})
         open_ledger(tmp / "ledger.jsonl", DPSettings(**{**good, "sigma": 0.7}).accountant_config(clients=3), resume=True)
 
     return [
@@ -134,6 +135,9 @@ def _mistakes():
         ("poisson without sampling_rate", lambda tmp: NoisyFedAvg(settings, PrivacyAccountant(
             settings.accountant_config(clients=3)), federation=poisson), ValueError, "expected 0.5"),
         ("resume, other sigma", resume_with_other_sigma, ValueError, r"differs in key\(s\) \['sigma'\]"),
+        ("fraction_train=0.5", lambda tmp: NoisyFedAvg(settings, PrivacyAccountant(plan), federation=federation,
+                                                       fraction_train=0.5), TypeError,
+         r"FederationSettings\(clients_per_round=k\).*client_sampling='poisson', sampling_rate=q"),
     ]
 
 
