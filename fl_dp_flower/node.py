@@ -16,7 +16,10 @@ Policy:
   docs/MATH.md §23).
 - ``share-metrics`` (default false): statistics of local training that are neither noised nor
   accounted (train loss, clipped fraction, train seconds, non-finite gradients) are sent only when
-  the node config sets it (or ``FL_DP_SHARE_METRICS=1`` in the node's environment).
+  the node config sets it (or ``FL_DP_SHARE_METRICS=1`` in the node's environment). They are outside the
+  certificate; with Poisson batches they also depend on the batches drawn, which voids the node's batch
+  amplification (the server warns once per run: :mod:`fl_dp_flower.strategies.shared_stats`, which says why
+  ``train-seconds`` is not withheld alone).
 """
 
 from __future__ import annotations
