@@ -201,12 +201,10 @@ class PrivacyLedger:
     def append_round(self, *, round: int, record: dict[str, Any], report: dict[str, Any],
                      metrics: dict[str, Any]) -> None:
         """Append one round line (fsynced). ``round`` must exceed :attr:`last_round`."""
-        try:
-            entry = self.round_entry(round=round, record=record, report=report, metrics=metrics, after=self.last_round)
-        except ValueError as err:
-            raise ValueError(f"{err} (privacy ledger {self.path})") from None
-        self._write({**entry, "schema": self.schema})
-        self.rounds.append(_normalize({**entry, "schema": self.schema}))
+        entry = {**self.round_entry(round=round, record=record, report=report, metrics=metrics, after=self.last_round),
+                 "schema": self.schema}
+        self._write(entry)
+        self.rounds.append(_normalize(entry))
 
     def append_event(self, kind: str, data: dict[str, Any]) -> None:
         """Append a non-round line, e.g. ``"budget-stop"``, ``"resume"``, ``"end"`` (fsynced)."""
