@@ -101,6 +101,7 @@ def test_a_header_only_ledger_is_kept_and_its_refusals_say_it_records_nothing(tm
     (NoisyFedAvg, "min_train_nodes", 2, r"FederationSettings\(clients_per_round="),
     (NoisyFedAvg, "min_available_nodes", 2, r"FederationSettings\(clients_per_round="),
     (NoisyFedAvg, "min_evaluate_nodes", 2, r"fraction_evaluate"),
+    (NoisyFedAvg, "train_metrics_aggr_fn", lambda records, key: None, r"FederationSettings\(weighting=\.\.\.\)"),
     (NoisyFedProx, "proximal_mu", 0.1, r"DPSettings\(algorithm='fedprox', prox_alpha=...\)"),
 ])
 def test_a_flower_keyword_the_strategy_sets_itself_is_refused_naming_where_it_belongs(cls, key, value, where):
@@ -132,19 +133,26 @@ def _shared_app(share: bool) -> ClientApp:
     return app
 
 
-@pytest.mark.parametrize("share", [True, False])
-def test_shared_statistics_are_warned_about_once_per_run(share, caplog):
-    """Shared statistics: un-noised, averaged into every round line, ledger and Result. Before: no runtime word."""
+@pytest.mark.parametrize("share, poisson", [(True, False), (True, True), (False, False)])
+def test_shared_statistics_are_warned_about_once_per_run(share, poisson, caplog):
+    """Shared statistics: un-noised, averaged into every round line, ledger and Result. Before: no runtime word
+    (under Poisson batches none either, though they void the node's batch amplification)."""
     caplog.set_level(logging.INFO)
+    settings, plan = SETTINGS, PLAN
+    if poisson:  # B = 8 of each node's 40 samples
+        settings = DPSettings(sigma=0.5, clip_norm=1.0, local_steps=2, batch_size=8, lr=0.1, clipping="per-sample",
+                              batch_sampling="poisson")
+        plan = settings.accountant_config(clients=NODES, batch_rate=0.2)
     federation = FederationSettings(clients_per_round=NODES, num_server_rounds=2)
-    strategy = NoisyFedAvg(SETTINGS, PrivacyAccountant(PLAN), federation=federation)
+    strategy = NoisyFedAvg(settings, PrivacyAccountant(plan), federation=federation)
     result = _run(strategy, _shared_app(share))
     notes = [r for r in caplog.records if "outside the privacy certificate" in r.getMessage()]
-    assert len(notes) == int(share) and all(r.levelno == logging.WARNING for r in notes)
+    assert len(notes) == int(share) and all(r.levelno == logging.WARNING for r in notes)  # once, not every round
     assert ("train-loss" in result.train_metrics_clientapp[1]) == share  # what the note is about
     assert len(strategy.shared_statistics.nodes) == (NODES if share else 0)
     if share:
-        assert "train-seconds" in notes[0].getMessage() and "batch amplification" not in notes[0].getMessage()
+        assert "train-seconds" in notes[0].getMessage()
+        assert ("voids that node's batch amplification" in notes[0].getMessage()) == poisson
 
 
 def test_the_note_under_poisson_batches_says_the_batch_amplification_is_void():

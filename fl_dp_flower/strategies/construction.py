@@ -25,6 +25,9 @@ OWN_KEYWORDS: dict[str, str] = {
     "min_train_nodes": _NODES,
     "min_available_nodes": _NODES,
     "min_evaluate_nodes": "the strategy sets it from fraction_evaluate and FederationSettings (nodes_needed)",
+    "train_metrics_aggr_fn": "the strategy aggregates the train replies itself (screened, weighted as the accountant "
+                             "planned: FederationSettings(weighting=...)) and averages their metrics with them; Flower's "
+                             "function would never be called",
     "proximal_mu": "NoisyFedProx sends proximal-mu = DPSettings.prox_alpha (the accounted FedProx term): set "
                    "DPSettings(algorithm='fedprox', prox_alpha=...) instead",
 }
