@@ -49,8 +49,8 @@ def logged_failures(run_dir: Path) -> Iterator[None]:
         if not err.logged:
             log.error("%s", err)
         raise
-    except FileExistsError as err:  # an existing ledger without resume = true
-        log.error("%s", err)
+    except FileExistsError as err:  # an existing ledger without resume = true (the library's words, then the app's)
+        log.error("%s (this app: choose another 'run-name', or set 'resume=true' to continue it)", err)
         raise
     except Exception as err:
         full = disk_full_cause(err)

@@ -76,6 +76,7 @@ from fl_dp_flower.reporting.logfilter import FlowerDumps
 from fl_dp_flower.reporting.rounds import MembersSink, RoundSink, member_events
 from fl_dp_flower.app.strategy import make_strategy
 from fl_dp_flower.strategies import ModelNotFinite, NoisyStrategyMixin, NotEnoughNodes
+from fl_dp_flower.strategies.shared_stats import shared_statistics_note
 from fl_dp_flower.app.data_split import data_split_changes
 from fl_dp_flower.training.data import DEFAULT_DATA_SEED, load_dataset, load_validation
 from fl_dp_flower.training.local_update import evaluate_model
@@ -343,7 +344,8 @@ def _finish(config: AppConfig, run_dir: Path, ledger: PrivacyLedger, accountant:
         "final_val_accuracy": last_metrics.get("val-accuracy"),  # validation-fraction > 0
         "warnings": [w for w in [chance_level_warning(config, last_metrics.get("accuracy"))] if w],  # near chance
         "echo_mismatches": strategy.echo_mismatches,
-        "node_assumptions": node_assumptions(config),
+        "node_assumptions": node_assumptions(config) + ([shared_statistics_note(config.batch_sampling == "poisson")]
+                                                        if strategy.shared_statistics.nodes else []),
         "node_refusals": {str(n): r.to_dict() for n, r in sorted(strategy.refusals.items())},
         "excluded_nodes": {str(n): why for n, why in sorted(strategy.excluded_nodes.items())},
         "wall_seconds": seconds,

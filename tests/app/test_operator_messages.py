@@ -158,7 +158,8 @@ def test_an_existing_ledger_is_logged(tmp_path, caplog):
     caplog.set_level(logging.INFO)
     with pytest.raises(FileExistsError):
         run_local(tiny_config(tmp_path))
-    assert any("already exists; a ledger is never overwritten" in e for e in _errors(caplog)), _errors(caplog)
+    assert any("already exists; a ledger is never overwritten" in e and "choose another 'run-name'" in e
+               for e in _errors(caplog)), _errors(caplog)
 
 
 def test_a_budget_too_small_for_any_round_is_logged(tmp_path, caplog):

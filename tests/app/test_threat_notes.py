@@ -74,3 +74,17 @@ def test_the_summary_of_a_seeded_run_carries_the_note(tmp_path):
     out, _ = run_local(tiny_config(tmp_path, **{"num-server-rounds": 1}))  # seed 0
     summary = json.loads((out.run_dir / SUMMARY).read_text())
     assert summary["node_assumptions"][-1].startswith("fixed seed = 0")
+
+
+def test_a_run_whose_nodes_share_statistics_says_so_in_its_assumptions(tmp_path, monkeypatch):
+    """share-metrics (review R2/L2): the nodes' un-noised statistics are averaged into every round line; the
+    summary's node_assumptions says they are outside the certificate, only when some node shared them."""
+    from fl_dp_flower.app.testing import run_local, tiny_config
+
+    out, _ = run_local(tiny_config(tmp_path / "quiet", **{"num-server-rounds": 1}))
+    quiet = json.loads((out.run_dir / "summary.json").read_text())["node_assumptions"]
+    assert not any("un-noised training statistics" in a for a in quiet)
+    monkeypatch.setenv("FL_DP_SHARE_METRICS", "1")
+    out, _ = run_local(tiny_config(tmp_path / "shared", **{"num-server-rounds": 1}))
+    shared = json.loads((out.run_dir / "summary.json").read_text())["node_assumptions"]
+    assert any("un-noised training statistics" in a and "outside the privacy certificate" in a for a in shared)
