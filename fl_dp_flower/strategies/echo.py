@@ -48,10 +48,11 @@ def parse_applied(metrics: MetricRecord, *, fedprox: bool) -> Applied:
     """The echoed settings of one reply (ValueError if missing or invalid; a reply without any ``dp.*`` echo,
     e.g. a plain Flower train reply, is told so, naming the functions that write one)."""
     if not any(key in metrics for key in protocol.ECHO_KEYS.values()):
+        keys = ", ".join((protocol.SIGMA, protocol.CLIP_NORM, protocol.LOCAL_STEPS, protocol.LR, protocol.ROUND_INDEX))
         raise ValueError(
-            "the reply's metrics lack the dp.* echo of the settings the node applied (dp.sigma, dp.clip-norm, "
-            "dp.local-steps, dp.lr, dp.round-index, ...): a plain Flower train reply? Train with "
-            "fl_dp_flower.client.dp_train, or build the reply with fl_dp_flower.client.train_reply")
+            f"the reply's metrics lack the {protocol.PREFIX}* echo of the settings the node applied ({keys}, ...): a "
+            "plain Flower train reply? Train with fl_dp_flower.client.dp_train, or build the reply with "
+            "fl_dp_flower.client.train_reply")
     batch = int(metric_number(metrics, protocol.BATCH_SIZE, integer=True, minimum=1, strict=False)) if protocol.BATCH_SIZE in metrics else None
     rate = None
     if protocol.BATCH_RATE in metrics:
