@@ -89,3 +89,30 @@ def test_a_budget_whose_screening_charge_swamps_delta_is_refused_at_construction
     NoisyFedAvg(SETTINGS, PrivacyAccountant(PLAN), budget=Budget(35.0, PLAN.delta), federation=federation,
                 reply_checks=ReplyChecks(noise_check_alpha=1e-23, update_bound_alpha=1e-23))
     NoisyFedAvg(SETTINGS, PrivacyAccountant(PLAN), budget=Budget(4.0, PLAN.delta), federation=federation)
+
+
+def test_the_budget_stop_also_holds_the_delta_with_the_screening_charge():
+    """Review V1: the construction-time rule (charge at the budget's epsilon over num_server_rounds) was bypassed by
+    start(num_rounds=60) and by a resume whose earlier rounds ran at larger levels (delta_total 2e-5 and 1.0 under a
+    Budget(35, 1e-5)). The budget stop itself now refuses a round whose guarantee would hold only at a delta past
+    1.1 x the budget's, screening charge included (Budget.exceeded_by)."""
+    from fl_dp_flower.reply_checks import ReplyChecks
+
+    settings = DPSettings(sigma=0.15, clip_norm=1.0, local_steps=1, batch_size=8, lr=0.1)
+    plan = settings.accountant_config(clients=NODES)
+    budget = Budget(35.0, plan.delta)
+    accountant = PrivacyAccountant(plan)
+    strategy = NoisyFedAvg(settings, accountant, budget=budget,
+                           federation=FederationSettings(clients_per_round=NODES, num_server_rounds=2),
+                           reply_checks=ReplyChecks(noise_check_alpha=1.5e-22, update_bound_alpha=1.5e-22))
+    app = ClientApp()
+    app.train()(dp_train(TinyNet, load_data))
+    with task_identity():
+        strategy.start(grid=LocalGrid(app, NODES), initial_arrays=ArrayRecord(TinyNet().state_dict()), num_rounds=60)
+    report = accountant.report()
+    assert strategy.stop_reason is not None and "past 1.1 x the budget's delta" in strategy.stop_reason
+    assert report.certified.epsilon <= 35.0 and report.delta_total <= 1.1 * plan.delta < report.delta_total * 1.1
+    # a resume whose earlier rounds ran at the default levels: no further round fits
+    earlier = PrivacyAccountant(plan)
+    earlier.extend(dataclasses.replace(plan.planned_round(t), screening_drop=2e-12) for t in range(1, 11))
+    assert earlier.would_exceed(dataclasses.replace(plan.planned_round(11), screening_drop=2e-23), budget)

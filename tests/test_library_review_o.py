@@ -83,17 +83,44 @@ def test_a_new_ledger_never_holds_its_header_alone_and_a_second_writer_is_refuse
 
 
 def test_a_header_only_ledger_is_kept_and_its_refusals_say_it_records_nothing(tmp_path):
-    """A ledger an earlier version left with its header alone is never replaced (a live run may hold it), but both
-    refusals say that it records nothing and may be deleted when no run uses it."""
+    """A ledger with its header alone is never replaced (a live run waiting for its nodes may hold it: the reference
+    app writes its header up front); the refusals say it records nothing and whether a live run holds it (its lock),
+    and advise deleting it only when none does (review V1: the advice invited deleting a live run's ledger)."""
     path = tmp_path / "ledger.jsonl"
-    PrivacyLedger.create(path, accountant_config=PLAN.to_dict(), app_config={}).close()
+    live = PrivacyLedger.create(path, accountant_config=PLAN.to_dict(), app_config={})  # holds the writer's lock
     before = path.read_bytes()
-    with pytest.raises(FileExistsError, match="holds only its header .*if no run is using it, delete it"):
+    with pytest.raises(FileExistsError, match="holds only its header .*a live run is writing it"):
         open_ledger(path, PLAN)
     other = DPSettings(sigma=0.7, clip_norm=1.0, local_steps=2, batch_size=8, lr=0.1).accountant_config(clients=NODES)
-    with pytest.raises(ValueError, match="differs in key.*holds only its header: no round was ever opened"):
+    from fl_dp_flower.reporting.ledger.writer import LedgerInUse
+
+    with pytest.raises(LedgerInUse, match="open for writing by another live run"):
+        open_ledger(path, other, resume=True)
+    live.close()
+    with pytest.raises(FileExistsError, match="holds only its header .*no live run holds it: resume=True continues"):
+        open_ledger(path, PLAN)
+    with pytest.raises(ValueError, match="holds only its header: no round was ever opened.*unless a run still"):
         open_ledger(path, other, resume=True)
     assert path.read_bytes() == before
+
+
+def test_two_runs_cannot_write_one_ledger(tmp_path):
+    """Review V1: two resumes of one ledger were both accepted; both trained round 2 (each accountant counted 2
+    releases where 3 were made) and verify found the chain broken. A writer holds the ledger's lock (flock)."""
+    from fl_dp_flower.reporting.ledger.writer import LedgerInUse
+
+    path = tmp_path / "ledger.jsonl"
+    first = PrivacyLedger.create(path, accountant_config=PLAN.to_dict(), app_config={})
+    first.append_event("end", {})
+    first.close()
+    sink, _ = open_ledger(path, PLAN, resume=True)
+    before = path.read_bytes()
+    with pytest.raises(LedgerInUse, match="open for writing by another live run"):
+        open_ledger(path, PLAN, resume=True)
+    assert path.read_bytes() == before  # the refused resume wrote nothing
+    sink.close()
+    again, _ = open_ledger(path, PLAN, resume=True)  # the lock goes with the writer
+    again.close()
 
 
 @pytest.mark.parametrize("cls, key, value, where", [

@@ -141,12 +141,13 @@ class PrivacyAccountant:
             self._apply(record, self._terms_for(record))
 
     def would_exceed(self, record: RoundRecord, budget: Budget) -> bool:
-        """Dry run: would accounting ``record`` push the certified epsilon past ``budget``?
+        """Dry run: would accounting ``record`` push the guarantee past ``budget`` (:meth:`Budget.exceeded_by`: the
+        certified epsilon, or the delta it holds at with the screening drops' charge)?
 
         O(1) amortised (no copy of the accountant): every bound is evaluated as it would be
         after the round, bit for bit, and nothing is changed.
         """
-        return self.peek_epsilon(record, budget.delta) > budget.epsilon
+        return budget.exceeded_by(self._peek(record, budget.delta, certified_only=True))
 
     def peek(self, record: RoundRecord, delta: float | None = None) -> PrivacyReport:
         """The report :meth:`step` would return for ``record``, without accounting it."""

@@ -254,7 +254,7 @@ def planned_run(config: AccountantConfig, rounds: int, target_epsilon: float | N
             reports.append(accountant.step(record))
             continue
         after = accountant.peek(record)  # what would_exceed checks, and bit for bit what step returns
-        if after.certified.epsilon > budget.epsilon:
+        if budget.exceeded_by(after):
             break
         accountant.extend([record])
         reports.append(after)

@@ -10,6 +10,7 @@ from typing import Any
 
 from . import gdp
 from .bounds import RELATION, BoundValue
+from .screening_charge import MAX_PLANNED_CHARGE_SHARE
 from .secure_aggregation import REAL_SUM_LABEL
 from .validate import plausible_delta
 
@@ -28,6 +29,13 @@ class Budget:
         if not (isinstance(self.epsilon, (int, float)) and self.epsilon > 0 and math.isfinite(self.epsilon)):
             raise ValueError(f"budget epsilon must be a finite number > 0, got {self.epsilon!r}")
         plausible_delta("budget delta", self.delta)
+
+    def exceeded_by(self, report: "PrivacyReport") -> bool:
+        """Whether ``report`` (the guarantee after a round) is past this budget: its certified epsilon above
+        ``epsilon``, or the delta that epsilon holds at, the screening drops' charge included (docs/MATH.md §17.1),
+        above (1 + MAX_PLANNED_CHARGE_SHARE) x ``delta``: the rule the run's budget stop and the planner share."""
+        return (report.certified.epsilon > self.epsilon
+                or report.delta_total > (1.0 + MAX_PLANNED_CHARGE_SHARE) * self.delta)
 
 
 @dataclass(frozen=True)

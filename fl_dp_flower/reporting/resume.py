@@ -27,6 +27,7 @@ from fl_dp_flower.privacy.sample_sampling import unrecorded_round_rate
 from fl_dp_flower.privacy.screening_charge import DEFAULT_CHECK_LEVEL
 
 from .ledger import NOT_APPLIED_EVENT, RESUME_EVENT, UNFINISHED_ROUND_EVENT, LedgerContents, PrivacyLedger
+from .ledger.writer import open_locked
 from .replay import round_records
 
 log = logging.getLogger("flwr").getChild(__name__)  # Flower's handlers when Flower is configured
@@ -123,6 +124,17 @@ def resume_ledger(path: str | os.PathLike[str], config: AccountantConfig, *, che
     ``resume`` event (``watch`` shows it). Every check runs before the first write.
     """
     path = Path(path)
+    lock = [open_locked(path)] if path.exists() else []  # the writer's lock before the ledger is read (review V1)
+    try:
+        return _resume_locked(path, lock, config, checkpoint_round, unfinished, plan, option, legacy_screening_levels)
+    finally:
+        for fd in lock:  # still ours: refused before PrivacyLedger.resume took the descriptor over
+            os.close(fd)
+
+
+def _resume_locked(path: Path, lock: list[int], config: AccountantConfig, checkpoint_round: int,
+                   unfinished: UnfinishedRound, plan: dict[str, Any] | None, option: str,
+                   legacy_screening_levels: float) -> tuple[PrivacyLedger, PrivacyAccountant, LedgerContents]:
     contents = PrivacyLedger.check_resumable(path, accountant_config=config.to_dict())
     records = round_records(contents)
     open_round = unfinished_round(path, contents, checkpoint_round, unfinished, option)
@@ -136,7 +148,8 @@ def resume_ledger(path: str | os.PathLike[str], config: AccountantConfig, *, che
                          batch_rate=unrecorded_round_rate(config))  # the sites' rates were never recorded
     report = accountant.peek(record) if record is not None else None  # raises before any write if it cannot
 
-    ledger = PrivacyLedger.resume(path, accountant_config=config.to_dict())  # the first write
+    fd = lock.pop() if lock else None  # from here the ledger owns (or, refusing, closes) the descriptor
+    ledger = PrivacyLedger.resume(path, accountant_config=config.to_dict(), fd=fd)  # the first write
     ledger.append_event(RESUME_EVENT, {"rounds_accounted": len(records) + (record is not None),
                                        "checkpoint_round": checkpoint_round, **({"plan": plan} if plan else {})})
     if lost:  # before any later round: the replay (round_records, verify) honours it from here on

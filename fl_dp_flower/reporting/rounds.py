@@ -207,6 +207,10 @@ def open_ledger(path: str | os.PathLike[str], config: AccountantConfig, *, resum
     return sink, accountant
 
 
+#: the line a members file gets after a torn fragment (a crash mid-write) before the next line is appended
+TORN_MARK = "torn-tail"
+
+
 class MembersSink:
     """A secret sample's member ids (``round-members`` events: the drawn clients at round-open, the contributors
     at the round's close, and the events that name a node, :func:`member_events`), one fsynced JSON line each, in an owner-only file (mode 0600) beside the ledger.
@@ -228,10 +232,13 @@ class MembersSink:
         self._append({"event": RESUME_EVENT, "data": {"rounds_accounted": rounds_accounted}})
 
     def _append(self, data: dict[str, Any]) -> None:
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, FILE_MODE)
         try:
             os.fchmod(fd, FILE_MODE)
-            os.write(fd, (json.dumps(data, sort_keys=True) + "\n").encode())
+            size = os.fstat(fd).st_size
+            torn = size > 0 and os.pread(fd, 1, size - 1) != b"\n"  # a crash mid-line: end it, keep the fragment,
+            mark = "\n" + json.dumps({"event": TORN_MARK}) + "\n" if torn else ""  # and say so (member_events)
+            os.write(fd, (mark + json.dumps(data, sort_keys=True) + "\n").encode())
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -257,6 +264,8 @@ def member_events(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             if i == len(lines) - 1:
                 break
+            if lines[i + 1] == json.dumps({"event": TORN_MARK}):  # a fragment the next append ended (MembersSink)
+                continue
             raise ValueError(f"{os.fspath(path)}: line {i + 1} is not JSON") from None
         if isinstance(entry, dict) and entry.get("event") in (*NODE_ID_EVENTS, RESUME_EVENT):
             events.append(entry)

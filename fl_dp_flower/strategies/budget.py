@@ -42,6 +42,7 @@ from flwr.serverapp.exception import PrivacyBudgetExhausted
 from fl_dp_flower.errors import FlDpError
 from fl_dp_flower.privacy.accountant import Budget, PrivacyAccountant
 from fl_dp_flower.privacy.records import RoundRecord
+from fl_dp_flower.privacy.screening_charge import MAX_PLANNED_CHARGE_SHARE
 
 #: Threat models whose adversary sees each upload on arrival (budget checked before broadcast).
 UPLOAD_OBSERVING = ("curious-server",)
@@ -79,10 +80,15 @@ def pre_broadcast_record(accountant: PrivacyAccountant, worst_clients: int | Non
     return config.planned_round(accountant.num_releases + 1, clients)
 
 
-def _spent_text(accountant: PrivacyAccountant, budget: Budget) -> str:
+def _spent_text(accountant: PrivacyAccountant, budget: Budget, record: RoundRecord | None = None) -> str:
     spent = accountant.get_privacy_spent(budget.delta)
-    return (f"certified epsilon after {accountant.num_releases} rounds: {spent.epsilon:.6g}, "
-            f"bound {spent.bound}")
+    text = f"certified epsilon after {accountant.num_releases} rounds: {spent.epsilon:.6g}, bound {spent.bound}"
+    after = accountant.peek(record, budget.delta) if record is not None else None
+    if after is not None and after.certified.epsilon <= budget.epsilon:  # the delta is what the round passes
+        text += (f"; after it epsilon {after.certified.epsilon:.6g} would hold only at delta {after.delta_total:.3g} "
+                 f"with the screening drops' charge, past {1.0 + MAX_PLANNED_CHARGE_SHARE:g} x the budget's delta "
+                 "(docs/MATH.md §17.1: lower noise-check-alpha / update-bound-alpha)")
+    return text
 
 
 def check_before_broadcast(accountant: PrivacyAccountant, budget: Budget, worst_clients: int | None = None) -> None:
@@ -95,7 +101,7 @@ def check_before_broadcast(accountant: PrivacyAccountant, budget: Budget, worst_
                else "" if threat in UPLOAD_OBSERVING else f" even with all {record.clients} clients replying")
         reason = (
             f"privacy budget: round {record.round} would exceed target epsilon {budget.epsilon:g} "
-            f"at delta {budget.delta:g}{how} ({_spent_text(accountant, budget)}); "
+            f"at delta {budget.delta:g}{how} ({_spent_text(accountant, budget, record)}); "
             "stopping before this round is broadcast"
         )
         raise BudgetExhausted(reason, round_index=record.round - 1, budget=budget)
@@ -113,7 +119,7 @@ def check_replies(accountant: PrivacyAccountant, budget: Budget, record: RoundRe
         reason = (
             f"privacy budget: round {record.round} with the {record.clients} replies that arrived would "
             f"exceed target epsilon {budget.epsilon:g} at delta {budget.delta:g} "
-            f"({_spent_text(accountant, budget)}); its replies were discarded (not aggregated, not "
+            f"({_spent_text(accountant, budget, record)}); its replies were discarded (not aggregated, not "
             "accounted, nothing released) and the run stops with the last global model"
         )
         raise BudgetExhausted(reason, round_index=record.round - 1, budget=budget,

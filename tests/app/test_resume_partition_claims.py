@@ -7,8 +7,11 @@ accounted no round". The same happens in a deployment to a site whose SuperNode 
 
 from __future__ import annotations
 
+import json
 import logging
 from types import SimpleNamespace
+
+import pytest
 
 from fl_dp_flower.app.recovery import contested_claims, restore_exclusions
 from fl_dp_flower.strategies.guard import ReplyGuard
@@ -57,3 +60,21 @@ def test_a_secret_samples_members_file_is_segmented_by_its_resume_marks(tmp_path
     assert [e["event"] for e in events].count("resume") == 2
     assert restored(events) == {}
     assert restored([e for e in events if e["event"] != "resume"]) == {0: (11, 21, 31), 1: (12, 22, 32)}
+
+
+def test_a_torn_members_line_does_not_block_the_next_resume(tmp_path):
+    """Review V1: a crash mid-write left a fragment; the resume mark was glued onto it and the next resume's
+    member_events raised 'line 2 is not JSON'. The next append ends the fragment and marks it."""
+    from fl_dp_flower.reporting.ledger.events import MEMBERS_EVENT
+    from fl_dp_flower.reporting.rounds import MembersSink, member_events
+
+    path = tmp_path / "members.jsonl"
+    claim = {"event": "partition-claimed", "data": {"partition_id": 0, "node_id": 11, "round": 1}}
+    path.write_text(json.dumps(claim) + "\n" + '{"event": "partition-cla')  # the crash
+    sink = MembersSink(path)
+    sink.mark_resume(1)
+    sink.on_event(MEMBERS_EVENT, claim)
+    assert [e["event"] for e in member_events(path)] == ["partition-claimed", "resume", "partition-claimed"]
+    path.write_text('{"torn\n' + json.dumps(claim) + "\n")  # a fragment nobody marked is still an error
+    with pytest.raises(ValueError, match="line 1 is not JSON"):
+        member_events(path)

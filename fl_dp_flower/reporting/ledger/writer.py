@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import math
@@ -11,6 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from fl_dp_flower.errors import FlDpError
 from fl_dp_flower.privacy.records import AccountantConfig, RoundRecord
 
 from ..durable import create_whole
@@ -46,6 +48,36 @@ def _same(a: Any, b: Any) -> bool:
 
 
 
+class LedgerInUse(FlDpError, FileExistsError):
+    """Another live run holds the ledger open for writing (its exclusive lock): two writers would both spend
+    privacy on one account and break its chain (review V1: two resumes of one ledger both trained round 2)."""
+
+
+def open_locked(path: str | os.PathLike[str]) -> int:
+    """An append descriptor of the ledger at ``path`` holding its exclusive writer's lock (``flock``, released when
+    the descriptor is closed or the process ends). Raises :class:`LedgerInUse` when a live run holds it."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise LedgerInUse(f"privacy ledger {path} is open for writing by another live run (it holds the ledger's "
+                          "lock): two runs writing one ledger would both spend privacy and break its chain; wait for "
+                          "that run to end (or stop it), then resume") from None
+    return fd
+
+
+def held_by_a_run(path: str | os.PathLike[str]) -> bool:
+    """Whether a live run holds the ledger at ``path`` open for writing (:func:`open_locked`)."""
+    try:
+        os.close(open_locked(path))
+    except LedgerInUse:
+        return True
+    except OSError:
+        return False
+    return False
+
+
 def records_nothing(path: str | os.PathLike[str]) -> bool:
     """Whether the ledger at ``path`` holds its header alone (no event, no round: no round was ever opened,
     so nothing was broadcast or spent). Only a writer of an older version (or a caller of
@@ -64,8 +96,9 @@ def refuse_existing(path: Path) -> None:
         return
     hint = ""
     if records_nothing(path):
-        hint = (" It holds only its header (no event, no round: nothing was broadcast or spent; e.g. a run refused "
-                "before round 1 by an earlier version): if no run is using it, delete it.")
+        hint = (" It holds only its header (no round opened: nothing broadcast or spent) and "
+                + ("a live run is writing it (waiting for its nodes?): let it run, or stop it and resume=True."
+                   if held_by_a_run(path) else "no live run holds it: resume=True continues it."))
     raise FileExistsError(f"privacy ledger {path} already exists; a ledger is never overwritten. Pass resume=True "
                           f"to continue the run it records, or give the new run another ledger path.{hint}")
 
@@ -117,7 +150,7 @@ class PrivacyLedger:
         if replaced:
             log.warning("privacy ledger %s was empty (0 bytes: its creation was interrupted before its header was "
                         "written, so no round was ever opened or spent): replaced by this run's ledger", path)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        fd = open_locked(path)  # a resume racing this creation holds it first: refused here, nothing broadcast
         rounds = [_normalize(first)] if first is not None and first["kind"] == "round" else []
         return cls(path, fd, _normalize(header), rounds, head=line_hash(lines[-1]))
 
@@ -171,26 +204,35 @@ class PrivacyLedger:
                          "granted: set assume-smooth-losses = true to continue it under its own rule, or start "
                          "a new run)")
             if records_nothing(path):
-                hint += (f" ({path} holds only its header: no round was ever opened, nothing spent; if no run is "
-                         "using it, delete it and start a new run)")
+                hint += (f" ({path} holds only its header: no round was ever opened, nothing spent; unless a run "
+                         "still waiting for its nodes is writing it, it may be deleted to start a new run)")
             raise ValueError(
                 f"cannot resume {path}: accountant config differs in key(s) {diff} ({detail}){hint}"
             )
         return contents
 
     @classmethod
-    def resume(cls, path: str | os.PathLike[str], *,
-               accountant_config: dict[str, Any]) -> "PrivacyLedger":
-        """Re-open an existing ledger for appending (checks as :meth:`check_resumable`).
+    def resume(cls, path: str | os.PathLike[str], *, accountant_config: dict[str, Any],
+               fd: int | None = None) -> "PrivacyLedger":
+        """Re-open an existing ledger for appending (checks as :meth:`check_resumable`), holding its writer's lock
+        (:func:`open_locked`) from before it is read: ``fd`` when the caller took the lock before reading it itself
+        (:func:`~fl_dp_flower.reporting.resume.resume_ledger`); the descriptor is closed if the resume is refused.
 
         After a torn tail a newline and a ``torn-tail`` event are appended (the fragment is
         kept as it is). Callers that must refuse without writing call
         :meth:`check_resumable` first.
         """
         path = Path(path)
-        contents = cls.check_resumable(path, accountant_config=accountant_config)
-        last_line = path.read_bytes().rstrip(b"\n").rsplit(b"\n", 1)[-1]
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        if fd is None and path.exists():
+            fd = open_locked(path)
+        try:
+            contents = cls.check_resumable(path, accountant_config=accountant_config)
+            last_line = path.read_bytes().rstrip(b"\n").rsplit(b"\n", 1)[-1]
+        except BaseException:
+            if fd is not None:
+                os.close(fd)
+            raise
+        assert fd is not None  # check_resumable refused a missing ledger
         ledger = cls(path, fd, contents.header, list(contents.rounds), contents.torn_tail, line_hash(last_line))
         if not contents.ends_with_newline:
             ledger._write_raw(b"\n")  # the fragment becomes a line of its own; the chain runs through it
