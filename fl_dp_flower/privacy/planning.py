@@ -21,7 +21,7 @@ import dataclasses
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from . import gdp
 from .accountant import Budget, PrivacyAccountant, PrivacyReport
@@ -103,6 +103,7 @@ def _replayed_plan(config: AccountantConfig, rounds: int) -> Plan:
     return _report_plan(accountant.report(), rounds, config.delta)
 
 
+@functools.lru_cache(maxsize=32)  # calibrate and calibrate_sigma search the same plan (the CLI asks both)
 def _sampled_sigma(config: AccountantConfig, rounds: int, target_epsilon: float) -> float:
     """The smallest sigma (to 1e-6 relative, rounded up) at which the ``sampled`` bound of ``rounds``
     planned rounds is <= ``target_epsilon``: mu_t is proportional to 1/sigma, epsilon decreases in sigma."""
@@ -121,6 +122,7 @@ def _sampled_sigma(config: AccountantConfig, rounds: int, target_epsilon: float)
     return _search_sigma(fits, math.sqrt(math.fsum(m * m for m in mus)) / gdp.mu_for(target_epsilon, config.delta))
 
 
+@functools.lru_cache(maxsize=32)
 def _secret_sigma(config: AccountantConfig, rounds: int, target_epsilon: float) -> float:
     """The smallest sigma (1e-6 relative, rounded up) at which the ``sampled_secret`` bound of the planned rounds
     (p = clients / population each) is <= ``target_epsilon``: every mu_t is proportional to 1/sigma."""
@@ -191,7 +193,8 @@ def calibrate(config: AccountantConfig, rounds: int, target_epsilon: float,
                          "(training.secure_sum.plan_grid), so calibrate the plan without it, plan the grid for that "
                          "sigma and check the result with plan()")
     if name in (SAMPLED_BOUND, CONDITIONED_BOUND, BATCH_SAMPLED_BOUND):  # epsilon not a function of one mu: search sigma
-        search = {SAMPLED_BOUND: _sampled_sigma, CONDITIONED_BOUND: _secret_sigma, BATCH_SAMPLED_BOUND: batch_sampled_sigma}
+        search: dict[str, Callable[[AccountantConfig, int, float], float]] = {
+            SAMPLED_BOUND: _sampled_sigma, CONDITIONED_BOUND: _secret_sigma, BATCH_SAMPLED_BOUND: batch_sampled_sigma}
         sigma = search[name](config, rounds, target_epsilon)
         value = plan(dataclasses.replace(config, sigma=sigma), rounds).bounds[name]
         return Calibration(sigma=sigma, bound=name, mu=value.mu, epsilon=value.epsilon, sound=value.sound,
