@@ -153,6 +153,20 @@ class ServerOutcome:
     summary: dict[str, Any]
 
 
+def _legacy_levels(config: AppConfig, header: dict[str, Any]) -> float:
+    """The screening levels an open round of a ledger that predates their record is charged (docs/MATH.md §17.1):
+    the larger of the levels the run started with (the header's app_config) and the resumed run's (review V1: the
+    resumed run's alone may now be 0, update-bound-alpha 0 turning its check off)."""
+    app_config = header.get("app_config")
+    started: dict[str, Any] = app_config if isinstance(app_config, dict) else {}
+    recorded = 0.0
+    for key in ("noise-check-alpha", "update-bound-alpha"):
+        value = started.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value < 1.0:
+            recorded += float(value)
+    return max(config.noise_check_alpha + config.update_bound_alpha, recorded)
+
+
 def _open_ledger(config: AppConfig, run_dir: Path) -> tuple[PrivacyLedger, PrivacyAccountant, ArrayRecord | None]:
     """Create a ledger, or resume one: (ledger, rebuilt accountant, saved model or None).
 
@@ -175,7 +189,7 @@ def _open_ledger(config: AppConfig, run_dir: Path) -> tuple[PrivacyLedger, Priva
         ledger, accountant, _ = resume_ledger(path, acct_cfg, checkpoint_round=ckpt_round,
                                               unfinished=config.resume_unfinished_round, plan=config.resumable_plan(),
                                               option="resume-unfinished-round",
-                                              legacy_screening_levels=config.noise_check_alpha + config.update_bound_alpha)
+                                              legacy_screening_levels=_legacy_levels(config, contents.header))
     except ResumeRefused as err:
         log.error("%s", err)
         raise RunFailed(str(err), logged=True) from None

@@ -95,3 +95,19 @@ def test_an_open_all_rounds_round_is_charged_its_recorded_screening_levels(tmp_p
     ledger, accountant, _ = _open_ledger(resumed, tmp_path / "run")
     ledger.close()
     assert accountant.records[0].screening_drop == 2e-6 and accountant.report().screening["drop_probability"] == 2e-6
+
+
+def test_an_open_round_that_predates_the_recorded_levels_is_charged_the_levels_the_run_started_with(tmp_path):
+    """Review V1: such a round was charged the resumed run's levels, which may now be 0 (update-bound-alpha 0 turns
+    the check off): the larger of the header's (the run as started) and the resumed run's is charged."""
+    cfg = {"threat-model": "all-rounds", "clients-per-round": 10, "num-partitions": 10}
+    opened = _config(tmp_path, **cfg, **{"noise-check-alpha": 3e-7, "update-bound-alpha": 1e-7})
+    ledger = PrivacyLedger.create(tmp_path / "run" / LEDGER, accountant_config=opened.accountant_config().to_dict(),
+                                  app_config=opened.to_run_config())
+    ledger.append_event("round-open", {"round": 1, "node_ids": list(range(1, 11)), "min_replies": 1})  # no levels
+    ledger.close()
+    resumed = _config(tmp_path, **cfg, **{"resume": True, "resume-unfinished-round": "account",
+                                          "noise-check-alpha": 0.0, "update-bound-alpha": 0.0})
+    ledger, accountant, _ = _open_ledger(resumed, tmp_path / "run")
+    ledger.close()
+    assert accountant.records[0].screening_drop == pytest.approx(4e-7)
